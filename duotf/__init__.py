@@ -1,0 +1,46 @@
+"""duotf: distributed TensorFlow on the Spark and Dask clusters you already have.
+
+``import duotf`` is light: it imports neither TensorFlow, pyspark nor distributed.
+"""
+
+from .api import run
+from .cluster import Cluster, ClusterStatus, NodeInfo
+from .context import NodeContext
+from .errors import (
+    BackendError,
+    ClusterClosedError,
+    ConfigError,
+    DuotfError,
+    InsufficientSlotsError,
+    NodeError,
+    NodeFailedError,
+    NodesStoppedError,
+    NodeUnresponsiveError,
+    ReservationTimeoutError,
+    UnsupportedProtocolError,
+)
+from .spec import ClusterSpec, InputMode, Role
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "run",
+    "Cluster",
+    "ClusterStatus",
+    "ClusterSpec",
+    "InputMode",
+    "NodeContext",
+    "NodeInfo",
+    "Role",
+    "DuotfError",
+    "ConfigError",
+    "UnsupportedProtocolError",
+    "BackendError",
+    "InsufficientSlotsError",
+    "ReservationTimeoutError",
+    "NodeError",
+    "NodeFailedError",
+    "NodeUnresponsiveError",
+    "NodesStoppedError",
+    "ClusterClosedError",
+]

@@ -1,0 +1,188 @@
+"""Entry point of a node process: ``python -m duotf._child READ_FD WRITE_FD``.
+
+Spawned by the agent (:mod:`duotf.node`) with two pipes. Everything on them is pickled between
+the agent and its own child, never over a network socket. The process:
+
+1. receives the job (pickled ``main`` and ``args``) and heartbeats to the agent;
+2. checks that TensorFlow can serve the protocol, before any user code, and says "ready";
+3. waits for "start" (TF_CONFIG of the whole cluster), then runs ``main(args, ctx)`` - or, on a
+   ps node, a ``tf.distribute.Server`` until stopped;
+4. sends the pickled return value, or the exception and its traceback, and exits.
+
+It exits at once when the agent goes away (pipe closed), so no node outlives its task.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import threading
+import traceback
+from multiprocessing.connection import Connection
+
+
+class _Link:
+    def __init__(self, rfd: int, wfd: int):
+        self.rx = Connection(rfd, readable=True, writable=False)
+        self.tx = Connection(wfd, readable=False, writable=True)
+        self._lock = threading.Lock()
+
+    def send(self, *message) -> None:
+        with self._lock:
+            self.tx.send(message)
+
+
+def _heartbeat(link: _Link, interval: float) -> None:
+    while True:
+        try:
+            link.send("hb")
+        except OSError:
+            os._exit(1)
+        threading.Event().wait(interval)
+
+
+def _reader(link: _Link, inbox: list, arrived: threading.Condition) -> None:
+    while True:
+        try:
+            message = link.rx.recv()
+        except (EOFError, OSError):
+            # The agent is gone: nobody supervises this node any more.
+            os._exit(1)
+        if message[0] == "stop":
+            os.kill(os.getpid(), signal.SIGTERM)
+            continue
+        with arrived:
+            inbox.append(message)
+            arrived.notify_all()
+
+
+def _wait_for(inbox: list, arrived: threading.Condition, kind: str):
+    with arrived:
+        while True:
+            for i, message in enumerate(inbox):
+                if message[0] == kind:
+                    return inbox.pop(i)
+            arrived.wait()
+
+
+def _error_info(exc: BaseException, kind: str = "exception") -> dict:
+    return {
+        "kind": kind,
+        "remote_type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    }
+
+
+def _check_protocol(protocol: str):
+    """Return None when TensorFlow can serve ``protocol``, else an error dict."""
+    import tensorflow as tf
+
+    try:
+        tf.distribute.Server(
+            tf.train.ClusterSpec({"duotf_check": ["localhost:0"]}),
+            job_name="duotf_check",
+            task_index=0,
+            protocol=protocol,
+            start=False,
+        )
+    except tf.errors.NotFoundError as exc:
+        info = _error_info(exc, kind="protocol")
+        info["tf_version"] = tf.__version__
+        info["message"] = str(exc).splitlines()[0]
+        return info
+    return None
+
+
+def _on_sigterm(signum, frame):
+    raise SystemExit(f"stopped by duotf (signal {signum})")
+
+
+def main(argv) -> int:
+    link = _Link(int(argv[1]), int(argv[2]))
+    job = link.rx.recv()  # ("init", {...})[1]
+    job = job[1]
+    inbox: list = []
+    arrived = threading.Condition()
+    threading.Thread(target=_heartbeat, args=(link, job["heartbeat_interval"]), daemon=True).start()
+    threading.Thread(target=_reader, args=(link, inbox, arrived), daemon=True).start()
+    # A stop request turns into SystemExit in main, so `finally` blocks and context managers run.
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+    if job["protocol"] != "grpc":
+        error = _check_protocol(job["protocol"])
+        if error is not None:
+            link.send("error", error)
+            return 3
+    try:
+        user_main, user_args = pickle.loads(job["payload"])
+    except BaseException as exc:  # the job cannot even be loaded here: say why
+        link.send("error", _error_info(exc, kind="load"))
+        return 4
+    link.send("ready")
+
+    start = _wait_for(inbox, arrived, "start")[1]
+    os.environ["TF_CONFIG"] = _json(start["tf_config"])
+    from .context import NodeContext
+
+    os.makedirs(job["working_dir"], exist_ok=True)
+    os.chdir(job["working_dir"])
+    ctx = NodeContext(
+        node_id=job["node_id"],
+        job_name=start["job"],
+        task_index=start["index"],
+        tf_config=start["tf_config"],
+        working_dir=job["working_dir"],
+        default_fs=job["default_fs"],
+        protocol=job["protocol"],
+        host=start["host"],
+        port=start["port"],
+        job_id=job["job_id"],
+        executor_id=job.get("executor_id", ""),
+        _notify=lambda what: link.send(what),
+    )
+    if start["job"] == "ps":
+        # A ps node only serves; it is stopped at shutdown without ceremony.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        ctx.serve()
+        return 0
+    link.send("running")
+    try:
+        value = user_main(user_args, ctx)
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            link.send("error", _error_info(exc))
+            return 1
+        value = None
+    except BaseException as exc:
+        link.send("error", _error_info(exc))
+        return 1
+    try:
+        import cloudpickle
+
+        payload = cloudpickle.dumps(value)
+    except BaseException as exc:
+        link.send("error", _error_info(exc, kind="result"))
+        return 1
+    link.send("result", payload)
+    return 0
+
+
+def _json(obj) -> str:
+    import json
+
+    return json.dumps(obj)
+
+
+if __name__ == "__main__":
+    import atexit
+
+    code = main(sys.argv)
+    # Run the user's atexit handlers (summary writers, ...), then skip the interpreter teardown:
+    # TF's thread pools can take seconds to wind down and nothing is left to save.
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

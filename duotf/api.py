@@ -1,0 +1,119 @@
+"""``duotf.run``: start a TensorFlow cluster on an engine."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, Optional, Union
+
+from .backends import resolve_backend
+from .cluster import Cluster
+from .errors import ConfigError
+from .spec import ClusterSpec, InputMode
+
+__all__ = ["run"]
+
+
+def _setting(value, env_name: str, default: float) -> float:
+    """Keyword argument beats environment variable beats default."""
+    if value is not None:
+        return float(value)
+    if env_name in os.environ:
+        try:
+            return float(os.environ[env_name])
+        except ValueError:
+            raise ConfigError(f"{env_name}={os.environ[env_name]!r} is not a number of seconds")
+    return default
+
+
+def run(
+    main: Callable[[Any, Any], Any],
+    args: Any = None,
+    backend=None,
+    spec: Optional[ClusterSpec] = None,
+    *,
+    input_mode: Union[str, InputMode] = InputMode.TENSORFLOW,
+    reservation_timeout: Optional[float] = None,
+    heartbeat_interval: Optional[float] = None,
+    heartbeat_timeout: Optional[float] = None,
+    env: Optional[Dict[str, str]] = None,
+    default_fs: Optional[str] = None,
+    driver_host: Optional[str] = None,
+) -> Cluster:
+    """Run ``main(args, ctx)`` once per node of a TensorFlow cluster; return when all run.
+
+    Parameters
+    ----------
+    main:
+        The node program. It runs in a process of its own on every chief, worker and evaluator
+        node, with ``TF_CONFIG`` set; ps nodes run a ``tf.distribute.Server`` instead.
+    args:
+        Passed to ``main`` as is (pickled with cloudpickle).
+    backend:
+        A ``SparkSession`` or ``SparkContext``, a ``distributed.Client``, a backend name
+        (``"spark"``, ``"dask"``, ``"local"``), a :class:`duotf.backends.Backend`, or None for
+        the embedded local backend.
+    spec:
+        The :class:`ClusterSpec`; default ``ClusterSpec(workers=1)``.
+    input_mode:
+        ``"tensorflow"``: TensorFlow reads its own data.
+    reservation_timeout:
+        Seconds for every node to register and be ready (env ``DUOTF_RESERVATION_TIMEOUT``,
+        default 120).
+    heartbeat_interval, heartbeat_timeout:
+        Seconds between heartbeats, and of silence after which a node counts as dead
+        (env ``DUOTF_HEARTBEAT_TIMEOUT``, defaults 1 and 30).
+    env:
+        Extra environment variables for the node processes.
+    default_fs:
+        The filesystem that ``ctx.absolute_path`` resolves against; default: Spark's
+        ``fs.defaultFS``, else ``file://``.
+    driver_host:
+        The driver's address as the executors reach it; default: the backend's own view.
+
+    Returns
+    -------
+    Cluster
+        Call ``wait()`` for the values of ``main`` and ``shutdown()`` at the end, or use it as
+        a context manager.
+    """
+    spec = spec if spec is not None else ClusterSpec()
+    if not isinstance(spec, ClusterSpec):
+        raise ConfigError(f"spec must be a duotf.ClusterSpec, got {type(spec).__name__}")
+    if not callable(main):
+        raise ConfigError(f"main must be callable as main(args, ctx), got {type(main).__name__}")
+    try:
+        input_mode = InputMode(input_mode)
+    except ValueError:
+        raise ConfigError(
+            f"input_mode={input_mode!r} is not supported; use one of "
+            f"{', '.join(m.value for m in InputMode)}"
+        ) from None
+    reservation_timeout = _setting(reservation_timeout, "DUOTF_RESERVATION_TIMEOUT", 120.0)
+    heartbeat_interval = _setting(heartbeat_interval, "DUOTF_HEARTBEAT_INTERVAL", 1.0)
+    heartbeat_timeout = _setting(heartbeat_timeout, "DUOTF_HEARTBEAT_TIMEOUT", 30.0)
+    if heartbeat_timeout <= 2 * heartbeat_interval:
+        raise ConfigError(
+            f"heartbeat_timeout={heartbeat_timeout:g} must exceed twice "
+            f"heartbeat_interval={heartbeat_interval:g}"
+        )
+    backend_obj, owns = resolve_backend(backend)
+    try:
+        cluster = Cluster(
+            main, args, backend_obj, spec,
+            reservation_timeout=reservation_timeout,
+            heartbeat_interval=heartbeat_interval,
+            heartbeat_timeout=heartbeat_timeout,
+            env=env or {},
+            default_fs=default_fs,
+            driver_host=driver_host,
+            owns_backend=owns,
+        )
+    except BaseException:
+        if owns:
+            backend_obj.close()
+        raise
+    try:
+        return cluster._start()
+    except BaseException:
+        cluster.shutdown(grace_secs=0, _raise=False)
+        raise

@@ -1,0 +1,68 @@
+"""The in-process backend: node agents run as threads of the driver process.
+
+Each node still runs in a process of its own, so ``main`` sees exactly what it sees on Spark or
+Dask; only the engine is missing. It is the embedded default and the fast backend of the tests.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import List, Optional
+
+from ..node import NodeOutcome
+from .base import Backend, NodeGang, NodeFunction, ThreadGang
+
+
+class LocalBackend(Backend):
+    """Run nodes on this machine without an engine.
+
+    Parameters
+    ----------
+    slots:
+        How many nodes may run at once (default: 32).
+    """
+
+    name = "local"
+
+    def __init__(self, slots: Optional[int] = None):
+        self._slots = slots if slots is not None else 32
+
+    def __repr__(self) -> str:
+        return f"LocalBackend(slots={self._slots})"
+
+    def slots(self) -> int:
+        return self._slots
+
+    def capacity_hint(self) -> str:
+        return "Ask for fewer nodes or pass duotf.backends.LocalBackend(slots=...)."
+
+    def start_nodes(self, fn: NodeFunction, n: int, job_id: str) -> NodeGang:
+        executor = f"local-{socket.gethostname()}-{os.getpid()}"
+
+        def call() -> List[NodeOutcome]:
+            results: List[Optional[NodeOutcome]] = [None] * n
+            errors: List[BaseException] = []
+
+            def one(i: int) -> None:
+                try:
+                    results[i] = fn(i, executor, 0)
+                except BaseException as exc:
+                    errors.append(exc)
+
+            threads = [
+                threading.Thread(target=one, args=(i,), name=f"duotf-local-node-{i}", daemon=True)
+                for i in range(n)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            if errors:
+                raise errors[0]
+            return [r for r in results if r is not None]
+
+        # Agents end themselves when the driver's rendezvous server closes; nothing to cancel.
+        return ThreadGang(call, cancel=lambda: None, name="local")
+

@@ -1,0 +1,131 @@
+"""``NodeContext``: what the user's ``main(args, ctx)`` sees on its node."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import posixpath
+from typing import Callable, Dict, List, Optional
+
+__all__ = ["NodeContext"]
+
+
+class NodeContext:
+    """The node's place in the cluster and helpers to use it.
+
+    Attributes
+    ----------
+    node_id : int
+        0-based id of this node in the duotf cluster.
+    job_name : str
+        ``"chief"``, ``"worker"``, ``"ps"`` or ``"evaluator"``.
+    task_index : int
+        Index of this node within its job.
+    cluster_spec : dict
+        The ``cluster`` part of TF_CONFIG: job name -> list of ``host:port``.
+    tf_config : dict
+        The full TF_CONFIG, also exported in the ``TF_CONFIG`` environment variable.
+    num_workers : int
+        Number of chief + worker tasks (the replicas of a synchronous strategy).
+    is_chief : bool
+        True on the chief, or on worker 0 when the spec has no chief.
+    working_dir : str
+        A directory of this node's own; ``main`` runs with it as the current directory.
+    default_fs : str
+        The cluster's default filesystem (``file://``, ``hdfs://namenode:8020``, ``s3://bucket``).
+    protocol : str
+        The server protocol of the cluster spec.
+    host, port : str, int
+        This node's address in the TF cluster; ``port`` is reserved for its TF server.
+    """
+
+    def __init__(
+        self,
+        *,
+        node_id: int,
+        job_name: str,
+        task_index: int,
+        tf_config: dict,
+        working_dir: str,
+        default_fs: str,
+        protocol: str,
+        host: str,
+        port: int,
+        job_id: str,
+        executor_id: str = "",
+        _notify: Optional[Callable[[str], None]] = None,
+    ):
+        self.node_id = node_id
+        self.job_name = job_name
+        self.task_index = task_index
+        self.tf_config = tf_config
+        self.cluster_spec: Dict[str, List[str]] = tf_config["cluster"]
+        self.num_workers = len(self.cluster_spec.get("chief", [])) + len(
+            self.cluster_spec.get("worker", [])
+        )
+        has_chief = bool(self.cluster_spec.get("chief"))
+        self.is_chief = job_name == "chief" or (
+            not has_chief and job_name == "worker" and task_index == 0
+        )
+        self.working_dir = working_dir
+        self.default_fs = default_fs
+        self.protocol = protocol
+        self.host = host
+        self.port = port
+        self.job_id = job_id
+        self.executor_id = executor_id
+        self._notify = _notify
+        self._server = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<NodeContext {self.job_name}:{self.task_index} node={self.node_id} "
+            f"{self.host}:{self.port}>"
+        )
+
+    def absolute_path(self, path: str) -> str:
+        """Resolve ``path`` against the cluster's default filesystem.
+
+        A URL with a scheme (``s3://b/x``, ``file:///x``) is returned as is. On a local default
+        filesystem, a relative path resolves against :attr:`working_dir` and an absolute one stays.
+        On a remote default filesystem (``hdfs://nn:8020``), an absolute path gets that prefix and
+        a relative one resolves under ``/user/<user>/``, as Hadoop tools do.
+        """
+        if "://" in path:
+            return path
+        default = self.default_fs.rstrip("/")
+        if default in ("", "file:", "file://"):
+            return os.path.abspath(os.path.join(self.working_dir, path))
+        if not path.startswith("/"):
+            path = posixpath.join("/user", getpass.getuser(), path)
+        return default + path
+
+    def start_server(self):
+        """Start (once) and return this node's ``tf.distribute.Server`` with the spec's protocol.
+
+        Use it for TF1-style between-graph training (``tf.compat.v1`` sessions against
+        ``server.target``) or for the workers of a ``ParameterServerStrategy``.
+        """
+        if self._server is None:
+            import tensorflow as tf
+
+            self._server = tf.distribute.Server(
+                tf.train.ClusterSpec(self.cluster_spec),
+                job_name=self.job_name,
+                task_index=self.task_index,
+                protocol=self.protocol,
+                start=True,
+            )
+        return self._server
+
+    def serve(self) -> None:
+        """Start this node's server and serve until the cluster shuts down; never returns.
+
+        A serving node is stopped quietly at shutdown, like a ps node (the workers of a
+        ``ParameterServerStrategy`` call this). The cluster finishes when every node that is not
+        serving has returned from ``main``.
+        """
+        server = self.start_server()
+        if self._notify is not None:
+            self._notify("serving")
+        server.join()

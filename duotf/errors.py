@@ -1,0 +1,113 @@
+"""The exception tree of duotf.
+
+::
+
+    DuotfError
+    ├── ConfigError (ValueError)          a setting or argument is wrong; nothing was started
+    │   └── UnsupportedProtocolError     the installed TensorFlow cannot serve spec.protocol
+    ├── BackendError                      the engine (Spark, Dask, ...) failed or refused
+    │   └── InsufficientSlotsError       fewer task slots / workers than nodes
+    ├── ReservationTimeoutError (TimeoutError)   not every node registered in time
+    ├── NodeError                         one node went wrong; every other node was stopped
+    │   ├── NodeFailedError              main raised, or its process exited or was killed
+    │   └── NodeUnresponsiveError        no heartbeat within heartbeat_timeout
+    ├── NodesStoppedError                 shutdown stopped a main that had not returned
+    └── ClusterClosedError                the cluster is already shut down
+
+Every exception pickles with its attributes (``__reduce__``), so one raised where a node runs
+arrives whole on the driver.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DuotfError",
+    "ConfigError",
+    "UnsupportedProtocolError",
+    "BackendError",
+    "InsufficientSlotsError",
+    "ReservationTimeoutError",
+    "NodeError",
+    "NodeFailedError",
+    "NodeUnresponsiveError",
+    "NodesStoppedError",
+    "ClusterClosedError",
+]
+
+
+class DuotfError(Exception):
+    """Base of every error duotf raises."""
+
+    def __init__(self, message: str, **attrs):
+        super().__init__(message)
+        self.message = message
+        self._attrs = attrs
+        for key, value in attrs.items():
+            setattr(self, key, value)
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), self.message, self._attrs))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(cls, message, attrs):
+    err = cls.__new__(cls)
+    DuotfError.__init__(err, message, **attrs)
+    return err
+
+
+class ConfigError(DuotfError, ValueError):
+    """A setting or argument is wrong; the message names it and what to change."""
+
+
+class UnsupportedProtocolError(ConfigError):
+    """The TensorFlow installed on the nodes has no server for the requested protocol.
+
+    Attributes: ``protocol``, ``tf_version``, ``host``.
+    """
+
+
+class BackendError(DuotfError):
+    """The engine failed or refused; the engine's own error is chained as ``__cause__``."""
+
+
+class InsufficientSlotsError(BackendError):
+    """The engine has fewer places to run nodes than the cluster needs.
+
+    Attributes: ``needed``, ``available``, ``backend``.
+    """
+
+
+class ReservationTimeoutError(DuotfError, TimeoutError):
+    """Not every node registered (or became ready) before ``reservation_timeout``.
+
+    Attributes: ``registered``, ``expected``, ``missing`` (node ids), ``timeout``.
+    """
+
+
+class NodeError(DuotfError):
+    """One node went wrong. Attributes: ``node_id``, ``role``, ``host``, ``pid``."""
+
+
+class NodeFailedError(NodeError):
+    """A node's ``main`` raised, or its process exited or was killed.
+
+    Attributes: ``exitcode`` (negative: the signal), ``remote_type``, ``remote_traceback``.
+    """
+
+
+class NodeUnresponsiveError(NodeError):
+    """A node sent no heartbeat for ``heartbeat_timeout`` seconds (stopped, hung, or lost)."""
+
+
+class NodesStoppedError(DuotfError):
+    """``shutdown`` stopped nodes whose ``main`` had not returned within the grace period.
+
+    Attributes: ``stopped`` (role names), ``grace_secs``.
+    """
+
+
+class ClusterClosedError(DuotfError):
+    """The cluster was already shut down."""

@@ -1,0 +1,308 @@
+"""The node agent: what runs inside the engine's task (a Spark barrier task, a Dask task, a thread).
+
+For one node it reserves the TF port, spawns the node process (:mod:`duotf._child`), registers
+with the driver over the authenticated channel, relays the cluster spec, heartbeats both ways,
+and reports how the node ended. It returns only when its node process is gone.
+
+The agent never raises for a failure of the node itself (the driver already knows, through the
+channel): an engine that retries failed tasks (Spark retries barrier stages) must not start a
+node again behind the driver's back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Dict, Optional, Tuple
+
+from . import rendezvous
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeJob:
+    """Everything a node agent needs; shipped to the engine's tasks by the engine itself."""
+
+    job_id: str
+    driver_address: Tuple[str, int]
+    secret: bytes
+    payload: bytes  # cloudpickled (main, args); only the node process unpickles it
+    protocol: str
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    connect_timeout: float
+    env: Dict[str, str]
+    default_fs: str
+    workdir_root: str
+    stop_timeout: float = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeOutcome:
+    """What the engine's task returns for a node: its id and how it ended."""
+
+    node_id: int
+    status: str  # "done", "failed", "stopped", "rejected"
+    payload: Optional[bytes] = None  # cloudpickled return value of main when status == "done"
+
+
+def reserve_port() -> socket.socket:
+    """Bind a port on every interface and keep it.
+
+    The socket never listens, so it receives no connection, and it carries SO_REUSEADDR and
+    SO_REUSEPORT so that TensorFlow's gRPC server (which sets both) can bind the same port while
+    the agent still holds it. Any other program asking for the port is refused until the agent
+    lets go - when its node is gone - so the port cannot be stolen between reservation and use.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if hasattr(socket, "SO_REUSEPORT"):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("0.0.0.0", 0))
+    return sock
+
+
+class _Agent:
+    def __init__(self, job: NodeJob, node_id: int, executor_id: str, attempt: int):
+        self.job = job
+        self.node_id = node_id
+        self.executor_id = executor_id
+        self.attempt = attempt
+        self.events: "queue.Queue[tuple]" = queue.Queue()
+        self.proc: Optional[subprocess.Popen] = None
+        self.child_tx: Optional[Connection] = None
+        self.channel: Optional[rendezvous.Channel] = None
+        self.result: Optional[bytes] = None
+        self.reported_failure = False
+        self.stop_requested = False
+        self.serving = False
+        self.threads: list = []
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _thread(self, target, name):
+        thread = threading.Thread(target=target, name=f"duotf-agent-{name}", daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def _read_child(self, rx: Connection) -> None:
+        while True:
+            try:
+                message = rx.recv()
+            except (EOFError, OSError):
+                self.events.put(("child-eof",))
+                return
+            self.events.put(("child",) + tuple(message))
+
+    def _read_driver(self) -> None:
+        while True:
+            try:
+                message = self.channel.recv()
+            except (ConnectionError, OSError) as exc:
+                self.events.put(("driver-eof", exc))
+                return
+            self.events.put(("driver", message))
+
+    def _send(self, type_: str, **fields) -> None:
+        try:
+            self.channel.send({"type": type_, "node_id": self.node_id, **fields})
+        except OSError as exc:
+            logger.debug("node %d: could not send %s to the driver: %s", self.node_id, type_, exc)
+
+    def _to_child(self, *message) -> None:
+        try:
+            self.child_tx.send(message)
+        except OSError:
+            pass  # the child is gone; its exit is reported through the child-eof path
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def _spawn(self, host: str, port: int) -> None:
+        job = self.job
+        a_rx, c_tx = os.pipe()  # child -> agent
+        c_rx, a_tx = os.pipe()  # agent -> child
+        env = dict(os.environ)
+        env.update(job.env)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [p for p in sys.path if p] + [env.get("PYTHONPATH", "")]
+        ).strip(os.pathsep)
+        env["DUOTF_NODE_ID"] = str(self.node_id)
+        env["DUOTF_JOB_ID"] = job.job_id
+        env.pop("TF_CONFIG", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "duotf._child", str(c_rx), str(c_tx)],
+            pass_fds=(c_rx, c_tx),
+            env=env,
+            close_fds=True,
+            start_new_session=True,
+        )
+        os.close(c_rx)
+        os.close(c_tx)
+        self.child_tx = Connection(a_tx, readable=False, writable=True)
+        workdir = os.path.join(job.workdir_root, f"node-{self.node_id}")
+        self._to_child(
+            "init",
+            {
+                "payload": job.payload,
+                "protocol": job.protocol,
+                "heartbeat_interval": job.heartbeat_interval,
+                "node_id": self.node_id,
+                "job_id": job.job_id,
+                "working_dir": workdir,
+                "default_fs": job.default_fs,
+                "executor_id": self.executor_id,
+            },
+        )
+        self._thread(lambda: self._read_child(Connection(a_rx, readable=True, writable=False)), "child")
+
+    def _kill_child(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _stop_child(self, timeout: float) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``; returns when the child has exited."""
+        if self.proc is None:
+            return
+        self._kill_child(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            logger.warning("node %d did not stop within %.1f s; killing it", self.node_id, timeout)
+            self._kill_child(signal.SIGKILL)
+            self.proc.wait()
+        else:
+            self._kill_child(signal.SIGKILL)  # anything left in its process group
+
+    def run(self) -> NodeOutcome:
+        job = self.job
+        reservation = reserve_port()
+        port = reservation.getsockname()[1]
+        try:
+            self.channel = rendezvous.connect(job.driver_address, job.secret, job.connect_timeout)
+            # The address the driver reached us from is the one the other nodes can use too.
+            host = self.channel.sock.getsockname()[0]
+            self._spawn(host, port)
+            self._send(
+                "register",
+                host=host,
+                port=port,
+                pid=self.proc.pid,
+                agent_pid=os.getpid(),
+                executor_id=self.executor_id,
+                attempt=self.attempt,
+            )
+            self._thread(self._read_driver, "driver")
+            return self._loop()
+        finally:
+            self._stop_child(1.0)
+            if self.channel is not None:
+                self.channel.close()
+            reservation.close()
+            if self.child_tx is not None:
+                self.child_tx.close()
+            for thread in self.threads:
+                thread.join(5)
+
+    def _fail(self, kind: str, **fields) -> None:
+        if not self.reported_failure:
+            self.reported_failure = True
+            self._send("failed", kind=kind, **fields)
+
+    def _loop(self) -> NodeOutcome:
+        job = self.job
+        interval = job.heartbeat_interval
+        child_seen = time.monotonic()
+        next_beat = 0.0
+        child_open = True
+        while True:
+            now = time.monotonic()
+            if now >= next_beat:
+                self._send("heartbeat")
+                next_beat = now + interval
+            if child_open and now - child_seen > job.heartbeat_timeout and not self.stop_requested:
+                self._fail(
+                    "unresponsive",
+                    message=f"no heartbeat from the node process for {now - child_seen:.1f} s "
+                    f"(heartbeat_timeout={job.heartbeat_timeout:g})",
+                )
+                self._kill_child(signal.SIGKILL)
+            try:
+                event = self.events.get(timeout=min(interval, max(next_beat - now, 0.01)))
+            except queue.Empty:
+                continue
+            kind = event[0]
+            if kind == "child":
+                child_seen = time.monotonic()
+                what = event[1]
+                if what == "hb":
+                    continue
+                if what in ("ready", "running", "serving"):
+                    self.serving = self.serving or what == "serving"
+                    self._send(what)
+                elif what == "result":
+                    self.result = event[2]
+                elif what == "error":
+                    self._fail(**event[2])
+            elif kind == "child-eof":
+                child_open = False
+                code = self.proc.wait()
+                if self.result is not None and code == 0:
+                    self._send("done")
+                    return NodeOutcome(self.node_id, "done", self.result)
+                if self.stop_requested:
+                    self._send("stopped", exitcode=code)
+                    return NodeOutcome(self.node_id, "stopped")
+                self._fail("exit", exitcode=code, message=_describe_exit(code))
+                return NodeOutcome(self.node_id, "failed")
+            elif kind == "driver":
+                message = event[1]
+                if message["type"] == "start":
+                    self._to_child("start", message)
+                elif message["type"] == "stop":
+                    self.stop_requested = True
+                    self._to_child("stop")
+                    threading.Thread(
+                        target=self._stop_child,
+                        args=(message.get("timeout", job.stop_timeout),),
+                        daemon=True,
+                    ).start()
+                elif message["type"] == "reject":
+                    logger.warning("node %d rejected by the driver: %s", self.node_id, message.get("reason"))
+                    return NodeOutcome(self.node_id, "rejected")
+            elif kind == "driver-eof":
+                # The driver is gone or closed the job: nothing may run unsupervised.
+                self.stop_requested = True
+                logger.info("node %d: driver connection closed; stopping the node", self.node_id)
+                self._stop_child(job.stop_timeout)
+                return NodeOutcome(self.node_id, "stopped")
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"node process was killed by {name}"
+    return f"node process exited with code {code} before main returned"
+
+
+def run_node(job: NodeJob, node_id: int, executor_id: str = "", attempt: int = 0) -> NodeOutcome:
+    """Run node ``node_id`` of ``job`` to its end. Called by every backend, once per node."""
+    return _Agent(job, node_id, executor_id, attempt).run()
+
+
+def default_workdir_root(job_id: str) -> str:
+    return os.path.join(tempfile.gettempdir(), "duotf", job_id)

@@ -1,0 +1,238 @@
+"""The authenticated channel between the driver and its nodes.
+
+Wire format, both directions, after the server's greeting::
+
+    greeting (server -> client, once):  b"DUOTF1" + 16-byte random nonce
+    frame:  4-byte big-endian body length | 32-byte HMAC-SHA256 | body (UTF-8 JSON object)
+
+The MAC covers ``nonce | direction | sequence number | body`` under a random per-job secret, so a
+frame cannot be forged without the secret, replayed into another connection, reordered, or sent
+back the other way. Bodies are JSON: nothing received on a socket is ever unpickled. A frame
+that fails its check closes the connection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import random
+import secrets
+import socket
+import struct
+import threading
+import time
+from typing import Callable, Dict, Optional, Tuple
+
+logger = logging.getLogger(__name__)
+
+_MAGIC = b"DUOTF1"
+_NONCE_LEN = 16
+_MAC_LEN = 32
+_HEADER = struct.Struct(">I")
+MAX_FRAME = 16 * 1024 * 1024
+
+
+def new_secret() -> bytes:
+    return secrets.token_bytes(32)
+
+
+class AuthenticationError(ConnectionError):
+    """A frame failed its HMAC check, or the peer did not speak the protocol."""
+
+
+class Channel:
+    """One authenticated, framed, bidirectional connection. ``send`` is thread-safe."""
+
+    def __init__(self, sock: socket.socket, secret: bytes, nonce: bytes, is_server: bool):
+        self.sock = sock
+        self._secret = secret
+        self._nonce = nonce
+        self._send_dir, self._recv_dir = (b"S", b"C") if is_server else (b"C", b"S")
+        self._send_seq = 0
+        self._recv_seq = 0
+        self._send_lock = threading.Lock()
+        self._closed = False
+
+    def _mac(self, direction: bytes, seq: int, body: bytes) -> bytes:
+        msg = self._nonce + direction + seq.to_bytes(8, "big") + body
+        return hmac.new(self._secret, msg, hashlib.sha256).digest()
+
+    def send(self, message: dict) -> None:
+        body = json.dumps(message, separators=(",", ":")).encode()
+        if len(body) > MAX_FRAME:
+            raise ValueError(f"rendezvous message of {len(body)} bytes exceeds {MAX_FRAME}")
+        with self._send_lock:
+            mac = self._mac(self._send_dir, self._send_seq, body)
+            self._send_seq += 1
+            self.sock.sendall(_HEADER.pack(len(body)) + mac + body)
+
+    def recv(self) -> dict:
+        """Block for the next message. Raises ``ConnectionError`` (EOF) or ``AuthenticationError``."""
+        header = _recv_exact(self.sock, _HEADER.size + _MAC_LEN)
+        (length,) = _HEADER.unpack(header[: _HEADER.size])
+        if length > MAX_FRAME:
+            raise AuthenticationError(f"frame of {length} bytes announced; limit is {MAX_FRAME}")
+        body = _recv_exact(self.sock, length)
+        expected = self._mac(self._recv_dir, self._recv_seq, body)
+        if not hmac.compare_digest(expected, header[_HEADER.size :]):
+            raise AuthenticationError("rendezvous frame failed its HMAC check (wrong job secret?)")
+        self._recv_seq += 1
+        message = json.loads(body)
+        if not isinstance(message, dict) or "type" not in message:
+            raise AuthenticationError("rendezvous frame is not a duotf message")
+        return message
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("rendezvous connection closed")
+        buf += chunk
+    return bytes(buf)
+
+
+def connect(
+    address: Tuple[str, int], secret: bytes, timeout: float = 30.0
+) -> Channel:
+    """Connect to a rendezvous server, retrying with jittered backoff until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    last_exc: Optional[BaseException] = None
+    while True:
+        sock = None
+        try:
+            remaining = max(deadline - time.monotonic(), 0.1)
+            sock = socket.create_connection(address, timeout=min(remaining, 10.0))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            greeting = _recv_exact(sock, len(_MAGIC) + _NONCE_LEN)
+            if not greeting.startswith(_MAGIC):
+                raise AuthenticationError(f"{address} is not a duotf rendezvous server")
+            sock.settimeout(None)
+            return Channel(sock, secret, greeting[len(_MAGIC) :], is_server=False)
+        except AuthenticationError:
+            if sock is not None:
+                sock.close()
+            raise
+        except OSError as exc:
+            if sock is not None:
+                sock.close()
+            last_exc = exc
+            if time.monotonic() + delay > deadline:
+                raise ConnectionError(
+                    f"could not reach the duotf driver at {address[0]}:{address[1]} within "
+                    f"{timeout:.0f} s; is the driver host reachable from the executors "
+                    f"(set driver_host=...)?"
+                ) from last_exc
+            logger.debug("rendezvous connect to %s failed (%s); retrying", address, exc)
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 1.0)
+
+
+class RendezvousServer:
+    """A threaded server that hands every authenticated message to ``on_message``.
+
+    ``on_message(peer, message)`` and ``on_close(peer, exc)`` run on the connection's reader
+    thread; ``peer`` is the :class:`Channel`, stable for the connection's life.
+    """
+
+    def __init__(
+        self,
+        secret: bytes,
+        on_message: Callable[[Channel, dict], None],
+        on_close: Callable[[Channel, Optional[BaseException]], None],
+        host: str = "127.0.0.1",
+        bind_host: Optional[str] = None,
+    ):
+        self._secret = secret
+        self._on_message = on_message
+        self._on_close = on_close
+        self._listener = socket.create_server((bind_host or host, 0), backlog=128)
+        self.address: Tuple[str, int] = (host, self._listener.getsockname()[1])
+        self._peers: Dict[int, Channel] = {}
+        self._threads: list = []
+        self._lock = threading.Lock()
+        self._closing = False
+        self._accept_thread = threading.Thread(
+            target=self._accept_loop, name="duotf-rendezvous-accept", daemon=True
+        )
+        self._accept_thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._closing:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                break
+            if self._closing:
+                sock.close()
+                break
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            thread = threading.Thread(
+                target=self._serve, args=(sock,), name="duotf-rendezvous-conn", daemon=True
+            )
+            with self._lock:
+                self._threads = [t for t in self._threads if t.is_alive()]
+                self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        nonce = os.urandom(_NONCE_LEN)
+        try:
+            sock.sendall(_MAGIC + nonce)
+        except OSError:
+            sock.close()
+            return
+        peer = Channel(sock, self._secret, nonce, is_server=True)
+        with self._lock:
+            self._peers[id(peer)] = peer
+        exc: Optional[BaseException] = None
+        try:
+            while True:
+                message = peer.recv()
+                self._on_message(peer, message)
+        except AuthenticationError as err:
+            logger.warning("closing rendezvous connection: %s", err)
+            exc = err
+        except (ConnectionError, OSError) as err:
+            exc = err
+        finally:
+            with self._lock:
+                self._peers.pop(id(peer), None)
+            peer.close()
+            if not self._closing:
+                self._on_close(peer, exc)
+
+    def close(self) -> None:
+        """Stop accepting, close every connection and join the server's threads."""
+        if self._closing:
+            return
+        self._closing = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        with self._lock:
+            peers = list(self._peers.values())
+            threads = list(self._threads)
+        for peer in peers:
+            peer.close()
+        self._accept_thread.join(5)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(5)

@@ -1,0 +1,115 @@
+"""The shape of a TensorFlow cluster: roles, counts, protocol; role assignment and TF_CONFIG."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Dict, List, Tuple
+
+from .errors import ConfigError
+
+__all__ = ["ClusterSpec", "InputMode", "KNOWN_PROTOCOLS", "Role"]
+
+#: Protocols a ClusterSpec accepts. Whether the installed TensorFlow can serve one is checked on
+#: the nodes before any user code runs (stock TensorFlow 2.x serves only "grpc").
+KNOWN_PROTOCOLS = ("grpc", "grpc+verbs", "grpc+gdr", "grpc+mpi")
+
+
+class InputMode(str, enum.Enum):
+    """Where a node's training data comes from."""
+
+    #: TensorFlow reads its own data (files through tf.data / fsspec).
+    TENSORFLOW = "tensorflow"
+
+
+@dataclasses.dataclass(frozen=True)
+class Role:
+    """One node's place in the TF cluster."""
+
+    job: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.job}:{self.index}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    """The TensorFlow cluster to run.
+
+    Parameters
+    ----------
+    workers:
+        Number of ``worker`` tasks (``MultiWorkerMirroredStrategy`` replicas, or the workers of a
+        parameter-server job).
+    ps:
+        Number of parameter servers. duotf runs ``tf.distribute.Server`` on them until shutdown;
+        ``main`` is not called on ps nodes.
+    chief:
+        Add a ``chief`` task (``ParameterServerStrategy``'s coordinator, or a dedicated chief).
+    evaluator:
+        Add an ``evaluator`` task; TF keeps it out of the ``cluster`` part of TF_CONFIG.
+    protocol:
+        The server protocol: ``"grpc"`` or an RDMA variant such as ``"grpc+verbs"`` where the
+        TensorFlow build has one.
+    """
+
+    workers: int = 1
+    ps: int = 0
+    chief: bool = False
+    evaluator: bool = False
+    protocol: str = "grpc"
+
+    def __post_init__(self):
+        for name in ("workers", "ps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"ClusterSpec.{name} must be an int >= 0, got {value!r}")
+        if self.workers + int(self.chief) == 0:
+            raise ConfigError(
+                "ClusterSpec needs at least one worker or a chief: set workers=1 or chief=True"
+            )
+        if self.protocol not in KNOWN_PROTOCOLS:
+            raise ConfigError(
+                f"ClusterSpec.protocol={self.protocol!r} is not a TensorFlow server protocol; "
+                f"use one of {', '.join(KNOWN_PROTOCOLS)}"
+            )
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.chief) + self.workers + self.ps + int(self.evaluator)
+
+    def roles(self) -> List[Role]:
+        """Roles in node-id order: chief, workers, ps, evaluator. Deterministic."""
+        roles = [Role("chief", 0)] if self.chief else []
+        roles += [Role("worker", i) for i in range(self.workers)]
+        roles += [Role("ps", i) for i in range(self.ps)]
+        if self.evaluator:
+            roles.append(Role("evaluator", 0))
+        return roles
+
+    def tf_cluster(self, addresses: List[str]) -> Dict[str, List[str]]:
+        """The ``cluster`` dict of TF_CONFIG from node addresses given in node-id order.
+
+        The evaluator is left out, as TensorFlow expects.
+        """
+        if len(addresses) != self.num_nodes:
+            raise ValueError(f"expected {self.num_nodes} addresses, got {len(addresses)}")
+        cluster: Dict[str, List[str]] = {}
+        for role, address in zip(self.roles(), addresses):
+            if role.job != "evaluator":
+                cluster.setdefault(role.job, []).append(address)
+        return cluster
+
+    def tf_config(self, addresses: List[str], node_id: int) -> dict:
+        """The TF_CONFIG of node ``node_id``."""
+        role = self.roles()[node_id]
+        return {
+            "cluster": self.tf_cluster(addresses),
+            "task": {"type": role.job, "index": role.index},
+        }
+
+
+def parse_address(address: str) -> Tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
