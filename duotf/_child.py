@@ -96,6 +96,13 @@ def _check_protocol(protocol: str):
     return None
 
 
+def _notify(link: _Link, what: str) -> None:
+    if what == "serving" and threading.current_thread() is threading.main_thread():
+        # A server blocks in C code where no Python handler runs; it has nothing to save.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    link.send(what)
+
+
 def _on_sigterm(signum, frame):
     raise SystemExit(f"stopped by duotf (signal {signum})")
 
@@ -141,12 +148,10 @@ def main(argv) -> int:
         port=start["port"],
         job_id=job["job_id"],
         executor_id=job.get("executor_id", ""),
-        _notify=lambda what: link.send(what),
+        _notify=lambda what: _notify(link, what),
     )
     if start["job"] == "ps":
-        # A ps node only serves; it is stopped at shutdown without ceremony.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        ctx.serve()
+        ctx.serve()  # a ps node only serves, until it is stopped
         return 0
     link.send("running")
     try:

@@ -132,8 +132,9 @@ class _Agent:
         c_rx, a_tx = os.pipe()  # agent -> child
         env = dict(os.environ)
         env.update(job.env)
+        # The user's own PYTHONPATH first, then what this task can import (duotf, user modules).
         env["PYTHONPATH"] = os.pathsep.join(
-            [p for p in sys.path if p] + [env.get("PYTHONPATH", "")]
+            [job.env.get("PYTHONPATH", "")] + [p for p in sys.path if p]
         ).strip(os.pathsep)
         env["DUOTF_NODE_ID"] = str(self.node_id)
         env["DUOTF_JOB_ID"] = job.job_id
@@ -305,4 +306,5 @@ def run_node(job: NodeJob, node_id: int, executor_id: str = "", attempt: int = 0
 
 
 def default_workdir_root(job_id: str) -> str:
-    return os.path.join(tempfile.gettempdir(), "duotf", job_id)
+    # Not "<tmp>/duotf": that directory would shadow the package for a program run from <tmp>.
+    return os.path.join(tempfile.gettempdir(), f"duotf-{job_id}")
