@@ -143,3 +143,25 @@ def slow_save_main(args, ctx):
     with open(path, "w") as f:
         f.write("model")
     return path
+
+
+def ps_between_graph_main(args, ctx):
+    """TF1-style between-graph replication: variables placed on the ps by replica_device_setter."""
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    server = ctx.start_server()
+    cluster = tf.train.ClusterSpec(ctx.cluster_spec)
+    setter = tf1.train.replica_device_setter(
+        worker_device=f"/job:worker/task:{ctx.task_index}", cluster=cluster
+    )
+    with tf1.device(setter):
+        total = tf1.get_variable("total", initializer=0.0)
+        global_step = tf1.train.get_or_create_global_step()
+        train = tf.group(tf1.assign_add(total, 1.0), tf1.assign_add(global_step, 1))
+    with tf1.train.MonitoredTrainingSession(master=server.target, is_chief=ctx.is_chief) as sess:
+        for _ in range(args["steps"]):
+            sess.run(train)
+        value = sess.run(total)
+    return {"total": float(value), "device": total.device}

@@ -1,0 +1,79 @@
+"""The shared behaviour suite of the core lifecycle: every test runs on every backend."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import duotf
+from tests.conftest import QUIET_TF, poll_for
+from tests.suite import mains
+
+
+def test_results_context_and_tf_config(backend, backend_kind, tmp_path):
+    spec = duotf.ClusterSpec(workers=2)
+    with duotf.run(mains.describe_main, {"marker": str(tmp_path)}, backend, spec) as cluster:
+        results = cluster.wait()
+    assert [r["node_id"] for r in results] == [0, 1]
+    addresses = [f"{n.host}:{n.port}" for n in cluster.nodes]
+    for i, r in enumerate(results):
+        assert r["tf_config"] == {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": i}}
+        assert r["job"] == "worker" and r["index"] == i
+        assert r["num_workers"] == 2
+        assert r["is_chief"] is (i == 0)
+        assert r["cwd"] == r["working_dir"]
+        assert r["relative"] == os.path.join(r["working_dir"], "model")
+        assert r["absolute"] == "/data/x"
+        assert r["url"] == "s3://bucket/k"
+        assert r["pid"] == cluster.nodes[i].pid
+        assert (tmp_path / f"ran-{i}").exists()
+    assert results[0]["working_dir"] != results[1]["working_dir"]
+    assert len({r["port"] for r in results}) == 2
+    if backend_kind in ("dask", "spark-standalone"):
+        # one node per worker / executor
+        assert results[0]["executor_id"] != results[1]["executor_id"]
+    assert cluster.status is duotf.ClusterStatus.CLOSED
+
+
+def test_tf_config_for_every_role(backend, tmp_path):
+    # chief + worker + ps + evaluator is 4 nodes; the backends here have 2 slots, so two runs.
+    spec = duotf.ClusterSpec(workers=1, chief=True)
+    with duotf.run(mains.describe_main, None, backend, spec) as cluster:
+        chief, worker = cluster.wait()
+    assert chief["tf_config"]["task"] == {"type": "chief", "index": 0}
+    assert worker["tf_config"]["task"] == {"type": "worker", "index": 0}
+    assert set(chief["cluster_spec"]) == {"chief", "worker"}
+    assert chief["is_chief"] and not worker["is_chief"]
+    assert chief["num_workers"] == 2
+
+    spec = duotf.ClusterSpec(workers=1, evaluator=True)
+    with duotf.run(mains.describe_main, None, backend, spec) as cluster:
+        worker, evaluator = cluster.wait()
+    assert evaluator["tf_config"]["task"] == {"type": "evaluator", "index": 0}
+    # TensorFlow keeps the evaluator out of the cluster it trains with.
+    assert evaluator["tf_config"]["cluster"] == {"worker": [cluster.nodes[0].address]}
+
+
+def test_mwms_training_matches_reference(backend, tmp_path):
+    data = mains.make_regression(str(tmp_path / "data.npz"))
+    args = {"data": data, "batch": 32, "steps": 20, "lr": 0.05}
+    with duotf.run(mains.mwms_main, args, backend, duotf.ClusterSpec(workers=2), env=QUIET_TF) as cluster:
+        results = cluster.wait()
+    ref_w, ref_b = mains.reference_weights(data, 32, 20, 0.05)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert results[0]["w"] == results[1]["w"]  # synchronous: identical on every worker
+    np.testing.assert_allclose(results[0]["w"], ref_w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(results[0]["b"], ref_b, rtol=1e-5, atol=1e-5)
+
+
+def test_parameter_server_training(backend):
+    spec = duotf.ClusterSpec(workers=1, ps=1)
+    with duotf.run(mains.ps_between_graph_main, {"steps": 7}, backend, spec, env=QUIET_TF) as cluster:
+        worker, ps = cluster.wait()
+    assert worker == {"total": 7.0, "device": "/job:ps/task:0"}
+    assert ps is None  # ps nodes serve; they have no main
+    assert cluster.nodes[1].role == duotf.Role("ps", 0)
