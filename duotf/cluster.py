@@ -348,13 +348,9 @@ class Cluster:
         """Heartbeat and engine-job watchdog; runs until the cluster is closed."""
         while True:
             with self._cond:
-                if self.status is ClusterStatus.CLOSED:
-                    return
                 self._cond.wait(0.5)
                 if self.status not in (ClusterStatus.STARTING, ClusterStatus.RUNNING):
-                    if self.status is ClusterStatus.CLOSED:
-                        return
-                    continue
+                    return  # finished, failed (the stopper takes over) or closed
                 now = time.monotonic()
                 stale = [
                     x for x in self.nodes
@@ -381,6 +377,7 @@ class Cluster:
                 self._finish()
 
     def _finish(self) -> None:
+        finished = False
         with self._cond:
             if self.status in (ClusterStatus.STARTING, ClusterStatus.RUNNING):
                 if any(x.state not in _TERMINAL for x in self.nodes):
@@ -392,9 +389,12 @@ class Cluster:
                 else:
                     self.status = ClusterStatus.FINISHED
                     self._cond.notify_all()
-                    return
+                    finished = True
             else:
                 return
+        if finished:
+            self._server.close()  # every node has ended: nothing more to hear from them
+            return
         self._fail(err)
 
     def _stop_servers_when_finished(self) -> None:
@@ -428,6 +428,8 @@ class Cluster:
         if not self._gang.done():
             logger.warning("duotf: engine tasks still running after stop; cancelling them")
         self._gang.cancel()
+        # A failed cluster releases its port and threads by itself, shut down or not.
+        self._server.close()
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -452,8 +454,10 @@ class Cluster:
                     running = [x.describe() for x in self.nodes if x.state not in _TERMINAL]
                     raise TimeoutError(f"after {timeout:g} s these nodes still run: {', '.join(running)}")
                 self._cond.wait(0.5 if remaining is None else min(remaining, 0.5))
-            if self.status is ClusterStatus.FAILED:
+            if self._error is not None:
                 self._raise_if_failed()
+            if self._gang is None or not self._gang.done():
+                raise ClusterClosedError(f"{self!r} was shut down before its nodes ended")
         return self._collect()
 
     def _collect(self) -> List[Any]:

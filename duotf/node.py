@@ -255,7 +255,11 @@ class _Agent:
                 elif what == "result":
                     self.result = event[2]
                 elif what == "error":
-                    self._fail(**event[2])
+                    if self.stop_requested:
+                        # main unwinding from our own stop request: reported as "stopped"
+                        logger.debug("node %d stopped: %s", self.node_id, event[2].get("message"))
+                    else:
+                        self._fail(**event[2])
             elif kind == "child-eof":
                 child_open = False
                 code = self.proc.wait()
