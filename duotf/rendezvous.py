@@ -80,7 +80,10 @@ class Channel:
         if not hmac.compare_digest(expected, header[_HEADER.size :]):
             raise AuthenticationError("rendezvous frame failed its HMAC check (wrong job secret?)")
         self._recv_seq += 1
-        message = json.loads(body)
+        try:
+            message = json.loads(body)
+        except ValueError as exc:  # includes UnicodeDecodeError
+            raise AuthenticationError(f"rendezvous frame is not JSON: {exc}") from None
         if not isinstance(message, dict) or "type" not in message:
             raise AuthenticationError("rendezvous frame is not a duotf message")
         return message

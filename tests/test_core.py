@@ -1,0 +1,120 @@
+"""Spec, errors, registry, port reservation and the public surface; no engine needed."""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import duotf
+from duotf.backends import known_backends, resolve_backend
+from duotf.node import reserve_port
+
+
+def test_roles_are_deterministic_and_tf_config_follows_tf_conventions():
+    spec = duotf.ClusterSpec(workers=2, ps=1, chief=True, evaluator=True)
+    assert [str(r) for r in spec.roles()] == ["chief:0", "worker:0", "worker:1", "ps:0", "evaluator:0"]
+    addrs = [f"h:{i}" for i in range(5)]
+    assert spec.tf_cluster(addrs) == {"chief": ["h:0"], "worker": ["h:1", "h:2"], "ps": ["h:3"]}
+    assert spec.tf_config(addrs, 4)["task"] == {"type": "evaluator", "index": 0}
+    assert spec.tf_config(addrs, 2)["task"] == {"type": "worker", "index": 1}
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"workers": -1}, "workers must be an int >= 0"),
+        ({"workers": 0}, "at least one worker or a chief"),
+        ({"protocol": "tcp"}, "grpc, grpc+verbs"),
+        ({"ps": 1.5}, "ps must be an int"),
+    ],
+)
+def test_bad_spec_says_what_to_change(kwargs, words):
+    with pytest.raises(duotf.ConfigError, match=words.replace("+", "\\+")):
+        duotf.ClusterSpec(**kwargs)
+
+
+def test_errors_pickle_with_their_attributes():
+    err = duotf.NodeFailedError("worker:1 failed", node_id=1, role="worker:1", exitcode=-9,
+                                remote_type="ValueError", remote_traceback="tb", host="h", pid=3)
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is duotf.NodeFailedError and str(back) == "worker:1 failed"
+    assert (back.node_id, back.exitcode, back.remote_traceback) == (1, -9, "tb")
+    assert isinstance(back, duotf.NodeError) and isinstance(back, duotf.DuotfError)
+    assert isinstance(duotf.ReservationTimeoutError("x"), TimeoutError)
+    assert isinstance(duotf.UnsupportedProtocolError("x"), ValueError)
+
+
+def test_import_is_light():
+    code = (
+        "import sys, duotf\n"
+        "heavy = [m for m in ('tensorflow', 'pyspark', 'distributed', 'dask') if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_exported_members():
+    for name in duotf.__all__:
+        assert hasattr(duotf, name), name
+    public = {n for n in dir(duotf) if not n.startswith("_")}
+    modules = {"api", "backends", "cluster", "context", "errors", "node", "rendezvous", "spec", "feed"}
+    assert public - modules - {"__version__"} == set(duotf.__all__)
+
+
+def test_unknown_backend_lists_known_ones():
+    with pytest.raises(duotf.ConfigError, match="dask, local, spark"):
+        resolve_backend("ray")
+    with pytest.raises(duotf.ConfigError, match="SparkSession, SparkContext, distributed.Client"):
+        resolve_backend(object())
+    assert set(known_backends) == {"local", "spark", "dask"}
+
+
+def test_bad_run_arguments_fail_before_anything_starts():
+    with pytest.raises(duotf.ConfigError, match="input_mode='spark'"):
+        duotf.run(lambda a, c: None, input_mode="spark")
+    with pytest.raises(duotf.ConfigError, match="heartbeat_timeout"):
+        duotf.run(lambda a, c: None, heartbeat_interval=2, heartbeat_timeout=3)
+    with pytest.raises(duotf.ConfigError, match="callable"):
+        duotf.run("main.py")
+
+
+def test_reserved_port_is_held_but_tf_style_reuse_can_bind():
+    held = reserve_port()
+    port = held.getsockname()[1]
+    try:
+        plain = socket.socket()
+        with pytest.raises(OSError):
+            plain.bind(("0.0.0.0", port))  # another program cannot take it
+        plain.close()
+        reuse = socket.socket()
+        reuse.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        reuse.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        reuse.bind(("0.0.0.0", port))  # gRPC sets both options, as here
+        reuse.listen()
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            pass  # connections reach the real server, not the reservation
+        reuse.close()
+    finally:
+        held.close()
+
+
+def test_absolute_path_against_default_fs(tmp_path):
+    from duotf.context import NodeContext
+
+    def ctx(default_fs):
+        return NodeContext(node_id=0, job_name="worker", task_index=0,
+                           tf_config={"cluster": {"worker": ["h:1"]}, "task": {}},
+                           working_dir=str(tmp_path), default_fs=default_fs, protocol="grpc",
+                           host="h", port=1, job_id="j")
+
+    import getpass
+
+    assert ctx("file:///").absolute_path("m") == str(tmp_path / "m")
+    assert ctx("hdfs://nn:8020").absolute_path("/data") == "hdfs://nn:8020/data"
+    assert ctx("hdfs://nn:8020/").absolute_path("m") == f"hdfs://nn:8020/user/{getpass.getuser()}/m"
+    assert ctx("hdfs://nn:8020").absolute_path("s3://b/k") == "s3://b/k"

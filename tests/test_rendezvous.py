@@ -1,0 +1,110 @@
+"""The authenticated channel: forged, replayed, reflected or oversized frames are refused."""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import struct
+
+import pytest
+
+from duotf import rendezvous
+
+
+@pytest.fixture
+def server():
+    inbox: "queue.Queue" = queue.Queue()
+    closed: "queue.Queue" = queue.Queue()
+    secret = rendezvous.new_secret()
+    srv = rendezvous.RendezvousServer(
+        secret, lambda peer, msg: inbox.put((peer, msg)), lambda peer, exc: closed.put(exc)
+    )
+    try:
+        yield srv, secret, inbox, closed
+    finally:
+        srv.close()
+
+
+def test_round_trip_both_ways(server):
+    srv, secret, inbox, _ = server
+    client = rendezvous.connect(srv.address, secret, timeout=5)
+    client.send({"type": "hello", "n": 1})
+    peer, message = inbox.get(timeout=5)
+    assert message == {"type": "hello", "n": 1}
+    peer.send({"type": "reply", "ok": True})
+    assert client.recv() == {"type": "reply", "ok": True}
+    client.close()
+
+
+def test_wrong_secret_is_refused(server):
+    srv, _, inbox, closed = server
+    client = rendezvous.connect(srv.address, rendezvous.new_secret(), timeout=5)
+    client.send({"type": "register"})
+    assert isinstance(closed.get(timeout=5), rendezvous.AuthenticationError)
+    assert inbox.empty()
+    with pytest.raises(ConnectionError):
+        client.recv()
+
+
+def test_tampered_frame_is_refused(server):
+    srv, secret, inbox, closed = server
+    client = rendezvous.connect(srv.address, secret, timeout=5)
+    good = {"type": "register", "port": 1}
+    body = json.dumps({"type": "register", "port": 2}).encode()
+    mac = client._mac(b"C", 0, json.dumps(good, separators=(",", ":")).encode())
+    client.sock.sendall(struct.pack(">I", len(body)) + mac + body)
+    assert isinstance(closed.get(timeout=5), rendezvous.AuthenticationError)
+    assert inbox.empty()
+
+
+def test_replayed_frame_is_refused(server):
+    """The sequence number is under the MAC: sending a captured frame again fails."""
+    srv, secret, inbox, closed = server
+    client = rendezvous.connect(srv.address, secret, timeout=5)
+    body = json.dumps({"type": "x"}, separators=(",", ":")).encode()
+    frame = struct.pack(">I", len(body)) + client._mac(b"C", 0, body) + body
+    client.sock.sendall(frame)
+    assert inbox.get(timeout=5)[1] == {"type": "x"}
+    client.sock.sendall(frame)
+    assert isinstance(closed.get(timeout=5), rendezvous.AuthenticationError)
+    assert inbox.empty()
+
+
+def test_pickle_is_never_accepted(server):
+    import pickle
+
+    srv, secret, inbox, closed = server
+    client = rendezvous.connect(srv.address, secret, timeout=5)
+    body = pickle.dumps({"type": "register"})
+    client.sock.sendall(struct.pack(">I", len(body)) + client._mac(b"C", 0, body) + body)
+    assert isinstance(closed.get(timeout=5), rendezvous.AuthenticationError)  # not JSON
+    assert inbox.empty()
+
+
+def test_oversized_frame_is_refused_without_reading_it(server):
+    srv, secret, _, closed = server
+    client = rendezvous.connect(srv.address, secret, timeout=5)
+    client.sock.sendall(struct.pack(">I", rendezvous.MAX_FRAME + 1) + b"\0" * 32)
+    assert isinstance(closed.get(timeout=5), rendezvous.AuthenticationError)
+
+
+def test_connect_gives_up_with_a_clear_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connections are refused
+        with pytest.raises(ConnectionError, match="could not reach the duotf driver"):
+            rendezvous.connect(("127.0.0.1", port), b"k" * 32, timeout=0.5)
+
+
+def test_close_releases_port_and_threads(server):
+    import threading
+
+    srv, secret, _, _ = server
+    client = rendezvous.connect(srv.address, secret, timeout=5)
+    srv.close()
+    with pytest.raises(ConnectionError):
+        client.recv()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(srv.address, timeout=2).close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("duotf-rendezvous")]
