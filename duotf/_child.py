@@ -50,9 +50,6 @@ def _reader(link: _Link, inbox: list, arrived: threading.Condition) -> None:
         except (EOFError, OSError):
             # The agent is gone: nobody supervises this node any more.
             os._exit(1)
-        if message[0] == "stop":
-            os.kill(os.getpid(), signal.SIGTERM)
-            continue
         with arrived:
             inbox.append(message)
             arrived.notify_all()
@@ -104,6 +101,7 @@ def _notify(link: _Link, what: str) -> None:
 
 
 def _on_sigterm(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second request ends the process outright
     raise SystemExit(f"stopped by duotf (signal {signum})")
 
 
@@ -184,7 +182,10 @@ def _json(obj) -> str:
 if __name__ == "__main__":
     import atexit
 
-    code = main(sys.argv)
+    try:
+        code = main(sys.argv)
+    except SystemExit:  # stopped (SIGTERM) before main ran, e.g. while a ps imported TF
+        code = 1
     # Run the user's atexit handlers (summary writers, ...), then skip the interpreter teardown:
     # TF's thread pools can take seconds to wind down and nothing is left to save.
     atexit._run_exitfuncs()

@@ -69,6 +69,11 @@ class NodeInfo:
         return f"{self.role}{where} (node {self.node_id}{pid})"
 
 
+def _is_server(node: NodeInfo) -> bool:
+    """ps nodes serve from the start; other nodes once they called ``ctx.serve()``."""
+    return node.role.job == "ps" or node.state == "serving"
+
+
 _live: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 
 
@@ -286,7 +291,7 @@ class Cluster:
             self._cond.notify_all()
         if failure is not None:
             self._fail(failure)
-        elif kind == "done":
+        elif kind in ("done", "serving"):
             self._stop_servers_when_finished()
 
     def _on_close(self, peer, exc) -> None:
@@ -348,7 +353,8 @@ class Cluster:
         """Heartbeat and engine-job watchdog; runs until the cluster is closed."""
         while True:
             with self._cond:
-                self._cond.wait(0.5)
+                if self.status in (ClusterStatus.STARTING, ClusterStatus.RUNNING):
+                    self._cond.wait(0.5)
                 if self.status not in (ClusterStatus.STARTING, ClusterStatus.RUNNING):
                     return  # finished, failed (the stopper takes over) or closed
                 now = time.monotonic()
@@ -400,10 +406,12 @@ class Cluster:
     def _stop_servers_when_finished(self) -> None:
         """Once every non-serving node has returned, serving nodes (ps) have nothing to serve."""
         with self._cond:
-            workers = [x for x in self.nodes if x.state != "serving"]
-            if not all(x.state in _TERMINAL for x in workers):
+            # A ps node is a server from the start, even before it reports "serving".
+            servers = [x for x in self.nodes if _is_server(x)]
+            others = [x for x in self.nodes if x not in servers]
+            if not all(x.state in _TERMINAL for x in others):
                 return
-            servers = [x for x in self.nodes if x.state == "serving"]
+            servers = [x for x in servers if x.state not in _TERMINAL]
         for node in servers:
             self._send(node, {"type": "stop", "timeout": self.stop_timeout})
 
@@ -484,13 +492,13 @@ class Cluster:
                 return
             deadline = time.monotonic() + grace_secs
             while self.status is ClusterStatus.RUNNING and time.monotonic() < deadline:
-                if all(x.state in _TERMINAL + ("serving",) for x in self.nodes):
+                if all(x.state in _TERMINAL or _is_server(x) for x in self.nodes):
                     break
                 self._cond.wait(min(0.5, max(deadline - time.monotonic(), 0.01)))
             cut_off = [
                 x for x in self.nodes
-                if self.status is ClusterStatus.RUNNING and x.state not in _TERMINAL + ("serving",)
-                and x.state != "pending"
+                if self.status is ClusterStatus.RUNNING and x.state not in _TERMINAL
+                and not _is_server(x) and x.state != "pending"
             ]
         for node in self.nodes:
             if node.state not in _TERMINAL:

@@ -277,7 +277,6 @@ class _Agent:
                     self._to_child("start", message)
                 elif message["type"] == "stop":
                     self.stop_requested = True
-                    self._to_child("stop")
                     threading.Thread(
                         target=self._stop_child,
                         args=(message.get("timeout", job.stop_timeout),),

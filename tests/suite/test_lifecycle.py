@@ -77,3 +77,12 @@ def test_parameter_server_training(backend):
     assert worker == {"total": 7.0, "device": "/job:ps/task:0"}
     assert ps is None  # ps nodes serve; they have no main
     assert cluster.nodes[1].role == duotf.Role("ps", 0)
+
+
+def test_ps_is_stopped_when_workers_finish_before_it_serves(backend):
+    """Regression: a worker that returns before the ps serves must not leave wait() hanging."""
+    spec = duotf.ClusterSpec(workers=1, ps=1)
+    with duotf.run(mains.describe_main, None, backend, spec, env=QUIET_TF) as cluster:
+        worker, ps = cluster.wait(timeout=60)
+    assert worker["job"] == "worker" and ps is None
+    assert [n.state for n in cluster.nodes] == ["done", "stopped"]
