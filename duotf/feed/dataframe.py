@@ -1,0 +1,228 @@
+"""Spark and Dask DataFrames to TFRecord files of ``tf.train.Example`` (one file per partition)
+and back, over any fsspec URL. Files written from Spark read into Dask as the same rows, and the
+other way round.
+
+Column types map to features as follows (``list`` = Spark ``array<...>`` / a Python list):
+
+========================  ============  =========================  ==================
+Spark                     feature       Spark on read              pandas on read
+========================  ============  =========================  ==================
+long/int/short/byte/bool  int64_list    long                       int64 (Int64 if nullable)
+float/double              float_list    float (TF stores float32)  float32 (Float32 if nullable)
+string                    bytes_list    string                     object (str)
+binary                    bytes_list    binary (or string)         object (bytes or str)
+========================  ============  =========================  ==================
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional, Sequence, Union
+
+from ..errors import ConfigError
+from .example import Field, Schema, example_to_row, infer_schema, row_to_example
+from .files import expand, filesystem
+from .tfrecord import TFRecordReader, TFRecordWriter, resolve_compression
+
+__all__ = [
+    "spark_to_tfrecords", "tfrecords_to_spark", "dask_to_tfrecords", "tfrecords_to_dask",
+    "infer_tfrecord_schema", "write_partition", "read_rows",
+]
+
+_SUFFIX = {"NONE": ".tfrecord", "GZIP": ".tfrecord.gz", "ZLIB": ".tfrecord.zlib"}
+
+
+def _prepare_dir(url: str, mode: str, storage_options: Optional[dict]) -> None:
+    fs, path = filesystem(url, storage_options)
+    if fs.exists(path) and fs.ls(path):
+        if mode == "overwrite":
+            fs.rm(path, recursive=True)
+        elif mode != "append":
+            raise ConfigError(f"{url} exists and is not empty; pass mode='overwrite' or 'append'")
+    fs.makedirs(path, exist_ok=True)
+
+
+def write_partition(rows: Iterable[dict], url: str, index: int, schema: Schema,
+                    compression: str, storage_options: Optional[dict]) -> str:
+    """Write one partition's rows as ``part-NNNNN.tfrecord[.gz]`` under ``url``; return its URL."""
+    target = f"{url.rstrip('/')}/part-{index:05d}{_SUFFIX[compression]}"
+    with TFRecordWriter(target, compression, storage_options=storage_options) as writer:
+        for row in rows:
+            writer.write(row_to_example(row, schema))
+    return target
+
+
+def read_rows(url: str, schema: Schema, compression: Optional[str] = "infer",
+              skip_corrupt: bool = False, storage_options: Optional[dict] = None) -> List[dict]:
+    reader = TFRecordReader(url, compression, skip_corrupt=skip_corrupt, storage_options=storage_options)
+    return [example_to_row(r, schema) for batch in reader.batches() for r in batch]
+
+
+def infer_tfrecord_schema(urls, limit: Optional[int] = 1000, bytes_as: str = "bytes",
+                          compression: Optional[str] = "infer",
+                          storage_options: Optional[dict] = None) -> Schema:
+    """Infer a schema from up to ``limit`` records, taken across the files in turn."""
+    files = expand(urls, storage_options)
+    per_file = None if limit is None else max(1, -(-limit // len(files)))
+
+    def sample():
+        for f in files:
+            for i, record in enumerate(TFRecordReader(f, compression, storage_options=storage_options)):
+                if per_file is not None and i >= per_file:
+                    break
+                yield record
+
+    return infer_schema(sample(), limit=limit, bytes_as=bytes_as)
+
+
+# -- Spark ------------------------------------------------------------------------------------
+def _field_from_spark(field) -> Field:
+    from pyspark.sql import types as T
+
+    dtype, is_list = field.dataType, False
+    if isinstance(dtype, T.ArrayType):
+        dtype, is_list = dtype.elementType, True
+    if isinstance(dtype, (T.LongType, T.IntegerType, T.ShortType, T.ByteType, T.BooleanType)):
+        kind = "int64"
+    elif isinstance(dtype, (T.FloatType, T.DoubleType)):
+        kind = "float"
+    elif isinstance(dtype, T.StringType):
+        kind = "string"
+    elif isinstance(dtype, T.BinaryType):
+        kind = "bytes"
+    else:
+        raise ConfigError(
+            f"column {field.name!r} has type {field.dataType.simpleString()}, which has no "
+            "tf.train.Example feature; cast it to long, double, string, binary or an array of those"
+        )
+    return Field(field.name, kind, is_list=is_list, nullable=field.nullable)
+
+
+def to_spark_schema(schema: Schema):
+    from pyspark.sql import types as T
+
+    atoms = {"int64": T.LongType(), "float": T.FloatType(), "string": T.StringType(),
+             "bytes": T.BinaryType()}
+    return T.StructType([
+        T.StructField(f.name, T.ArrayType(atoms[f.kind], containsNull=False) if f.is_list
+                      else atoms[f.kind], nullable=f.nullable)
+        for f in schema
+    ])
+
+
+def spark_to_tfrecords(df, url: str, *, compression: Optional[str] = None, mode: str = "error",
+                       storage_options: Optional[dict] = None) -> List[str]:
+    """Write a Spark DataFrame as TFRecord files, one per partition; return their URLs."""
+    schema = [_field_from_spark(f) for f in df.schema.fields]
+    codec = resolve_compression(compression)
+    _prepare_dir(url, mode, storage_options)
+    bools = {f.name for f in df.schema.fields if f.dataType.simpleString() == "boolean"}
+
+    def write(index, rows):
+        def as_dicts():
+            for row in rows:
+                d = row.asDict()
+                for name in bools:
+                    if d[name] is not None:
+                        d[name] = int(d[name])
+                yield d
+
+        yield write_partition(as_dicts(), url, index, schema, codec, storage_options)
+
+    return sorted(df.rdd.mapPartitionsWithIndex(write).collect())
+
+
+def tfrecords_to_spark(spark, urls, *, schema: Optional[Schema] = None, bytes_as: str = "bytes",
+                       infer_limit: Optional[int] = 1000, compression: Optional[str] = "infer",
+                       skip_corrupt: bool = False, storage_options: Optional[dict] = None):
+    """Read TFRecord files of Examples as a Spark DataFrame (one partition per file)."""
+    files = expand(urls, storage_options)
+    if schema is None:
+        schema = infer_tfrecord_schema(files, infer_limit, bytes_as, compression, storage_options)
+    sc = getattr(spark, "sparkContext", spark)
+
+    def read(url):
+        return read_rows(url, schema, compression, skip_corrupt, storage_options)
+
+    rdd = sc.parallelize(files, len(files)).flatMap(read).map(lambda d: tuple(d[f.name] for f in schema))
+    from pyspark.sql import SparkSession
+
+    session = spark if isinstance(spark, SparkSession) else SparkSession(sc)
+    return session.createDataFrame(rdd, to_spark_schema(schema))
+
+
+# -- Dask -------------------------------------------------------------------------------------
+def _field_from_pandas(name: str, dtype, sample) -> Field:
+    import pandas as pd
+
+    kind_char = getattr(dtype, "kind", "O")
+    if pd.api.types.is_bool_dtype(dtype) or pd.api.types.is_integer_dtype(dtype):
+        return Field(name, "int64", nullable=pd.api.types.is_extension_array_dtype(dtype))
+    if pd.api.types.is_float_dtype(dtype):
+        return Field(name, "float", nullable=True)
+    if kind_char == "O" or pd.api.types.is_string_dtype(dtype):
+        values = [v for v in sample if v is not None]
+        first = values[0] if values else ""
+        if isinstance(first, (bytes, bytearray)):
+            return Field(name, "bytes")
+        if isinstance(first, str):
+            return Field(name, "string")
+        if hasattr(first, "__iter__"):
+            inner = [x for v in values for x in v]
+            if all(isinstance(x, (int,)) or getattr(getattr(x, "dtype", None), "kind", "") in "iu"
+                   for x in inner) and inner:
+                return Field(name, "int64", is_list=True)
+            if inner and isinstance(inner[0], (bytes, bytearray)):
+                return Field(name, "bytes", is_list=True)
+            if inner and isinstance(inner[0], str):
+                return Field(name, "string", is_list=True)
+            return Field(name, "float", is_list=True)
+    raise ConfigError(f"column {name!r} has dtype {dtype}, which has no tf.train.Example feature")
+
+
+def _pandas_frame(rows: List[dict], schema: Schema):
+    import pandas as pd
+
+    data = {}
+    for f in schema:
+        values = [r[f.name] for r in rows]
+        if f.is_list or f.kind in ("bytes", "string"):
+            data[f.name] = pd.Series(values, dtype=object)
+        elif f.kind == "int64":
+            data[f.name] = pd.Series(values, dtype="Int64" if f.nullable else "int64")
+        else:
+            data[f.name] = pd.Series(values, dtype="Float32" if f.nullable else "float32")
+    return pd.DataFrame(data, columns=[f.name for f in schema])
+
+
+def dask_to_tfrecords(ddf, url: str, *, compression: Optional[str] = None, mode: str = "error",
+                      schema: Optional[Schema] = None, storage_options: Optional[dict] = None) -> List[str]:
+    """Write a Dask DataFrame as TFRecord files, one per partition; return their URLs."""
+    import dask
+
+    if schema is None:
+        head = ddf.get_partition(0).head(100, compute=True)
+        schema = [_field_from_pandas(c, ddf.dtypes[c], list(head[c])) for c in ddf.columns]
+    codec = resolve_compression(compression)
+    _prepare_dir(url, mode, storage_options)
+
+    def write(pdf, index):
+        return write_partition(pdf.to_dict("records"), url, index, schema, codec, storage_options)
+
+    tasks = [dask.delayed(write)(part, i) for i, part in enumerate(ddf.to_delayed())]
+    return sorted(dask.compute(*tasks))
+
+
+def tfrecords_to_dask(urls, *, schema: Optional[Schema] = None, bytes_as: str = "bytes",
+                      infer_limit: Optional[int] = 1000, compression: Optional[str] = "infer",
+                      skip_corrupt: bool = False, storage_options: Optional[dict] = None):
+    """Read TFRecord files of Examples as a Dask DataFrame (one partition per file)."""
+    import dask.dataframe as dd
+
+    files = expand(urls, storage_options)
+    if schema is None:
+        schema = infer_tfrecord_schema(files, infer_limit, bytes_as, compression, storage_options)
+
+    def load(url):
+        return _pandas_frame(read_rows(url, schema, compression, skip_corrupt, storage_options), schema)
+
+    return dd.from_map(load, files, meta=_pandas_frame([], schema), enforce_metadata=False)

@@ -1,0 +1,259 @@
+"""``tf.train.Example`` <-> rows, and the schema that maps features to columns.
+
+The Example message classes are built from their descriptor with the ``protobuf`` package, so
+executors that convert data need no TensorFlow. The bytes are TensorFlow's: TF parses them with
+``tf.io.parse_example`` and duotf parses what TF wrote.
+
+A :class:`Schema` is a list of :class:`Field` (name, kind ``int64``/``float``/``bytes``/``string``,
+``is_list``, ``nullable``). :func:`infer_schema` reads many records, not just the first:
+
+- a feature that is int64 in some records and float in others becomes float;
+- a feature with a length other than 1 in any record is a list;
+- a feature missing from any record is nullable (a null in that row).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
+
+from ..errors import DuotfError
+
+__all__ = ["Field", "Schema", "SchemaMismatchError", "encode_example", "decode_example",
+           "infer_schema", "row_to_example", "example_to_row"]
+
+KINDS = ("int64", "float", "bytes", "string")
+
+
+class SchemaMismatchError(DuotfError, ValueError):
+    """A value does not fit its column. Attributes: ``column``, ``expected``, ``value``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    name: str
+    kind: str  # int64 | float | bytes | string
+    is_list: bool = False
+    nullable: bool = True
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"Field {self.name!r}: kind {self.kind!r} is not one of {KINDS}")
+
+
+Schema = List[Field]
+
+_classes = None
+
+
+def _example_classes():
+    """Build Example/Features/Feature from their descriptor (tensorflow/core/example/*.proto)."""
+    global _classes
+    if _classes is not None:
+        return _classes
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    F = descriptor_pb2.FieldDescriptorProto
+    fdp = descriptor_pb2.FileDescriptorProto(name="duotf_example.proto", package="tensorflow",
+                                             syntax="proto3")
+
+    def message(name, *fields):
+        m = fdp.message_type.add(name=name)
+        for fname, number, ftype, label, type_name, packed in fields:
+            f = m.field.add(name=fname, number=number, type=ftype, label=label)
+            if type_name:
+                f.type_name = type_name
+            if packed:
+                f.options.packed = True
+        return m
+
+    rep, opt = F.LABEL_REPEATED, F.LABEL_OPTIONAL
+    message("BytesList", ("value", 1, F.TYPE_BYTES, rep, None, False))
+    message("FloatList", ("value", 1, F.TYPE_FLOAT, rep, None, True))
+    message("Int64List", ("value", 1, F.TYPE_INT64, rep, None, True))
+    feature = message(
+        "Feature",
+        ("bytes_list", 1, F.TYPE_MESSAGE, opt, ".tensorflow.BytesList", False),
+        ("float_list", 2, F.TYPE_MESSAGE, opt, ".tensorflow.FloatList", False),
+        ("int64_list", 3, F.TYPE_MESSAGE, opt, ".tensorflow.Int64List", False),
+    )
+    feature.oneof_decl.add(name="kind")
+    for f in feature.field:
+        f.oneof_index = 0
+    features = message("Features", ("feature", 1, F.TYPE_MESSAGE, rep, ".tensorflow.Features.FeatureEntry", False))
+    entry = features.nested_type.add(name="FeatureEntry")
+    entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=opt)
+    entry.field.add(name="value", number=2, type=F.TYPE_MESSAGE, label=opt, type_name=".tensorflow.Feature")
+    entry.options.map_entry = True
+    message("Example", ("features", 1, F.TYPE_MESSAGE, opt, ".tensorflow.Features", False))
+
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    _classes = message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.Example"))
+    return _classes
+
+
+_KIND_OF_LIST = {"int64_list": "int64", "float_list": "float", "bytes_list": "bytes"}
+
+
+def decode_example(data: bytes) -> Dict[str, tuple]:
+    """``{name: (kind, values)}`` of a serialized Example (kind: int64, float or bytes)."""
+    example = _example_classes()()
+    example.ParseFromString(data)
+    out = {}
+    for name, feature in example.features.feature.items():
+        which = feature.WhichOneof("kind")
+        if which is None:
+            out[name] = ("bytes", [])
+        else:
+            out[name] = (_KIND_OF_LIST[which], list(getattr(feature, which).value))
+    return out
+
+
+def encode_example(features: Dict[str, tuple]) -> bytes:
+    """Serialize ``{name: (kind, values)}``; kind int64, float, bytes or string."""
+    example = _example_classes()()
+    fmap = example.features.feature
+    for name, (kind, values) in features.items():
+        if kind == "int64":
+            fmap[name].int64_list.value.extend(values)
+        elif kind == "float":
+            fmap[name].float_list.value.extend(values)
+        else:
+            fmap[name].bytes_list.value.extend(
+                v.encode() if isinstance(v, str) else bytes(v) for v in values
+            )
+    return example.SerializeToString()
+
+
+# -- rows -----------------------------------------------------------------------------------
+def _mismatch(field: Field, value, why: str) -> SchemaMismatchError:
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return SchemaMismatchError(
+        f"column {field.name!r} ({'list of ' if field.is_list else ''}{field.kind}"
+        f"{', nullable' if field.nullable else ''}): {why}; got {shown}",
+        column=field.name, expected=field.kind, value=value,
+    )
+
+
+def _check_scalar(field: Field, v):
+    kind = field.kind
+    if kind == "int64":
+        if isinstance(v, bool) or not isinstance(v, int):
+            if hasattr(v, "dtype") and getattr(v.dtype, "kind", "") in "iu":
+                return int(v)
+            raise _mismatch(field, v, "expected an integer")
+        return v
+    if kind == "float":
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+        if hasattr(v, "dtype") and getattr(v.dtype, "kind", "") in "iuf":
+            return float(v)
+        raise _mismatch(field, v, "expected a number")
+    if kind == "string":
+        if isinstance(v, str):
+            return v
+        raise _mismatch(field, v, "expected a str")
+    if isinstance(v, (bytes, bytearray, memoryview, str)):
+        return v
+    raise _mismatch(field, v, "expected bytes")
+
+
+def _is_null(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def row_to_example(row: Dict[str, Any], schema: Schema) -> bytes:
+    """Serialize one row (a mapping) as an Example; a null omits the feature."""
+    features = {}
+    for field in schema:
+        v = row.get(field.name)
+        if not field.is_list and _is_null(v) or field.is_list and v is None:
+            if not field.nullable:
+                raise _mismatch(field, v, "a null in a non-nullable column")
+            continue
+        if field.is_list:
+            if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+                raise _mismatch(field, v, "expected a list")
+            values = [_check_scalar(field, x) for x in v]
+        else:
+            values = [_check_scalar(field, v)]
+        features[field.name] = (field.kind, values)
+    return encode_example(features)
+
+
+def example_to_row(data: bytes, schema: Schema) -> Dict[str, Any]:
+    """One row from a serialized Example, shaped by ``schema``."""
+    decoded = decode_example(data)
+    row = {}
+    for field in schema:
+        got = decoded.get(field.name)
+        if got is None:
+            if not field.nullable:
+                raise _mismatch(field, None, "the feature is missing from a record")
+            row[field.name] = None
+            continue
+        kind, values = got
+        if field.kind == "float" and kind == "int64":
+            values = [float(x) for x in values]
+        elif field.kind == "string" and kind == "bytes":
+            values = [x.decode() for x in values]
+        elif field.kind != kind and not (field.kind in ("bytes", "string") and kind == "bytes"):
+            raise _mismatch(field, values, f"the record holds {kind} values")
+        if field.is_list:
+            row[field.name] = values
+        elif len(values) == 1:
+            row[field.name] = values[0]
+        elif not values and field.nullable:
+            row[field.name] = None
+        else:
+            raise _mismatch(field, values, f"expected one value, the record holds {len(values)}")
+    return row
+
+
+def infer_schema(records: Iterable[bytes], limit: Optional[int] = 1000,
+                 bytes_as: str = "bytes") -> Schema:
+    """Infer a schema from up to ``limit`` serialized Examples (all when None).
+
+    ``bytes_as``: "bytes" (binary columns) or "string" (UTF-8 text columns).
+    """
+    if bytes_as not in ("bytes", "string"):
+        raise ValueError(f"bytes_as={bytes_as!r}: use 'bytes' or 'string'")
+    seen: Dict[str, dict] = {}
+    count = 0
+    for count, data in enumerate(records, 1):
+        decoded = decode_example(data)
+        for name, (kind, values) in decoded.items():
+            info = seen.setdefault(name, {"kinds": set(), "list": False, "present": 0})
+            if values:
+                info["kinds"].add(kind)
+            info["list"] = info["list"] or len(values) != 1
+            info["present"] += 1
+        if limit is not None and count >= limit:
+            break
+    schema = []
+    for name in sorted(seen):
+        info = seen[name]
+        kinds = info["kinds"]
+        if kinds <= {"int64"} and kinds:
+            kind = "int64"
+        elif kinds <= {"int64", "float"} and kinds:
+            kind = "float"  # int widened to float
+        elif kinds == {"bytes"} or not kinds:
+            kind = bytes_as
+        else:
+            raise SchemaMismatchError(
+                f"feature {name!r} holds {' and '.join(sorted(kinds))} values in different "
+                "records; pass an explicit schema",
+                column=name, expected=None, value=sorted(kinds),
+            )
+        schema.append(Field(name, kind, is_list=info["list"], nullable=info["present"] < count))
+    return schema
+
+
+def rows_from_records(records: Iterable[bytes], schema: Schema) -> Iterator[Dict[str, Any]]:
+    for data in records:
+        yield example_to_row(data, schema)
