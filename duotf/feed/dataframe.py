@@ -216,6 +216,7 @@ def tfrecords_to_dask(urls, *, schema: Optional[Schema] = None, bytes_as: str = 
                       infer_limit: Optional[int] = 1000, compression: Optional[str] = "infer",
                       skip_corrupt: bool = False, storage_options: Optional[dict] = None):
     """Read TFRecord files of Examples as a Dask DataFrame (one partition per file)."""
+    import dask
     import dask.dataframe as dd
 
     files = expand(urls, storage_options)
@@ -225,4 +226,7 @@ def tfrecords_to_dask(urls, *, schema: Optional[Schema] = None, bytes_as: str = 
     def load(url):
         return _pandas_frame(read_rows(url, schema, compression, skip_corrupt, storage_options), schema)
 
-    return dd.from_map(load, files, meta=_pandas_frame([], schema), enforce_metadata=False)
+    # Binary and list columns are Python objects; Dask's default Arrow-string conversion would
+    # try to decode bytes as text.
+    with dask.config.set({"dataframe.convert-string": False}):
+        return dd.from_map(load, files, meta=_pandas_frame([], schema), enforce_metadata=False)

@@ -218,10 +218,14 @@ def infer_schema(records: Iterable[bytes], limit: Optional[int] = 1000,
                  bytes_as: str = "bytes") -> Schema:
     """Infer a schema from up to ``limit`` serialized Examples (all when None).
 
-    ``bytes_as``: "bytes" (binary columns) or "string" (UTF-8 text columns).
+    ``bytes_as``: "bytes" (binary columns), "string" (UTF-8 text columns), or a mapping of
+    column name to either (columns not named stay binary).
     """
-    if bytes_as not in ("bytes", "string"):
-        raise ValueError(f"bytes_as={bytes_as!r}: use 'bytes' or 'string'")
+    per_column = dict(bytes_as) if isinstance(bytes_as, dict) else {}
+    default = "bytes" if per_column else bytes_as
+    for value in list(per_column.values()) + [default]:
+        if value not in ("bytes", "string"):
+            raise ValueError(f"bytes_as={bytes_as!r}: use 'bytes', 'string' or a dict of those")
     seen: Dict[str, dict] = {}
     count = 0
     for count, data in enumerate(records, 1):
@@ -243,7 +247,7 @@ def infer_schema(records: Iterable[bytes], limit: Optional[int] = 1000,
         elif kinds <= {"int64", "float"} and kinds:
             kind = "float"  # int widened to float
         elif kinds == {"bytes"} or not kinds:
-            kind = bytes_as
+            kind = per_column.get(name, default)
         else:
             raise SchemaMismatchError(
                 f"feature {name!r} holds {' and '.join(sorted(kinds))} values in different "

@@ -165,3 +165,10 @@ def ps_between_graph_main(args, ctx):
             sess.run(train)
         value = sess.run(total)
     return {"total": float(value), "device": total.device}
+
+
+def read_shard_main(args, ctx):
+    """TF reads its own TFRecords: each worker its share of the files."""
+    from duotf.feed.tfdata import tfrecord_dataset
+
+    return sorted(r.numpy().decode() for r in tfrecord_dataset(args["glob"], ctx))

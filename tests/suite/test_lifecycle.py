@@ -86,3 +86,20 @@ def test_ps_is_stopped_when_workers_finish_before_it_serves(backend):
         worker, ps = cluster.wait(timeout=60)
     assert worker["job"] == "worker" and ps is None
     assert [n.state for n in cluster.nodes] == ["done", "stopped"]
+
+
+def test_nodes_read_their_share_of_tfrecord_files(backend, tmp_path):
+    from duotf.feed.tfrecord import write_records
+
+    expected = set()
+    for i in range(4):
+        records = [f"{i}-{j}" for j in range(3)]
+        write_records(str(tmp_path / f"part-{i}.tfrecord"), [r.encode() for r in records])
+        expected.update(records)
+    glob = str(tmp_path / "*.tfrecord")
+    with duotf.run(mains.read_shard_main, {"glob": glob}, backend, duotf.ClusterSpec(workers=2),
+                   env=QUIET_TF) as cluster:
+        first, second = cluster.wait()
+    assert not set(first) & set(second)
+    assert set(first) | set(second) == expected
+    assert {r.split("-")[0] for r in first} == {"0", "2"}
