@@ -38,6 +38,8 @@ __all__ = [
 _HEADER = struct.Struct("<QI")
 _FOOTER = struct.Struct("<I")
 _MASK_DELTA = 0xA282EAD8
+_PACK_Q = struct.Struct("<Q").pack
+_PACK_I = struct.Struct("<I").pack
 _CHUNK = 1 << 20
 
 COMPRESSIONS = ("NONE", "GZIP", "ZLIB")
@@ -249,10 +251,17 @@ class TFRecordWriter:
         self.records = 0
 
     def write(self, record: bytes) -> None:
-        record = bytes(record)
-        length = struct.pack("<Q", len(record))
-        self._pending.append(length + struct.pack("<I", masked_crc(length)) + record
-                             + struct.pack("<I", masked_crc(record)))
+        if not isinstance(record, bytes):
+            record = bytes(record)
+        length = _PACK_Q(len(record))
+        crc = _crc32c.crc32c
+        a, b = crc(length), crc(record)
+        self._pending += (
+            length,
+            _PACK_I((((a >> 15) | (a << 17)) + _MASK_DELTA) & 0xFFFFFFFF),
+            record,
+            _PACK_I((((b >> 15) | (b << 17)) + _MASK_DELTA) & 0xFFFFFFFF),
+        )
         self._pending_bytes += len(record) + 16
         self.records += 1
         if self._pending_bytes >= _CHUNK:
