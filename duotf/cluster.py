@@ -146,7 +146,7 @@ class Cluster:
         t0 = time.monotonic()
         n = len(self.nodes)
         self.backend.check_capacity(n)
-        secret = rendezvous.new_secret()
+        self._secret = secret = rendezvous.new_secret()
         self._server = rendezvous.RendezvousServer(
             secret, self._on_message, self._on_close, host=self._driver_host
         )

@@ -162,3 +162,22 @@ def test_shutdown_stops_ps_and_leaves_nothing(backend):
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
     # the leak check (conftest.no_leaks) asserts no node process, thread or port remains
+
+
+def test_a_second_copy_of_a_node_is_refused_loudly(backend, tmp_path):
+    """An engine that reschedules a node (a retried task, a stolen task) cannot run it twice."""
+    from duotf import rendezvous
+
+    cluster = duotf.run(mains.block_main, {"release": str(tmp_path / "never")}, backend,
+                        duotf.ClusterSpec(workers=2))
+    try:
+        impostor = rendezvous.connect(cluster._server.address, cluster._secret, timeout=5)
+        impostor.send({"type": "register", "node_id": 1, "host": "127.0.0.1", "port": 1,
+                       "pid": 1, "attempt": 1})
+        reply = impostor.recv()
+        assert reply["type"] == "reject" and "registered a second time" in reply["reason"]
+        impostor.close()
+        with pytest.raises(duotf.NodeFailedError, match="never runs two copies of a node"):
+            cluster.wait(timeout=30)
+    finally:
+        cluster.shutdown(grace_secs=0, _raise=False)
