@@ -43,13 +43,16 @@ def _heartbeat(link: _Link, interval: float) -> None:
         threading.Event().wait(interval)
 
 
-def _reader(link: _Link, inbox: list, arrived: threading.Condition) -> None:
+def _reader(link: _Link, inbox: list, arrived: threading.Condition, feed) -> None:
     while True:
         try:
             message = link.rx.recv()
         except (EOFError, OSError):
             # The agent is gone: nobody supervises this node any more.
             os._exit(1)
+        if message[0] == "marker":  # epoch / end of the engine feed, after all its data
+            feed.marker(message[1])
+            continue
         with arrived:
             inbox.append(message)
             arrived.notify_all()
@@ -112,7 +115,10 @@ def main(argv) -> int:
     inbox: list = []
     arrived = threading.Condition()
     threading.Thread(target=_heartbeat, args=(link, job["heartbeat_interval"]), daemon=True).start()
-    threading.Thread(target=_reader, args=(link, inbox, arrived), daemon=True).start()
+    from .feed.datafeed import FeedServer
+
+    feed = FeedServer(job["secret"])
+    threading.Thread(target=_reader, args=(link, inbox, arrived, feed), daemon=True).start()
     # A stop request turns into SystemExit in main, so `finally` blocks and context managers run.
     signal.signal(signal.SIGTERM, _on_sigterm)
 
@@ -126,7 +132,7 @@ def main(argv) -> int:
     except BaseException as exc:  # the job cannot even be loaded here: say why
         link.send("error", _error_info(exc, kind="load"))
         return 4
-    link.send("ready")
+    link.send("ready", {"feed_port": feed.port})
 
     start = _wait_for(inbox, arrived, "start")[1]
     os.environ["TF_CONFIG"] = _json(start["tf_config"])
@@ -147,6 +153,7 @@ def main(argv) -> int:
         job_id=job["job_id"],
         executor_id=job.get("executor_id", ""),
         _notify=lambda what: _notify(link, what),
+        _feed_server=feed,
     )
     if start["job"] == "ps":
         ctx.serve()  # a ps node only serves, until it is stopped

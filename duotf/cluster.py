@@ -55,6 +55,7 @@ class NodeInfo:
     port: Optional[int] = None
     pid: Optional[int] = None
     executor_id: str = ""
+    feed_port: Optional[int] = None
     state: str = "pending"
     last_seen: float = 0.0
     peer: Any = dataclasses.field(default=None, repr=False, compare=False)
@@ -285,6 +286,8 @@ class Cluster:
                 if kind in ("ready", "running", "serving", "done", "stopped"):
                     if node.state not in _TERMINAL:
                         node.state = kind
+                    if kind == "ready":
+                        node.feed_port = message.get("feed_port")
                 elif kind == "failed":
                     node.state = "failed"
                     failure = self._node_failure(node, message)
@@ -467,6 +470,34 @@ class Cluster:
             if self._gang is None or not self._gang.done():
                 raise ClusterClosedError(f"{self!r} was shut down before its nodes ended")
         return self._collect()
+
+    def train(self, data, epochs: int = 1, *, feed_timeout: float = 600.0,
+              balance: bool = True) -> dict:
+        """Push ``data`` into the chief and workers, ``epochs`` times; return when all is queued.
+
+        ``data``: a Spark DataFrame or RDD, a Dask DataFrame, Bag or Array, or (local backend) a
+        list of partitions. Nodes read it with ``ctx.get_data_feed()``. With ``balance=True``
+        every worker gets the same number of rows per epoch (see ``duotf.feed.feeder.balance``),
+        so synchronous workers run the same number of steps. Raises the node's error within
+        moments if a node dies, and :class:`~duotf.errors.FeedError` if a node takes no data for
+        ``feed_timeout`` seconds. Returns counts: rows fed, rows per worker, rows left over.
+        """
+        from .feed import driver
+
+        return driver.train(self, data, epochs, feed_timeout, balance)
+
+    def inference(self, data, *, keep=None, result_columns=None, feed_timeout: float = 600.0):
+        """Push ``data`` through the nodes and return their results, one per input, in order.
+
+        The result is a collection of the input's engine, materialized while the cluster runs:
+        a DataFrame gives a DataFrame with the result columns beside the input columns in
+        ``keep`` (default: all); an RDD, Bag or Array gives one result per element.
+        ``result_columns`` (Spark DataFrames): ``{name: Spark SQL type}``, default
+        ``{"prediction": "double"}``.
+        """
+        from .feed import driver
+
+        return driver.inference(self, data, keep, result_columns, feed_timeout)
 
     def _collect(self) -> List[Any]:
         if self._results is None:

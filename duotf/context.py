@@ -54,6 +54,7 @@ class NodeContext:
         job_id: str,
         executor_id: str = "",
         _notify: Optional[Callable[[str], None]] = None,
+        _feed_server=None,
     ):
         self.node_id = node_id
         self.job_name = job_name
@@ -75,6 +76,7 @@ class NodeContext:
         self.job_id = job_id
         self.executor_id = executor_id
         self._notify = _notify
+        self._feed_server = _feed_server
         self._server = None
 
     def __repr__(self) -> str:
@@ -99,6 +101,24 @@ class NodeContext:
         if not path.startswith("/"):
             path = posixpath.join("/user", getpass.getuser(), path)
         return default + path
+
+    def get_data_feed(self, train: bool = True, input_mapping: Optional[Dict[str, str]] = None):
+        """The data that ``cluster.train(data)`` / ``cluster.inference(data)`` pushes to this node.
+
+        Parameters
+        ----------
+        train:
+            False for inference: every row read must get one result through
+            ``feed.batch_results``.
+        input_mapping:
+            ``{column: name}``: select and rename columns; ``next_batch`` then returns a dict of
+            arrays (else a list of rows).
+        """
+        from .feed.datafeed import DataFeed
+
+        if self._feed_server is None:
+            raise RuntimeError("this context has no data feed (it was not created by duotf.run)")
+        return DataFeed(self._feed_server, train=train, input_mapping=input_mapping)
 
     def start_server(self):
         """Start (once) and return this node's ``tf.distribute.Server`` with the spec's protocol.

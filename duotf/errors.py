@@ -11,6 +11,7 @@
     ├── NodeError                         one node went wrong; every other node was stopped
     │   ├── NodeFailedError              main raised, or its process exited or was killed
     │   └── NodeUnresponsiveError        no heartbeat within heartbeat_timeout
+    ├── FeedError                         the engine feed failed: a node died or stopped taking data
     ├── NodesStoppedError                 shutdown stopped a main that had not returned
     └── ClusterClosedError                the cluster is already shut down
 
@@ -32,6 +33,7 @@ __all__ = [
     "NodeUnresponsiveError",
     "NodesStoppedError",
     "ClusterClosedError",
+    "FeedError",
 ]
 
 
@@ -100,6 +102,13 @@ class NodeFailedError(NodeError):
 
 class NodeUnresponsiveError(NodeError):
     """A node sent no heartbeat for ``heartbeat_timeout`` seconds (stopped, hung, or lost)."""
+
+
+class FeedError(DuotfError):
+    """Feeding data to a node failed: it died, or took no data for ``feed_timeout`` seconds.
+
+    Attributes: ``partition``, ``node``.
+    """
 
 
 class NodesStoppedError(DuotfError):

@@ -161,6 +161,7 @@ class _Agent:
                 "working_dir": workdir,
                 "default_fs": job.default_fs,
                 "executor_id": self.executor_id,
+                "secret": job.secret,
             },
         )
         self._thread(lambda: self._read_child(Connection(a_rx, readable=True, writable=False)), "child")
@@ -251,7 +252,7 @@ class _Agent:
                     continue
                 if what in ("ready", "running", "serving"):
                     self.serving = self.serving or what == "serving"
-                    self._send(what)
+                    self._send(what, **(event[2] if len(event) > 2 else {}))
                 elif what == "result":
                     self.result = event[2]
                 elif what == "error":
@@ -275,6 +276,8 @@ class _Agent:
                 message = event[1]
                 if message["type"] == "start":
                     self._to_child("start", message)
+                elif message["type"] == "marker":
+                    self._to_child("marker", message["kind"])
                 elif message["type"] == "stop":
                     self.stop_requested = True
                     threading.Thread(

@@ -12,7 +12,7 @@ import socket
 import threading
 from typing import Callable, List, Optional
 
-from ..errors import InsufficientSlotsError
+from ..errors import ConfigError, InsufficientSlotsError
 from ..node import NodeOutcome
 
 #: ``fn(node_id, executor_id, attempt) -> NodeOutcome``; runs a node to its end.
@@ -109,6 +109,16 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def start_nodes(self, fn: NodeFunction, n: int, job_id: str) -> NodeGang:
         """Start ``fn(node_id, executor_id, attempt)`` for node ids ``0..n-1``, all at once."""
+
+    def feed_adapter(self, data):
+        """The engine's view of a collection to feed (see ``duotf.feed.driver``)."""
+        raise ConfigError(
+            f"the {self.name} backend cannot feed a {type(data).__name__}; "
+            + self.feed_hint()
+        )
+
+    def feed_hint(self) -> str:
+        return ""
 
     def driver_host(self) -> str:
         """The driver address that the engine's tasks can reach."""

@@ -66,3 +66,40 @@ class LocalBackend(Backend):
         # Agents end themselves when the driver's rendezvous server closes; nothing to cancel.
         return ThreadGang(call, cancel=lambda: None, name="local")
 
+    def feed_hint(self) -> str:
+        return "pass a list of partitions (lists of rows, pandas DataFrames or numpy arrays)."
+
+    def feed_adapter(self, data):
+        if not isinstance(data, (list, tuple)):
+            return super().feed_adapter(data)
+        return _LocalFeed(list(data))
+
+
+def _parallel(calls, width: int = 4) -> list:
+    """Run the calls in up to ``width`` threads; results in order; the first error is raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=width, thread_name_prefix="duotf-local-feed") as pool:
+        return list(pool.map(lambda call: call(), calls))
+
+
+class _LocalFeed:
+    def __init__(self, parts):
+        self.parts = parts
+
+    def counts(self) -> List[int]:
+        from ..feed.columns import num_rows, to_columns
+
+        return [num_rows(to_columns(p)) if len(p) else 0 for p in self.parts]
+
+    def train(self, job) -> NodeGang:
+        from ..feed.driver import train_partition
+
+        calls = [lambda i=i, p=p: train_partition(job, i, p) for i, p in enumerate(self.parts)]
+        return ThreadGang(lambda: _parallel(calls), cancel=lambda: None, name="local-feed")
+
+    def infer(self, job, keep, result_columns) -> NodeGang:
+        from ..feed.driver import infer_partition
+
+        calls = [lambda i=i, p=p: infer_partition(job, i, p, keep) for i, p in enumerate(self.parts)]
+        return ThreadGang(lambda: [_parallel(calls)], cancel=lambda: None, name="local-feed")

@@ -1,0 +1,241 @@
+"""The node side of the engine feed: a feed server in every node process, and ``DataFeed``.
+
+Feeding tasks connect to the node's feed port and push columnar batches into a bounded queue
+(``capacity`` batches): when ``main`` does not consume, the queue fills, the connection stops
+being read, and TCP pushes back on the feeding task, so memory stays bounded on both sides. The
+driver adds "epoch" and "end" markers to the queue once every feeding task of an epoch has been
+acknowledged, so a marker never overtakes data.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import socket
+import threading
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from . import wire
+from .columns import Columns, concat_cols, num_rows, slice_cols
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DataFeed", "FeedServer"]
+
+
+class _Conn:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.broken = False
+
+    def send(self, kind: str, columns=None, **fields) -> None:
+        if self.broken:
+            return
+        with self.lock:
+            try:
+                wire.send_frame(self.sock, kind, columns, **fields)
+            except OSError:
+                self.broken = True  # the feeding task is gone; the driver reports why
+
+
+class FeedServer:
+    """Accepts authenticated feeding connections and queues their batches."""
+
+    def __init__(self, secret: bytes, capacity: int = 8):
+        self._secret = secret
+        self.queue: "queue.Queue" = queue.Queue(maxsize=capacity)
+        self.terminated = threading.Event()
+        self._listener = socket.create_server(("0.0.0.0", 0), backlog=64)
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, name="duotf-feed-accept", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(sock,), name="duotf-feed-conn", daemon=True).start()
+
+    def _put(self, item) -> bool:
+        while not self.terminated.is_set():
+            try:
+                self.queue.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _serve(self, sock: socket.socket) -> None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            wire.server_handshake(sock, self._secret)
+            conn = _Conn(sock)
+            rows = 0
+            while True:
+                header, cols = wire.recv_frame(sock)
+                kind = header["t"]
+                if kind == "batch":
+                    rows += header.get("rows", 0)
+                    if not self.terminated.is_set():
+                        self._put(("batch", cols, conn))
+                elif kind == "end":
+                    if self.terminated.is_set():
+                        conn.send("terminated")
+                    elif header.get("mode") == "train":
+                        conn.send("ack", rows=rows)
+                    rows = 0
+        except (ConnectionError, OSError, ValueError) as exc:
+            logger.debug("feed connection ended: %s", exc)
+        finally:
+            sock.close()
+
+    def marker(self, kind: str) -> None:
+        self._put(("marker", kind, None))
+
+    def terminate(self) -> None:
+        self.terminated.set()
+        while True:
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                return
+
+
+def _as_result_columns(results) -> Columns:
+    if isinstance(results, dict):
+        return {str(k): (v if isinstance(v, list) else np.asarray(v)) for k, v in results.items()}
+    if hasattr(results, "numpy"):
+        results = results.numpy()
+    if isinstance(results, list) and results and isinstance(results[0], (str, bytes)):
+        return {"prediction": results}
+    return {"prediction": np.asarray(results)}
+
+
+class DataFeed:
+    """What ``main`` reads the engine's data from: ``ctx.get_data_feed(train=...)``.
+
+    ``next_batch(n)``, ``should_stop()``, ``batch_results(results)`` and ``terminate()`` behave
+    as in TensorFlowOnSpark; :meth:`dataset` is the fast path, a ``tf.data.Dataset`` of column
+    dicts built without per-row Python work.
+    """
+
+    def __init__(self, server: FeedServer, train: bool = True,
+                 input_mapping: Optional[Dict[str, str]] = None):
+        self._server = server
+        self.train = train
+        self.input_mapping = dict(input_mapping) if input_mapping else None
+        self.epoch = 0
+        self._ended = False
+        self._current: Optional[Columns] = None
+        self._offset = 0
+        self._current_conn = None
+        self._owed: "collections.deque" = collections.deque()  # [conn, rows] awaiting results
+
+    # -- reading ------------------------------------------------------------------------------
+    def _fill(self, block: bool = True) -> bool:
+        """Make a current batch available; False once the feed has ended (or, when not
+        blocking, while nothing is queued)."""
+        while self._current is None or self._offset >= num_rows(self._current):
+            if self._ended or self._server.terminated.is_set():
+                return False
+            try:
+                kind, payload, conn = self._server.queue.get(block)
+            except queue.Empty:
+                return False
+            if kind == "marker":
+                if payload == "end":
+                    self._ended = True
+                elif payload == "epoch":
+                    self.epoch += 1
+                continue
+            self._current, self._offset, self._current_conn = payload, 0, conn
+        return True
+
+    def _take(self, n: int) -> Optional[Columns]:
+        parts = []
+        # Inference returns a short batch rather than wait for rows that may only come after
+        # the results of the rows already taken (the feeding task waits for those).
+        while n > 0 and self._fill(block=self.train or not parts):
+            available = num_rows(self._current) - self._offset
+            k = min(n, available)
+            parts.append(slice_cols(self._current, self._offset, self._offset + k))
+            self._offset += k
+            n -= k
+            if not self.train:
+                if self._owed and self._owed[-1][0] is self._current_conn:
+                    self._owed[-1][1] += k
+                else:
+                    self._owed.append([self._current_conn, k])
+        if not parts:
+            return None
+        cols = concat_cols(parts)
+        if self.input_mapping:
+            cols = {self.input_mapping[k]: v for k, v in cols.items() if k in self.input_mapping}
+        return cols
+
+    def next_batch(self, batch_size: int):
+        """Up to ``batch_size`` rows: a dict of column arrays with ``input_mapping``, else a list
+        of rows (tuples, or single values for one column). Fewer rows only at the end of data."""
+        cols = self._take(batch_size)
+        if cols is None:
+            return {} if self.input_mapping else []
+        if self.input_mapping:
+            return cols
+        values = list(cols.values())
+        if len(values) == 1:
+            return list(values[0])
+        return list(zip(*values))
+
+    def should_stop(self) -> bool:
+        """True once every row has been read (end of data) or the feed was terminated."""
+        return self._server.terminated.is_set() or not self._fill()
+
+    def batch_results(self, results) -> None:
+        """Send inference results for the rows read so far, in order, one per input row."""
+        cols = _as_result_columns(results)
+        n = num_rows(cols)
+        start = 0
+        while start < n:
+            if not self._owed:
+                raise ValueError(f"batch_results got {n - start} more results than rows were read")
+            conn, rows = self._owed[0]
+            k = min(rows, n - start)
+            conn.send("result", slice_cols(cols, start, start + k))
+            start += k
+            if k == rows:
+                self._owed.popleft()
+            else:
+                self._owed[0][1] -= k
+
+    def terminate(self) -> None:
+        """Stop reading: pending and future data is dropped and the driver's call returns."""
+        self._server.terminate()
+
+    def dataset(self, batch_size: int):
+        """A ``tf.data.Dataset`` of ``{column: tensor}`` batches of ``batch_size`` rows."""
+        import tensorflow as tf
+
+        first = self._take(batch_size)
+        if first is None:
+            raise ValueError("the feed ended before any data arrived")
+
+        def spec(v):
+            if isinstance(v, list):
+                return tf.TensorSpec((None,), tf.string)
+            return tf.TensorSpec((None, *v.shape[1:]), tf.as_dtype(v.dtype))
+
+        signature = {k: spec(v) for k, v in first.items()}
+
+        def batches():
+            cols = first
+            while cols is not None:
+                yield cols
+                cols = self._take(batch_size)
+
+        return tf.data.Dataset.from_generator(batches, output_signature=signature)

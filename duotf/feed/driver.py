@@ -1,0 +1,152 @@
+"""The driver side of the engine feed, used by ``Cluster.train`` and ``Cluster.inference``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterable, List, Optional
+
+from ..errors import ClusterClosedError, ConfigError, FeedError
+from .columns import Columns, chunked, num_rows, to_columns
+from .feeder import FeedJob, balance, feed_infer, feed_train
+
+logger = logging.getLogger(__name__)
+
+CHUNK_ROWS = 4096
+
+
+def chunks_of(part) -> Iterable[Columns]:
+    """A partition of any kind as columnar chunks, without materializing row iterators."""
+    if isinstance(part, (list, tuple)) or hasattr(part, "columns") or hasattr(part, "shape"):
+        return [to_columns(part)] if len(part) else []
+    return chunked(part, CHUNK_ROWS)
+
+
+def train_partition(job: FeedJob, pid: int, part) -> int:
+    return feed_train(job, pid, chunks_of(part))
+
+
+def assemble(part, pairs, keep: Optional[List[str]]):
+    """The inference output of one partition, in the input's own kind."""
+    import numpy as np
+
+    results = [r for _, r in pairs]
+    inputs = [i for i, _ in pairs]
+    names = list(results[0]) if results else ["prediction"]
+
+    def column(parts, name):
+        values = [p[name] for p in parts]
+        if values and isinstance(values[0], np.ndarray):
+            return np.concatenate(values)
+        return [v for chunk in values for v in chunk]
+
+    if hasattr(part, "columns") and hasattr(part, "dtypes"):  # pandas in, pandas out
+        import pandas as pd
+
+        kept = list(part.columns) if keep is None else keep
+        out = part[kept].reset_index(drop=True).copy() if len(part) else part[kept].iloc[:0].copy()
+        for name in names:
+            values = column(results, name) if results else []
+            out[name] = list(values) if getattr(values, "ndim", 1) > 1 else values
+        return out
+    if len(names) == 1:
+        values = column(results, names[0]) if results else []
+        if isinstance(part, np.ndarray):
+            return np.asarray(values)
+        return values.tolist() if isinstance(values, np.ndarray) else list(values)
+    cols = {n: column(results, n) for n in names}
+    return [dict(zip(names, row)) for row in zip(*cols.values())]
+
+
+def infer_partition(job: FeedJob, pid: int, part, keep: Optional[List[str]]):
+    return assemble(part, list(feed_infer(job, pid, chunks_of(part))), keep)
+
+
+def _targets(cluster):
+    targets = [n for n in cluster.nodes if n.role.job in ("chief", "worker")]
+    missing = [n.describe() for n in targets if n.feed_port is None]
+    if missing:
+        raise ConfigError(f"no feed port known for {', '.join(missing)}")
+    return targets
+
+
+def _job(cluster, mode: str, timeout: float, plan=None) -> FeedJob:
+    targets = _targets(cluster)
+    return FeedJob(
+        secret=cluster._secret,
+        addresses=[(n.host, n.feed_port) for n in targets],
+        labels=[n.describe() for n in targets],
+        mode=mode,
+        timeout=timeout,
+        plan=plan,
+    )
+
+
+def _await(cluster, gang, what: str):
+    """Wait for a feeding job while watching the cluster; a node failure wins and cancels it."""
+    while True:
+        with cluster._cond:
+            if cluster._error is not None or cluster.status.value == "closed":
+                gang.cancel()
+                cluster._raise_if_failed()
+            if gang.done():
+                break
+            cluster._cond.wait(0.1)
+    exc = gang.exception()
+    if exc is None:
+        return gang.outcomes()
+    # A node that died makes its feeding task fail too: report the node's own error, which
+    # arrives over the rendezvous within milliseconds.
+    deadline = time.monotonic() + 3
+    with cluster._cond:
+        while cluster._error is None and time.monotonic() < deadline:
+            cluster._cond.wait(0.1)
+        if cluster._error is not None:
+            cluster._error_delivered = True
+            raise cluster._error from exc
+    if isinstance(exc, FeedError):
+        raise exc
+    text = str(exc)
+    found = [line for line in text.splitlines() if "FeedError:" in line]
+    message = found[-1].split("FeedError:", 1)[1].strip() if found else f"{type(exc).__name__}: {text[:2000]}"
+    raise FeedError(f"{what} failed: {message}", partition=None, node=None) from exc
+
+
+def _markers(cluster, kind: str) -> None:
+    for node in _targets(cluster):
+        cluster._send(node, {"type": "marker", "kind": kind})
+
+
+def train(cluster, data, epochs: int, feed_timeout: float, balanced: bool) -> dict:
+    if cluster.status.value != "running":
+        cluster._raise_if_failed()
+        raise ClusterClosedError(f"{cluster!r} is not running")
+    if epochs < 1:
+        raise ConfigError(f"epochs={epochs}: must be >= 1")
+    adapter = cluster.backend.feed_adapter(data)
+    targets = _targets(cluster)
+    counts = adapter.counts()
+    plan, per, dropped = balance(counts, len(targets), drop_remainder=balanced)
+    if dropped:
+        logger.warning("duotf: %d rows left over after giving each of %d workers %d rows are not "
+                       "fed (balance=False feeds everything, unevenly)", dropped, len(targets), per)
+    job = _job(cluster, "train", feed_timeout, plan)
+    t0 = time.monotonic()
+    fed = 0
+    for epoch in range(epochs):
+        fed += sum(_await(cluster, adapter.train(job), f"feeding epoch {epoch + 1}"))
+        _markers(cluster, "epoch")
+    _markers(cluster, "end")
+    return {"epochs": epochs, "rows": sum(counts), "rows_fed": fed, "rows_per_worker": per,
+            "rows_dropped_per_epoch": dropped, "seconds": time.monotonic() - t0}
+
+
+def inference(cluster, data, keep, result_columns, feed_timeout: float):
+    if cluster.status.value != "running":
+        cluster._raise_if_failed()
+        raise ClusterClosedError(f"{cluster!r} is not running")
+    adapter = cluster.backend.feed_adapter(data)
+    job = _job(cluster, "infer", feed_timeout)
+    (output,) = _await(cluster, adapter.infer(job, keep, result_columns), "inference")
+    _markers(cluster, "end")
+    return output

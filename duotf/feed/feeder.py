@@ -1,0 +1,197 @@
+"""The engine side of the feed: what runs in the engine's tasks, once per partition.
+
+Training: each partition's rows go to the nodes its plan names (row ranges, see
+:func:`balance`), in frames of a few MiB; the task ends when every node acknowledged that it
+queued the rows. Inference: a partition goes to one node, and its results come back on the same
+connection, in order; a reader thread takes them while the task still sends, so neither side
+can block the other.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import queue
+import socket
+import threading
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+
+from ..errors import ConfigError, FeedError
+from . import wire
+from .columns import Columns, concat_cols, num_rows, slice_cols, split
+
+FRAME_BYTES = 4 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedJob:
+    secret: bytes
+    addresses: List[Tuple[str, int]]  # feed address of each target node, by feed rank
+    labels: List[str]  # "worker:1 on host" per target, for errors
+    mode: str  # "train" or "infer"
+    timeout: float
+    plan: Optional[Dict[int, List[Tuple[int, int, int]]]] = None  # train: partition -> ranges
+
+
+def balance(counts: List[int], targets: int, drop_remainder: bool = True):
+    """Give every target the same number of rows: ``(plan, rows_per_target, dropped)``.
+
+    Rows are dealt in partition order: target 0 gets the first ``total // targets`` rows, target 1
+    the next, and so on. The ``total % targets`` rows left over (fewer than the number of targets)
+    are dropped so that every synchronous worker runs the same number of steps; with
+    ``drop_remainder=False`` partitions go whole to targets in turn instead (uneven).
+    """
+    total = sum(counts)
+    plan: Dict[int, List[Tuple[int, int, int]]] = {}
+    if not drop_remainder:
+        for pid, n in enumerate(counts):
+            plan[pid] = [(pid % targets, 0, n)] if n else []
+        return plan, None, 0
+    per = total // targets
+    if per == 0:
+        raise ConfigError(
+            f"{total} rows cannot be shared by {targets} synchronous workers: each needs at "
+            "least one row. Feed more data, or pass balance=False."
+        )
+    start = 0
+    for pid, n in enumerate(counts):
+        ranges = []
+        pos = 0
+        while pos < n:
+            g = start + pos
+            target = g // per
+            if target >= targets:
+                break  # the remainder
+            stop = min(n, (target + 1) * per - start)
+            ranges.append((target, pos, stop))
+            pos = stop
+        plan[pid] = ranges
+        start += n
+    return plan, per, total - per * targets
+
+
+def _frames(chunks: Iterable[Columns]) -> Iterator[Columns]:
+    for cols in chunks:
+        n = num_rows(cols)
+        if not n:
+            continue
+        row_bytes = sum(v.nbytes // max(len(v), 1) if hasattr(v, "nbytes") else 64 for v in cols.values())
+        yield from split(cols, max(1, FRAME_BYTES // max(row_bytes, 1)))
+
+
+def _fail(job: FeedJob, pid: int, target: int, exc: BaseException) -> FeedError:
+    if isinstance(exc, socket.timeout):
+        why = f"it took no data for feed_timeout={job.timeout:g} s (alive but stuck?)"
+    else:
+        why = f"the connection failed ({type(exc).__name__}: {exc}); the node may have died"
+    return FeedError(f"feeding partition {pid} to {job.labels[target]} failed: {why}",
+                     partition=pid, node=job.labels[target])
+
+
+def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
+    """Send partition ``pid``'s rows by its plan; return the rows the nodes accepted."""
+    ranges = job.plan.get(pid, [])
+    conns: Dict[int, socket.socket] = {}
+    target = ranges[0][0] if ranges else 0
+    sent = 0
+    try:
+        pos = 0
+        for cols in _frames(chunks):
+            n = num_rows(cols)
+            for target, a, b in ranges:
+                lo, hi = max(a, pos), min(b, pos + n)
+                if lo >= hi:
+                    continue
+                if target not in conns:
+                    conns[target] = wire.connect(job.addresses[target], job.secret, job.timeout)
+                wire.send_frame(conns[target], "batch", slice_cols(cols, lo - pos, hi - pos))
+                sent += hi - lo
+            pos += n
+        for target, sock in conns.items():
+            wire.send_frame(sock, "end", mode="train", partition=pid)
+            header, _ = wire.recv_frame(sock)
+            if header["t"] == "terminated":
+                continue  # the node called feed.terminate(): it wants no more data
+        return sent
+    except (OSError, wire.FeedProtocolError) as exc:
+        raise _fail(job, pid, target, exc) from exc
+    finally:
+        for sock in conns.values():
+            sock.close()
+
+
+def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> Iterator[Tuple[Columns, Columns]]:
+    """Send partition ``pid`` to its node; yield ``(input rows, their results)`` in input order."""
+    target = pid % len(job.addresses)
+    try:
+        sock = wire.connect(job.addresses[target], job.secret, job.timeout)
+    except OSError as exc:
+        raise _fail(job, pid, target, exc) from exc
+    results: "queue.Queue" = queue.Queue()
+
+    def read():
+        try:
+            while True:
+                header, cols = wire.recv_frame(sock)
+                results.put((header["t"], cols))
+        except BaseException as exc:  # handed to the sending thread
+            results.put(("error", exc))
+
+    reader = threading.Thread(target=read, name="duotf-feed-results", daemon=True)
+    reader.start()
+    pending: "collections.deque" = collections.deque()  # input frames awaiting results
+    waiting = 0
+
+    def pair(res: Columns) -> Tuple[Columns, Columns]:
+        need, parts = num_rows(res), []
+        while need:
+            head = pending[0]
+            k = min(need, num_rows(head))
+            parts.append(slice_cols(head, 0, k))
+            if k == num_rows(head):
+                pending.popleft()
+            else:
+                pending[0] = slice_cols(head, k, num_rows(head))
+            need -= k
+        return concat_cols(parts), res
+
+    def take(block: bool):
+        nonlocal waiting
+        while waiting:
+            try:
+                kind, payload = results.get(timeout=job.timeout) if block else results.get_nowait()
+            except queue.Empty:
+                if block:
+                    raise _fail(job, pid, target, socket.timeout()) from None
+                return
+            if kind == "result":
+                if num_rows(payload) > waiting:
+                    raise FeedError(f"{job.labels[target]} sent more results than rows fed",
+                                    partition=pid, node=job.labels[target])
+                waiting -= num_rows(payload)
+                yield pair(payload)
+            elif kind == "terminated":
+                raise FeedError(f"{job.labels[target]} terminated its feed with {waiting} rows of "
+                                f"partition {pid} unanswered: inference needs one result per row",
+                                partition=pid, node=job.labels[target])
+            else:
+                raise _fail(job, pid, target, payload if isinstance(payload, BaseException) else
+                            ConnectionError(kind))
+
+    try:
+        for cols in _frames(chunks):
+            wire.send_frame(sock, "batch", cols)
+            pending.append(cols)
+            waiting += num_rows(cols)
+            yield from take(block=False)
+        wire.send_frame(sock, "end", mode="infer", partition=pid)
+        yield from take(block=True)
+    except OSError as exc:
+        raise _fail(job, pid, target, exc) from exc
+    finally:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
+        reader.join(5)
