@@ -117,7 +117,7 @@ def main(argv) -> int:
     threading.Thread(target=_heartbeat, args=(link, job["heartbeat_interval"]), daemon=True).start()
     from .feed.datafeed import FeedServer
 
-    feed = FeedServer(job["secret"])
+    feed = FeedServer(job["secret"], on_terminate=lambda: link.send("feed_terminated"))
     threading.Thread(target=_reader, args=(link, inbox, arrived, feed), daemon=True).start()
     # A stop request turns into SystemExit in main, so `finally` blocks and context managers run.
     signal.signal(signal.SIGTERM, _on_sigterm)

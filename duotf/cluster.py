@@ -56,6 +56,7 @@ class NodeInfo:
     pid: Optional[int] = None
     executor_id: str = ""
     feed_port: Optional[int] = None
+    feed_terminated: bool = False
     state: str = "pending"
     last_seen: float = 0.0
     peer: Any = dataclasses.field(default=None, repr=False, compare=False)
@@ -283,7 +284,9 @@ class Cluster:
                 return
             else:
                 node.last_seen = time.monotonic()
-                if kind in ("ready", "running", "serving", "done", "stopped"):
+                if kind == "feed_terminated":
+                    node.feed_terminated = True
+                elif kind in ("ready", "running", "serving", "done", "stopped"):
                     if node.state not in _TERMINAL:
                         node.state = kind
                     if kind == "ready":

@@ -250,7 +250,7 @@ class _Agent:
                 what = event[1]
                 if what == "hb":
                     continue
-                if what in ("ready", "running", "serving"):
+                if what in ("ready", "running", "serving", "feed_terminated"):
                     self.serving = self.serving or what == "serving"
                     self._send(what, **(event[2] if len(event) > 2 else {}))
                 elif what == "result":

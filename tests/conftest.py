@@ -29,6 +29,7 @@ from tests.suite import mains
 cloudpickle.register_pickle_by_value(mains)
 
 BACKENDS = ["local", "dask", "spark-local", "spark-standalone"]
+# Free slots beside 2 nodes: what the feed tests need; the slot tests ask backend.slots().
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
 
 
@@ -81,7 +82,10 @@ def _stop_process_group(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="session")
 def spark_standalone_master():
-    """A real standalone master and 2 one-core workers on 127.0.0.1; yields the master URL."""
+    """A real standalone master and 2 workers of 2 cores on 127.0.0.1; yields the master URL.
+
+    Each executor has 2 task slots: one for its node, one for the tasks that feed it.
+    """
     root = tempfile.mkdtemp(prefix="duotf-spark-")
     env = dict(
         os.environ,
@@ -110,7 +114,7 @@ def spark_standalone_master():
             log = os.path.join(root, f"worker{i}.log")
             procs.append(_start_java(
                 ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--port", "0",
-                 "--webui-port", "0", "--cores", "1", "--memory", "2g",
+                 "--webui-port", "0", "--cores", "2", "--memory", "2g",
                  "--work-dir", os.path.join(root, f"work{i}"), url], log, env,
             ))
         for i in range(2):
@@ -146,10 +150,10 @@ def _spark_session(master: str, **conf):
 # -- the shared-suite backends ------------------------------------------------------------------
 @pytest.fixture(scope="session", params=BACKENDS)
 def backend(request):
-    """A duotf Backend on a real engine with room for exactly 2 nodes."""
+    """A duotf Backend on a real engine with room for 2 nodes and for the tasks feeding them."""
     kind = request.param
     if kind == "local":
-        yield duotf.backends.LocalBackend(slots=2)
+        yield duotf.backends.LocalBackend(slots=4)
     elif kind == "dask":
         from distributed import Client, LocalCluster
 
@@ -162,13 +166,14 @@ def backend(request):
         from duotf.backends.spark import SparkBackend
 
         if kind == "spark-local":
-            session = _spark_session("local[2]")
+            session = _spark_session("local[3]")  # 2 nodes + 1 slot to feed them
         else:
             url = request.getfixturevalue("spark_standalone_master")
-            session = _spark_session(url, **{"spark.executor.cores": "1", "spark.executor.memory": "1g"})
+            session = _spark_session(url, **{"spark.executor.cores": "2", "spark.executor.memory": "1g"})
         try:
             backend = SparkBackend(session, slot_wait=3.0)
-            poll_for(lambda: backend.slots() >= 2, 90, 0.2, "Spark executors")
+            expected = 3 if kind == "spark-local" else 4  # every executor registered
+            poll_for(lambda: backend.slots() >= expected, 90, 0.2, "Spark executors")
             yield backend
         finally:
             session.stop()

@@ -110,8 +110,8 @@ class Backend(abc.ABC):
     def start_nodes(self, fn: NodeFunction, n: int, job_id: str) -> NodeGang:
         """Start ``fn(node_id, executor_id, attempt)`` for node ids ``0..n-1``, all at once."""
 
-    def feed_adapter(self, data):
-        """The engine's view of a collection to feed (see ``duotf.feed.driver``)."""
+    def feed_adapter(self, data, nodes: int):
+        """The engine's view of a collection to feed while ``nodes`` node tasks run."""
         raise ConfigError(
             f"the {self.name} backend cannot feed a {type(data).__name__}; "
             + self.feed_hint()

@@ -97,6 +97,103 @@ class DaskBackend(Backend):
 
         return ThreadGang(call, cancel=cancel, name="dask")
 
+    def feed_hint(self) -> str:
+        return "pass a Dask DataFrame, Bag or Array."
+
+    def feed_adapter(self, data, nodes: int):
+        if _kind(data) == "unknown":
+            return super().feed_adapter(data, nodes)
+        return _DaskFeed(self.client, data)
+
     def driver_host(self) -> str:
         host = urlparse(self.client.scheduler.address).hostname or "127.0.0.1"
         return routable_ip(host)
+
+
+# -- the engine feed ----------------------------------------------------------------------------
+class _DaskFeed:
+    """Feeds a Dask DataFrame, Bag or Array: one feeding task per partition (row block)."""
+
+    def __init__(self, client, data):
+        self.client = client
+        self.data = data
+        self.kind = _kind(data)
+        if self.kind == "array":
+            data = data.rechunk({i: -1 for i in range(1, data.ndim)})
+            self.data = data
+            self.parts = list(data.to_delayed().ravel())
+        else:
+            self.parts = list(data.to_delayed())
+
+    def counts(self) -> List[int]:
+        import dask
+
+        if self.kind == "array":
+            return [int(c) for c in self.data.chunks[0]]
+        return list(self.client.gather(self.client.compute([dask.delayed(len)(p) for p in self.parts])))
+
+    def _gang(self, tasks, finish, name):
+        futures = self.client.compute(tasks)
+        client = self.client
+
+        def call():
+            try:
+                return finish(client.gather(futures))
+            finally:
+                client.cancel(futures)
+
+        return ThreadGang(call, cancel=lambda: client.cancel(futures), name=name)
+
+    def train(self, job) -> NodeGang:
+        import dask
+
+        from ..feed.driver import train_partition
+
+        tasks = [dask.delayed(train_partition)(job, i, p) for i, p in enumerate(self.parts)]
+        return self._gang(tasks, lambda sent: list(sent), "dask-feed")
+
+    def infer(self, job, keep, result_columns) -> NodeGang:
+        import dask
+
+        from ..feed.driver import infer_partition
+
+        tasks = [dask.delayed(infer_partition)(job, i, p, keep) for i, p in enumerate(self.parts)]
+
+        def finish(outputs):
+            # The results are computed while the cluster runs, then handed back as a collection
+            # of the input's kind, partition for partition.
+            if self.kind == "dataframe":
+                import dask.dataframe as dd
+
+                with dask.config.set({"dataframe.convert-string": False}):
+                    return [dd.from_pandas(_concat_frames(outputs), npartitions=len(outputs) or 1)
+                            if outputs else self.data]
+            if self.kind == "bag":
+                import dask.bag as db
+
+                return [db.from_sequence([x for part in outputs for x in part],
+                                         npartitions=max(len(outputs), 1))]
+            import dask.array as da
+            import numpy as np
+
+            return [da.from_array(np.concatenate(outputs), chunks=(self.data.chunks[0],) +
+                                  tuple((-1,) * (np.concatenate(outputs).ndim - 1)))]
+
+        return self._gang(tasks, finish, "dask-inference")
+
+
+def _concat_frames(frames):
+    import pandas as pd
+
+    return pd.concat(frames, ignore_index=True)
+
+
+def _kind(data) -> str:
+    module = type(data).__module__ or ""
+    if "dask.dataframe" in module or "dask_expr" in module or hasattr(data, "map_partitions") and hasattr(data, "columns"):
+        return "dataframe"
+    if module.startswith("dask.bag"):
+        return "bag"
+    if module.startswith("dask.array"):
+        return "array"
+    return "unknown"

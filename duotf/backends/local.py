@@ -69,9 +69,9 @@ class LocalBackend(Backend):
     def feed_hint(self) -> str:
         return "pass a list of partitions (lists of rows, pandas DataFrames or numpy arrays)."
 
-    def feed_adapter(self, data):
+    def feed_adapter(self, data, nodes: int):
         if not isinstance(data, (list, tuple)):
-            return super().feed_adapter(data)
+            return super().feed_adapter(data, nodes)
         return _LocalFeed(list(data))
 
 

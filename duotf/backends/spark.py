@@ -14,7 +14,7 @@ import socket
 import time
 from typing import List
 
-from ..errors import BackendError, InsufficientSlotsError
+from ..errors import BackendError, ConfigError, InsufficientSlotsError
 from ..node import NodeOutcome
 from .base import Backend, NodeFunction, NodeGang, ThreadGang
 
@@ -127,6 +127,14 @@ class SparkBackend(Backend):
 
         return ThreadGang(call, cancel=lambda: sc.cancelJobGroup(group), name="spark")
 
+    def feed_hint(self) -> str:
+        return "pass a Spark DataFrame or RDD."
+
+    def feed_adapter(self, data, nodes: int):
+        if not (hasattr(data, "mapInArrow") or hasattr(data, "mapPartitionsWithIndex")):
+            return super().feed_adapter(data, nodes)
+        return _SparkFeed(self, data, nodes)
+
     def driver_host(self) -> str:
         host = self._conf("spark.driver.host") or socket.gethostname()
         try:
@@ -139,3 +147,168 @@ class SparkBackend(Backend):
             return self.sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file://"
         except Exception:
             return "file://"
+
+
+# -- the engine feed ----------------------------------------------------------------------------
+def _arrow_counts(batches):
+    import pyarrow as pa
+    from pyspark import TaskContext
+
+    n = sum(b.num_rows for b in batches)
+    yield pa.RecordBatch.from_pydict({"p": [TaskContext.get().partitionId()], "n": [n]})
+
+
+def _arrow_train(job):
+    def run(batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        from ..feed.columns import from_arrow
+        from ..feed.feeder import feed_train
+
+        sent = feed_train(job, TaskContext.get().partitionId(), map(from_arrow, batches))
+        yield pa.RecordBatch.from_pydict({"rows": [sent]})
+
+    return run
+
+
+def _arrow_infer(job, keep, result_fields):
+    def run(batches):
+        import collections
+
+        import pyarrow as pa
+        from pyspark import TaskContext
+        from pyspark.sql.pandas.types import to_arrow_type
+
+        from ..feed.columns import from_arrow, num_rows
+        from ..feed.feeder import feed_infer
+
+        inputs = collections.deque()
+
+        def remember(stream):
+            for batch in stream:
+                inputs.append(batch)
+                yield from_arrow(batch)
+
+        def take_inputs(n):
+            parts = []
+            while n:
+                head = inputs[0]
+                k = min(n, head.num_rows)
+                parts.append(head.slice(0, k))
+                if k == head.num_rows:
+                    inputs.popleft()
+                else:
+                    inputs[0] = head.slice(k)
+                n -= k
+            return pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
+
+        types = [(f.name, to_arrow_type(f.dataType)) for f in result_fields]
+        for _, results in feed_infer(job, TaskContext.get().partitionId(), remember(batches)):
+            rows = num_rows(results)
+            kept = take_inputs(rows)
+            arrays = [kept.column(kept.schema.get_field_index(name)) for name in keep]
+            for name, arrow_type in types:
+                values = results.get(name)
+                if values is None:
+                    raise KeyError(f"the node's results have no column {name!r} "
+                                   f"(they have {sorted(results)}); set result_columns=...")
+                arrays.append(pa.array(list(values) if getattr(values, "ndim", 1) > 1 else values,
+                                       type=arrow_type))
+            yield pa.RecordBatch.from_arrays(arrays, names=list(keep) + [n for n, _ in types])
+
+    return run
+
+
+def _rdd_counts(index, rows):
+    yield index, sum(1 for _ in rows)
+
+
+class _SparkFeed:
+    def __init__(self, backend: SparkBackend, data, nodes: int):
+        self.backend = backend
+        self.nodes = nodes
+        self.sc = backend.sc
+        self.df = data if hasattr(data, "mapInArrow") else None
+        self.rdd = None if self.df is not None else data
+
+    def _job(self, what: str, call):
+        group = f"duotf-feed-{id(self)}-{time.monotonic_ns()}"
+        sc = self.sc
+
+        def run():
+            sc.setJobGroup(group, what, interruptOnCancel=True)
+            try:
+                return call()
+            finally:
+                sc.setLocalProperty("spark.jobGroup.id", None)
+
+        return ThreadGang(run, cancel=lambda: sc.cancelJobGroup(group), name="spark-feed")
+
+    def _check_free_slot(self, nodes: int) -> None:
+        free = self.backend.slots() - nodes
+        if free < 1:
+            raise InsufficientSlotsError(
+                f"feeding needs a free task slot beside the {nodes} node tasks, but Spark "
+                f"({self.sc.master}) has {self.backend.slots()} slots in all. Give each executor "
+                "one more core than its nodes use (spark.executor.cores), or run local[N] with "
+                "N > number of nodes.",
+                needed=nodes + 1, available=self.backend.slots(), backend="spark",
+            )
+
+    def counts(self) -> List[int]:
+        if self.df is not None:
+            rows = self.df.mapInArrow(_arrow_counts, "p long, n long").collect()
+            counts = [0] * self.df.rdd.getNumPartitions()
+        else:
+            rows = self.rdd.mapPartitionsWithIndex(_rdd_counts).collect()
+            counts = [0] * self.rdd.getNumPartitions()
+        for p, n in rows:
+            counts[p] = n
+        return counts
+
+    def train(self, job) -> NodeGang:
+        self._check_free_slot(self.nodes)
+        if self.df is not None:
+            df = self.df
+            return self._job("duotf feed", lambda: [r.rows for r in df.mapInArrow(_arrow_train(job), "rows long").collect()])
+        from ..feed.driver import train_partition
+
+        rdd = self.rdd
+        return self._job("duotf feed", lambda: rdd.mapPartitionsWithIndex(
+            lambda i, rows: [train_partition(job, i, rows)]).collect())
+
+    def infer(self, job, keep, result_columns) -> NodeGang:
+        self._check_free_slot(self.nodes)
+        if self.df is not None:
+            from pyspark.sql import types as T
+
+            df = self.df
+            keep = list(df.columns) if keep is None else list(keep)
+            spec = result_columns or {"prediction": "double"}
+            session = df.sparkSession
+            result_fields = session.createDataFrame(
+                [], ", ".join(f"`{k}` {v}" for k, v in spec.items())).schema.fields
+            schema = T.StructType([df.schema[k] for k in keep] + list(result_fields))
+
+            def run():
+                out = df.mapInArrow(_arrow_infer(job, keep, result_fields), schema)
+                return [out.localCheckpoint(eager=True)]
+
+            return self._job("duotf inference", run)
+        from ..feed.driver import infer_partition
+
+        rdd = self.rdd
+
+        def run_rdd():
+            out = rdd.mapPartitionsWithIndex(lambda i, rows: infer_partition(job, i, list(rows), keep))
+            # Materialize now, while the nodes run. persist() also keeps PySpark from pipelining
+            # count() past this RDD, which would leave the checkpoint unfilled.
+            from pyspark import StorageLevel
+
+            out.persist(StorageLevel.MEMORY_AND_DISK)
+            out.localCheckpoint()
+            out.count()
+            return [out]
+
+        return self._job("duotf inference", run_rdd)

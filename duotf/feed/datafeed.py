@@ -45,8 +45,9 @@ class _Conn:
 class FeedServer:
     """Accepts authenticated feeding connections and queues their batches."""
 
-    def __init__(self, secret: bytes, capacity: int = 8):
+    def __init__(self, secret: bytes, capacity: int = 8, on_terminate=None):
         self._secret = secret
+        self._on_terminate = on_terminate
         self.queue: "queue.Queue" = queue.Queue(maxsize=capacity)
         self.terminated = threading.Event()
         self._listener = socket.create_server(("0.0.0.0", 0), backlog=64)
@@ -99,6 +100,8 @@ class FeedServer:
         self._put(("marker", kind, None))
 
     def terminate(self) -> None:
+        if not self.terminated.is_set() and self._on_terminate is not None:
+            self._on_terminate()  # the driver stops feeding and its train() returns
         self.terminated.set()
         while True:
             try:
@@ -138,9 +141,9 @@ class DataFeed:
         self._owed: "collections.deque" = collections.deque()  # [conn, rows] awaiting results
 
     # -- reading ------------------------------------------------------------------------------
-    def _fill(self, block: bool = True) -> bool:
-        """Make a current batch available; False once the feed has ended (or, when not
-        blocking, while nothing is queued)."""
+    def _fill(self, block: bool = True):
+        """Make a current batch available: True; False once the feed has ended (or, when not
+        blocking, while nothing is queued); "epoch" when an epoch just ended."""
         while self._current is None or self._offset >= num_rows(self._current):
             if self._ended or self._server.terminated.is_set():
                 return False
@@ -153,6 +156,7 @@ class DataFeed:
                     self._ended = True
                 elif payload == "epoch":
                     self.epoch += 1
+                    return "epoch"
                 continue
             self._current, self._offset, self._current_conn = payload, 0, conn
         return True
@@ -161,7 +165,14 @@ class DataFeed:
         parts = []
         # Inference returns a short batch rather than wait for rows that may only come after
         # the results of the rows already taken (the feeding task waits for those).
-        while n > 0 and self._fill(block=self.train or not parts):
+        while n > 0:
+            status = self._fill(block=self.train or not parts)
+            if status == "epoch":
+                if parts:
+                    break  # a batch never spans two epochs
+                continue
+            if not status:
+                break
             available = num_rows(self._current) - self._offset
             k = min(n, available)
             parts.append(slice_cols(self._current, self._offset, self._offset + k))
@@ -181,7 +192,11 @@ class DataFeed:
 
     def next_batch(self, batch_size: int):
         """Up to ``batch_size`` rows: a dict of column arrays with ``input_mapping``, else a list
-        of rows (tuples, or single values for one column). Fewer rows only at the end of data."""
+        of rows (tuples, or single values for one column).
+
+        A batch never spans two epochs: the last batch of an epoch may be short (by the same
+        amount on every worker, since ``train`` balances rows). In inference a batch is also cut
+        short when no more rows are queued, as the rows' results must go back first."""
         cols = self._take(batch_size)
         if cols is None:
             return {} if self.input_mapping else []
@@ -194,7 +209,10 @@ class DataFeed:
 
     def should_stop(self) -> bool:
         """True once every row has been read (end of data) or the feed was terminated."""
-        return self._server.terminated.is_set() or not self._fill()
+        status = self._fill()
+        while status == "epoch":
+            status = self._fill()
+        return self._server.terminated.is_set() or not status
 
     def batch_results(self, results) -> None:
         """Send inference results for the rows read so far, in order, one per input row."""

@@ -82,16 +82,33 @@ def _job(cluster, mode: str, timeout: float, plan=None) -> FeedJob:
     )
 
 
+_TERMINATED = object()
+
+
+def _terminated(cluster) -> bool:
+    return any(n.feed_terminated for n in cluster.nodes)
+
+
 def _await(cluster, gang, what: str):
-    """Wait for a feeding job while watching the cluster; a node failure wins and cancels it."""
+    """Wait for a feeding job while watching the cluster; a node failure wins and cancels it.
+
+    Returns ``_TERMINATED`` when a node called ``feed.terminate()``: the job is cancelled and
+    whatever its tasks say about nodes that stopped reading is not an error.
+    """
     while True:
         with cluster._cond:
             if cluster._error is not None or cluster.status.value == "closed":
                 gang.cancel()
                 cluster._raise_if_failed()
+            if _terminated(cluster):
+                break
             if gang.done():
                 break
             cluster._cond.wait(0.1)
+    if _terminated(cluster):
+        gang.cancel()
+        gang.join(30)
+        return _TERMINATED
     exc = gang.exception()
     if exc is None:
         return gang.outcomes()
@@ -123,7 +140,7 @@ def train(cluster, data, epochs: int, feed_timeout: float, balanced: bool) -> di
         raise ClusterClosedError(f"{cluster!r} is not running")
     if epochs < 1:
         raise ConfigError(f"epochs={epochs}: must be >= 1")
-    adapter = cluster.backend.feed_adapter(data)
+    adapter = cluster.backend.feed_adapter(data, len(cluster.nodes))
     targets = _targets(cluster)
     counts = adapter.counts()
     plan, per, dropped = balance(counts, len(targets), drop_remainder=balanced)
@@ -132,20 +149,25 @@ def train(cluster, data, epochs: int, feed_timeout: float, balanced: bool) -> di
                        "fed (balance=False feeds everything, unevenly)", dropped, len(targets), per)
     job = _job(cluster, "train", feed_timeout, plan)
     t0 = time.monotonic()
-    fed = 0
+    fed, done = 0, 0
     for epoch in range(epochs):
-        fed += sum(_await(cluster, adapter.train(job), f"feeding epoch {epoch + 1}"))
+        sent = _await(cluster, adapter.train(job), f"feeding epoch {epoch + 1}")
+        if sent is _TERMINATED:
+            break
+        fed += sum(sent)
+        done += 1
         _markers(cluster, "epoch")
     _markers(cluster, "end")
-    return {"epochs": epochs, "rows": sum(counts), "rows_fed": fed, "rows_per_worker": per,
-            "rows_dropped_per_epoch": dropped, "seconds": time.monotonic() - t0}
+    return {"epochs": done, "rows": sum(counts), "rows_fed": fed, "rows_per_worker": per,
+            "rows_dropped_per_epoch": dropped, "terminated": _terminated(cluster),
+            "seconds": time.monotonic() - t0}
 
 
 def inference(cluster, data, keep, result_columns, feed_timeout: float):
     if cluster.status.value != "running":
         cluster._raise_if_failed()
         raise ClusterClosedError(f"{cluster!r} is not running")
-    adapter = cluster.backend.feed_adapter(data)
+    adapter = cluster.backend.feed_adapter(data, len(cluster.nodes))
     job = _job(cluster, "infer", feed_timeout)
     (output,) = _await(cluster, adapter.infer(job, keep, result_columns), "inference")
     _markers(cluster, "end")

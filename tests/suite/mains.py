@@ -172,3 +172,51 @@ def read_shard_main(args, ctx):
     from duotf.feed.tfdata import tfrecord_dataset
 
     return sorted(r.numpy().decode() for r in tfrecord_dataset(args["glob"], ctx))
+
+
+def feed_train_main(args, ctx):
+    """Read the engine feed with next_batch; report what arrived, epoch by epoch."""
+    feed = ctx.get_data_feed(train=True)
+    seen = {}
+    while not feed.should_stop():
+        epoch = feed.epoch  # a batch never spans two epochs
+        batch = feed.next_batch(args["batch"])
+        seen.setdefault(epoch, []).extend(int(row[1]) for row in batch)
+    return {"rank": ctx.task_index, "ids": seen, "epochs": feed.epoch}
+
+
+def feed_dataset_main(args, ctx):
+    """The fast path: a tf.data.Dataset of column dicts."""
+    feed = ctx.get_data_feed(train=True, input_mapping={"x": "features", "y": "label"})
+    rows, total, steps = 0, 0.0, 0
+    for batch in feed.dataset(args["batch"]):
+        steps += 1
+        rows += int(batch["label"].shape[0])
+        total += float(batch["features"].numpy().sum())
+    return {"rows": rows, "sum": total, "steps": steps}
+
+
+def feed_infer_main(args, ctx):
+    feed = ctx.get_data_feed(train=False)
+    while not feed.should_stop():
+        batch = feed.next_batch(args["batch"])
+        if batch:
+            feed.batch_results([row[0] * 2.0 + row[1] for row in batch])
+    return ctx.task_index
+
+
+def feed_terminate_main(args, ctx):
+    feed = ctx.get_data_feed(train=True)
+    first = feed.next_batch(args["batch"])
+    feed.terminate()
+    return len(first)
+
+
+def feed_die_main(args, ctx):
+    feed = ctx.get_data_feed(train=True)
+    feed.next_batch(args["batch"])
+    if ctx.task_index == 1:
+        os._exit(3)  # dies mid-feed, no exception, no goodbye
+    while not feed.should_stop():
+        feed.next_batch(args["batch"])
+    return "ok"

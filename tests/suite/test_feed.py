@@ -1,0 +1,110 @@
+"""The engine feed, on every backend: epochs, balance, inference order, termination, failures."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import duotf
+from tests.suite import mains
+from tests.suite.data import frame_collection, rows_collection
+
+# uneven, empty and more partitions than nodes: 45 rows in 5 partitions
+SIZES = [10, 3, 0, 25, 7]
+
+
+def _parts():
+    parts, i = [], 0
+    for size in SIZES:
+        parts.append([(float(i) / 10, i) for i in range(i, i + size)])
+        i += size
+    return parts
+
+
+def test_train_epochs_balanced_across_workers(backend, backend_kind):
+    data = rows_collection(backend_kind, backend, _parts())
+    with duotf.run(mains.feed_train_main, {"batch": 4}, backend, duotf.ClusterSpec(workers=2)) as cluster:
+        report = cluster.train(data, epochs=3)
+        first, second = cluster.wait(timeout=120)
+    assert report["rows"] == 45 and report["rows_per_worker"] == 22
+    assert report["rows_dropped_per_epoch"] == 1 and report["rows_fed"] == 3 * 44
+    for result in (first, second):
+        assert result["epochs"] == 3
+        assert sorted(result["ids"]) == [0, 1, 2]
+        assert all(len(ids) == 22 for ids in result["ids"].values())  # same steps on every worker
+    for epoch in range(3):
+        got = sorted(first["ids"][epoch] + second["ids"][epoch])
+        assert got == list(range(44))  # every row once per epoch; row 44 is the remainder
+
+
+def test_inference_one_result_per_input_in_order(backend, backend_kind):
+    data = rows_collection(backend_kind, backend, _parts())
+    with duotf.run(mains.feed_infer_main, {"batch": 4}, backend, duotf.ClusterSpec(workers=2)) as cluster:
+        out = cluster.inference(data)
+        assert sorted(cluster.wait(timeout=60)) == [0, 1]
+    if backend_kind == "local":
+        results = [x for part in out for x in part]
+        assert [len(part) for part in out] == SIZES
+    elif backend_kind == "dask":
+        results = out.compute()
+        assert out.npartitions == len(SIZES)
+    else:
+        results = out.collect()
+        assert out.getNumPartitions() == len(SIZES)
+    assert results == [i / 10 * 2 + i for i in range(45)]
+
+
+def test_dataframe_inference_keeps_chosen_columns(backend, backend_kind):
+    df = frame_collection(backend_kind, backend, _parts(), ["x", "y"])
+    with duotf.run(mains.feed_infer_main, {"batch": 8}, backend, duotf.ClusterSpec(workers=2)) as cluster:
+        out = cluster.inference(df, keep=["y"], result_columns={"prediction": "double"})
+        cluster.wait(timeout=60)
+    if backend_kind == "local":
+        import pandas as pd
+
+        pdf = pd.concat(out, ignore_index=True)
+    elif backend_kind == "dask":
+        pdf = out.compute().reset_index(drop=True)
+    else:
+        pdf = out.toPandas()
+    assert list(pdf.columns) == ["y", "prediction"]
+    assert pdf["y"].tolist() == list(range(45))
+    assert pdf["prediction"].tolist() == [i / 10 * 2 + i for i in range(45)]
+
+
+def test_dataset_fast_path(backend, backend_kind):
+    df = frame_collection(backend_kind, backend, _parts(), ["x", "y"])
+    with duotf.run(mains.feed_dataset_main, {"batch": 5}, backend, duotf.ClusterSpec(workers=2),
+                   env={"TF_CPP_MIN_LOG_LEVEL": "3"}) as cluster:
+        cluster.train(df, epochs=2)
+        first, second = cluster.wait(timeout=120)
+    # 22 rows per epoch in batches of 5: 5 steps an epoch (the last of 2 rows), on both workers
+    assert first["rows"] == second["rows"] == 44 and first["steps"] == second["steps"] == 10
+    assert first["sum"] + second["sum"] == pytest.approx(2 * sum(i / 10 for i in range(44)))
+
+
+def test_terminate_stops_the_feed_and_train_returns(backend, backend_kind):
+    parts = [[(float(i), i) for i in range(p * 5000, (p + 1) * 5000)] for p in range(4)]
+    data = rows_collection(backend_kind, backend, parts)
+    with duotf.run(mains.feed_terminate_main, {"batch": 10}, backend, duotf.ClusterSpec(workers=2)) as cluster:
+        report = cluster.train(data, epochs=5)
+        got = cluster.wait(timeout=60)
+    # The first terminate() ends train() for the cluster (synchronous workers cannot go on
+    # without one of them): the other node gets its end of data, with or without a first batch.
+    assert report["terminated"] and report["epochs"] < 5
+    assert max(got) == 10 and set(got) <= {0, 10}
+
+
+def test_node_dying_mid_feed_fails_train_fast(backend, backend_kind):
+    parts = [[(float(i), i) for i in range(p * 20000, (p + 1) * 20000)] for p in range(4)]
+    data = rows_collection(backend_kind, backend, parts)
+    cluster = duotf.run(mains.feed_die_main, {"batch": 10}, backend, duotf.ClusterSpec(workers=2))
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(duotf.NodeFailedError) as info:
+            cluster.train(data, epochs=50)
+        assert time.monotonic() - t0 < 10 + 5
+        assert info.value.role == "worker:1" and info.value.exitcode == 3
+    finally:
+        cluster.shutdown(grace_secs=0, _raise=False)
