@@ -19,6 +19,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -58,13 +59,17 @@ def _reader(link: _Link, inbox: list, arrived: threading.Condition, feed) -> Non
             arrived.notify_all()
 
 
-def _wait_for(inbox: list, arrived: threading.Condition, kind: str):
+def _wait_for(inbox: list, arrived: threading.Condition, kind: str, timeout=None):
+    deadline = None if timeout is None else time.monotonic() + timeout
     with arrived:
         while True:
             for i, message in enumerate(inbox):
                 if message[0] == kind:
                     return inbox.pop(i)
-            arrived.wait()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            arrived.wait(remaining)
 
 
 def _error_info(exc: BaseException, kind: str = "exception") -> dict:
@@ -177,6 +182,9 @@ def main(argv) -> int:
         link.send("error", _error_info(exc, kind="result"))
         return 1
     link.send("result", payload)
+    # Stay up (and so keep this node's TF server up) until every node's main has returned: a
+    # peer may still be receiving this node's part of the last collective.
+    _wait_for(inbox, arrived, "release", timeout=job.get("release_timeout", 300))
     return 0
 
 

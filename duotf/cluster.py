@@ -42,6 +42,8 @@ class ClusterStatus(str, enum.Enum):
 
 
 _TERMINAL = ("done", "failed", "stopped")
+#: states in which a node's main has ended (a "returned" node waits to be released)
+_ENDED = _TERMINAL + ("returned",)
 
 
 @dataclasses.dataclass
@@ -286,7 +288,7 @@ class Cluster:
                 node.last_seen = time.monotonic()
                 if kind == "feed_terminated":
                     node.feed_terminated = True
-                elif kind in ("ready", "running", "serving", "done", "stopped"):
+                elif kind in ("ready", "running", "serving", "returned", "done", "stopped"):
                     if node.state not in _TERMINAL:
                         node.state = kind
                     if kind == "ready":
@@ -297,7 +299,7 @@ class Cluster:
             self._cond.notify_all()
         if failure is not None:
             self._fail(failure)
-        elif kind in ("done", "serving"):
+        elif kind in ("returned", "done", "serving"):
             self._stop_servers_when_finished()
 
     def _on_close(self, peer, exc) -> None:
@@ -415,9 +417,12 @@ class Cluster:
             # A ps node is a server from the start, even before it reports "serving".
             servers = [x for x in self.nodes if _is_server(x)]
             others = [x for x in self.nodes if x not in servers]
-            if not all(x.state in _TERMINAL for x in others):
+            if not all(x.state in _ENDED for x in others):
                 return
             servers = [x for x in servers if x.state not in _TERMINAL]
+            waiting = [x for x in others if x.state == "returned"]
+        for node in waiting:  # every main has returned: their processes may exit together
+            self._send(node, {"type": "release"})
         for node in servers:
             self._send(node, {"type": "stop", "timeout": self.stop_timeout})
 
@@ -526,12 +531,12 @@ class Cluster:
                 return
             deadline = time.monotonic() + grace_secs
             while self.status is ClusterStatus.RUNNING and time.monotonic() < deadline:
-                if all(x.state in _TERMINAL or _is_server(x) for x in self.nodes):
+                if all(x.state in _ENDED or _is_server(x) for x in self.nodes):
                     break
                 self._cond.wait(min(0.5, max(deadline - time.monotonic(), 0.01)))
             cut_off = [
                 x for x in self.nodes
-                if self.status is ClusterStatus.RUNNING and x.state not in _TERMINAL
+                if self.status is ClusterStatus.RUNNING and x.state not in _ENDED
                 and not _is_server(x) and x.state != "pending"
             ]
         for node in self.nodes:

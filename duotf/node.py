@@ -255,6 +255,7 @@ class _Agent:
                     self._send(what, **(event[2] if len(event) > 2 else {}))
                 elif what == "result":
                     self.result = event[2]
+                    self._send("returned")
                 elif what == "error":
                     if self.stop_requested:
                         # main unwinding from our own stop request: reported as "stopped"
@@ -264,7 +265,7 @@ class _Agent:
             elif kind == "child-eof":
                 child_open = False
                 code = self.proc.wait()
-                if self.result is not None and code == 0:
+                if self.result is not None:  # main returned; how the process ended after is moot
                     self._send("done")
                     return NodeOutcome(self.node_id, "done", self.result)
                 if self.stop_requested:
@@ -276,6 +277,8 @@ class _Agent:
                 message = event[1]
                 if message["type"] == "start":
                     self._to_child("start", message)
+                elif message["type"] == "release":
+                    self._to_child("release")
                 elif message["type"] == "marker":
                     self._to_child("marker", message["kind"])
                 elif message["type"] == "stop":

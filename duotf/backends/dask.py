@@ -118,6 +118,13 @@ class _DaskFeed:
         self.client = client
         self.data = data
         self.kind = _kind(data)
+        if self.kind == "arrays":  # (features, labels, ...): columns "0", "1", ... by row block
+            import dask
+
+            blocks = [a.rechunk({i: -1 for i in range(1, a.ndim)}).to_delayed().ravel() for a in data]
+            self.data = data[0]
+            self.parts = [dask.delayed(_columns)(*row) for row in zip(*blocks)]
+            return
         if self.kind == "array":
             data = data.rechunk({i: -1 for i in range(1, data.ndim)})
             self.data = data
@@ -128,7 +135,7 @@ class _DaskFeed:
     def counts(self) -> List[int]:
         import dask
 
-        if self.kind == "array":
+        if self.kind in ("array", "arrays"):
             return [int(c) for c in self.data.chunks[0]]
         return list(self.client.gather(self.client.compute([dask.delayed(len)(p) for p in self.parts])))
 
@@ -188,7 +195,18 @@ def _concat_frames(frames):
     return pd.concat(frames, ignore_index=True)
 
 
+def _columns(*blocks):
+    return {str(i): block for i, block in enumerate(blocks)}
+
+
 def _kind(data) -> str:
+    if isinstance(data, tuple) and data and all(_kind(a) == "array" for a in data):
+        if len({a.chunks[0] for a in data}) != 1:
+            from ..errors import ConfigError
+
+            raise ConfigError("the arrays of a tuple must have the same row chunks: "
+                              "rechunk them alike (a.rechunk({0: b.chunks[0]}))")
+        return "arrays"
     module = type(data).__module__ or ""
     if "dask.dataframe" in module or "dask_expr" in module or hasattr(data, "map_partitions") and hasattr(data, "columns"):
         return "dataframe"

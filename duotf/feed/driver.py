@@ -17,6 +17,8 @@ CHUNK_ROWS = 4096
 
 def chunks_of(part) -> Iterable[Columns]:
     """A partition of any kind as columnar chunks, without materializing row iterators."""
+    if isinstance(part, dict):  # already columns
+        return [part] if part and len(next(iter(part.values()))) else []
     if isinstance(part, (list, tuple)) or hasattr(part, "columns") or hasattr(part, "shape"):
         return [to_columns(part)] if len(part) else []
     return chunked(part, CHUNK_ROWS)

@@ -1,0 +1,152 @@
+"""Engine feed throughput: rows/s and MB/s pushed from Spark or Dask into TF nodes.
+
+    python benchmarks/feed.py [--rows 400000] [--tiny-rows 2000000] [--spark-master URL]
+                              [--backends spark dask] [--tfos-wheel WHEEL]
+
+Each node drains ``ctx.get_data_feed().dataset(100)`` (feed only, no model), 2 worker nodes.
+Printed beside, measured in the same run: the limit, an in-process
+``tf.data.Dataset.from_tensor_slices`` over the same arrays drained at the same batch size; and
+with --with-tfos, TensorFlowOnSpark 2.2.5 (InputMode.SPARK, next_batch(100)) on the same Spark
+cluster and data. Targets: >= 30x TFoS rows/s on MNIST-like rows; aggregate >= 50% of the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import duotf
+
+BATCH = 100
+
+
+def drain_main(args, ctx):
+    import time as _time
+
+    feed = ctx.get_data_feed(train=True)
+    rows = 0
+    t0 = None
+    for batch in feed.dataset(args["batch"]):
+        if t0 is None:
+            t0 = _time.time()
+        rows += int(next(iter(batch.values())).shape[0])
+    return {"rows": rows, "first": t0, "last": _time.time()}
+
+
+def limit(x, y) -> float:
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    t0 = time.perf_counter()
+    n = 0
+    for bx, _ in ds:
+        n += int(bx.shape[0])
+    return n / (time.perf_counter() - t0)
+
+
+def run_duotf(backend, data, rows: int, row_bytes: int, label: str):
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3"}
+    with duotf.run(drain_main, {"batch": BATCH}, backend, duotf.ClusterSpec(workers=2), env=env) as cluster:
+        t0 = time.time()
+        report = cluster.train(data, epochs=1)
+        results = cluster.wait()
+        t1 = max(r["last"] for r in results)
+    fed = sum(r["rows"] for r in results)
+    assert fed == report["rows_fed"], (fed, report)
+    seconds = t1 - t0
+    rate = fed / seconds
+    print(f"  duotf {label:<28} {fed:>9} rows in {seconds:6.2f} s: {rate:>10,.0f} rows/s "
+          f"{rate * row_bytes / 1e6:>7.0f} MB/s", flush=True)
+    return rate
+
+
+def spark_data(session, rows: int, tiny: bool, partitions: int):
+    from pyspark.sql import functions as F
+
+    df = session.range(0, rows, numPartitions=partitions)
+    if tiny:
+        df = df.select(F.col("id").alias("x"))
+    else:
+        df = df.select(F.array_repeat((F.col("id") % 255 / 255.0).cast("float"), 784).alias("features"),
+                       (F.col("id") % 10).alias("label"))
+    df = df.cache()
+    df.count()
+    return df
+
+
+def dask_data(rows: int, tiny: bool, chunk: int):
+    import dask.array as da
+
+    if tiny:
+        return (da.arange(rows, chunks=chunk, dtype=np.int64),)
+    x = da.random.default_rng(0).random((rows, 784), chunks=(chunk, 784), dtype=np.float32)
+    y = da.arange(rows, chunks=chunk, dtype=np.int64) % 10
+    return (x.persist(), y.persist())
+
+
+def cli():
+    parser = argparse.ArgumentParser(description="duotf engine feed benchmark")
+    parser.add_argument("--rows", type=int, default=400_000)
+    parser.add_argument("--tiny-rows", type=int, default=2_000_000)
+    parser.add_argument("--backends", nargs="*", default=["spark", "dask"])
+    parser.add_argument("--spark-master", default="local[3]")
+    parser.add_argument("--tfos-wheel", default=None,
+                        help="path of tensorflowonspark-2.2.5-py2.py3-none-any.whl to compare with")
+    opts = parser.parse_args()
+
+    x = np.random.default_rng(0).random((opts.rows, 784), dtype=np.float32)
+    y = np.arange(opts.rows, dtype=np.int64) % 10
+    mnist_limit = limit(x, y)
+    tiny_limit = limit(np.arange(opts.tiny_rows, dtype=np.int64), np.zeros(opts.tiny_rows, np.int8))
+    print(f"limit (in-process from_tensor_slices, batch {BATCH}): MNIST-like {mnist_limit:,.0f} rows/s "
+          f"({mnist_limit * 3144 / 1e6:.0f} MB/s), tiny {tiny_limit:,.0f} rows/s", flush=True)
+    del x, y
+
+    rates = {}
+    if "spark" in opts.backends:
+        from pyspark.sql import SparkSession
+
+        session = (SparkSession.builder.master(opts.spark_master).config("spark.ui.enabled", "false")
+                   .config("spark.driver.host", "127.0.0.1").config("spark.driver.memory", "4g")
+                   .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2000").getOrCreate())
+        session.sparkContext.setLogLevel("ERROR")
+        try:
+            print(f"Spark {opts.spark_master}:")
+            df = spark_data(session, opts.rows, False, 8)
+            rates["spark", "mnist"] = run_duotf(session, df, opts.rows, 3144, "MNIST-like DataFrame")
+            df.unpersist()
+            df = spark_data(session, opts.tiny_rows, True, 8)
+            rates["spark", "tiny"] = run_duotf(session, df, opts.tiny_rows, 8, "tiny DataFrame")
+            df.unpersist()
+        finally:
+            session.stop()
+        if opts.tfos_wheel:
+            from benchmarks import tfos_feed
+
+            if not opts.spark_master.startswith("spark://"):
+                raise SystemExit("--tfos-wheel needs --spark-master spark://... (TFoS has no local mode)")
+            rates["tfos", "mnist"] = tfos_feed.run(opts.spark_master, opts.tfos_wheel, opts.rows // 4, False)
+            rates["tfos", "tiny"] = tfos_feed.run(opts.spark_master, opts.tfos_wheel, opts.tiny_rows // 4, True)
+    if "dask" in opts.backends:
+        from distributed import Client, LocalCluster
+
+        with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=None, host="127.0.0.1",
+                          memory_limit="6GiB") as lc, Client(lc) as client:
+            print("Dask LocalCluster (2 workers):")
+            rates["dask", "mnist"] = run_duotf(client, dask_data(opts.rows, False, 20_000), opts.rows,
+                                               3144, "MNIST-like arrays (x, y)")
+            rates["dask", "tiny"] = run_duotf(client, dask_data(opts.tiny_rows, True, 250_000),
+                                              opts.tiny_rows, 8, "tiny array")
+    print("summary:")
+    for (engine, kind), rate in sorted(rates.items()):
+        lim = mnist_limit if kind == "mnist" else tiny_limit
+        line = f"  {engine:<6}{kind:<6}{rate:>11,.0f} rows/s = {rate / lim:5.0%} of the limit"
+        if engine != "tfos" and ("tfos", kind) in rates:
+            line += f", {rate / rates['tfos', kind]:.0f}x TFoS"
+        print(line)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,69 @@
+"""TensorFlowOnSpark 2.2.5's InputMode.SPARK feed, measured as the baseline of benchmarks/feed.py.
+
+Only a benchmark baseline, never a dependency: the wheel is fetched by
+``pip download --no-deps tensorflowonspark==2.2.5 -d DIR`` and passed with --tfos-wheel; it is
+added to sys.path here and shipped to the executors with addPyFile. TFoS does not run in Spark
+local mode and puts one node per executor, so it gets its own SparkSession on the same standalone
+cluster with spark.task.cpus = the executor's cores (one task slot per executor).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+
+def _drain(args, ctx):
+    import time as _time
+
+    from tensorflowonspark import TFNode
+
+    feed = TFNode.DataFeed(ctx.mgr, False)
+    rows, first = 0, None
+    while not feed.should_stop():
+        batch = feed.next_batch(args["batch"])
+        if batch and first is None:
+            first = _time.time()
+        rows += len(batch)
+    with open(os.path.join(args["out"], f"worker-{ctx.worker_num}"), "w") as f:
+        f.write(f"{rows} {first} {_time.time()}")
+
+
+def run(master: str, wheel: str, rows: int, tiny: bool, cores: int = 2) -> float:
+    sys.path.insert(0, wheel)
+    from pyspark.sql import SparkSession
+    from tensorflowonspark import TFCluster
+
+    session = (SparkSession.builder.master(master).appName("tfos-baseline")
+               .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
+               .config("spark.executor.cores", str(cores)).config("spark.task.cpus", str(cores))
+               .getOrCreate())
+    sc = session.sparkContext
+    sc.setLogLevel("ERROR")
+    sc.addPyFile(wheel)
+    try:
+        if tiny:
+            rdd = sc.parallelize(range(rows), 8).map(lambda i: (i,))
+        else:
+            rdd = sc.parallelize(range(rows), 8).map(lambda i: ([(i % 255) / 255.0] * 784, i % 10))
+        rdd = rdd.cache()
+        rdd.count()
+        out = tempfile.mkdtemp(prefix="tfos-")
+        cluster = TFCluster.run(sc, _drain, {"batch": 100, "out": out}, 2, 0, False,
+                                TFCluster.InputMode.SPARK)
+        t0 = time.time()
+        cluster.train(rdd, 1)
+        cluster.shutdown()
+        fed, last = 0, t0
+        for name in os.listdir(out):
+            n, _, end = open(os.path.join(out, name)).read().split()
+            fed, last = fed + int(n), max(last, float(end))
+        rate = fed / (last - t0)
+        kind = "tiny" if tiny else "MNIST-like"
+        print(f"  TFoS  {kind + ' RDD':<28} {fed:>9} rows in {last - t0:6.2f} s: {rate:>10,.0f} rows/s "
+              f"{rate * (8 if tiny else 3144) / 1e6:>7.0f} MB/s", flush=True)
+        return rate
+    finally:
+        session.stop()
