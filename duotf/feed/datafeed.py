@@ -235,8 +235,13 @@ class DataFeed:
         """Stop reading: pending and future data is dropped and the driver's call returns."""
         self._server.terminate()
 
-    def dataset(self, batch_size: int):
-        """A ``tf.data.Dataset`` of ``{column: tensor}`` batches of ``batch_size`` rows."""
+    def dataset(self, batch_size: int, *, block_bytes: int = 1 << 20):
+        """A ``tf.data.Dataset`` of ``{column: tensor}`` batches of ``batch_size`` rows.
+
+        Batches follow the same rules as :meth:`next_batch` (never across epochs). Rows move
+        from Python to TF in blocks of whole batches (about ``block_bytes``, at most 256
+        batches) and TF splits them, so there is no per-row and little per-batch Python work.
+        """
         import tensorflow as tf
 
         first = self._take(batch_size)
@@ -245,15 +250,33 @@ class DataFeed:
 
         def spec(v):
             if isinstance(v, list):
-                return tf.TensorSpec((None,), tf.string)
-            return tf.TensorSpec((None, *v.shape[1:]), tf.as_dtype(v.dtype))
+                return tf.TensorSpec((None, None), tf.string)
+            return tf.TensorSpec((None, None, *v.shape[1:]), tf.as_dtype(v.dtype))
+
+        def stacked(cols, start, stop, k):
+            # rows [start, stop) as k batches: shape (k, (stop - start) // k, ...)
+            out = {}
+            for name, v in cols.items():
+                part = v[start:stop]
+                if isinstance(part, list):
+                    part = np.asarray(part, dtype=object)
+                out[name] = part.reshape(k, (stop - start) // k, *part.shape[1:])
+            return out
 
         signature = {k: spec(v) for k, v in first.items()}
+        row_bytes = sum(v.nbytes // max(len(v), 1) if isinstance(v, np.ndarray) else 64
+                        for v in first.values())
+        per_block = batch_size * max(1, min(256, block_bytes // max(row_bytes * batch_size, 1)))
 
-        def batches():
+        def blocks():
             cols = first
             while cols is not None:
-                yield cols
-                cols = self._take(batch_size)
+                n = num_rows(cols)
+                full = n // batch_size * batch_size
+                if full:
+                    yield stacked(cols, 0, full, full // batch_size)
+                if full < n:  # the short batch at the end of an epoch, or of the data
+                    yield stacked(cols, full, n, 1)
+                cols = self._take(per_block)
 
-        return tf.data.Dataset.from_generator(batches, output_signature=signature)
+        return tf.data.Dataset.from_generator(blocks, output_signature=signature).unbatch()
