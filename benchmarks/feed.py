@@ -1,6 +1,6 @@
 """Engine feed throughput: rows/s and MB/s pushed from Spark or Dask into TF nodes.
 
-    python benchmarks/feed.py [--rows 400000] [--tiny-rows 2000000] [--spark-master URL]
+    python -m benchmarks.feed [--rows 400000] [--tiny-rows 2000000] [--spark-master URL]
                               [--backends spark dask] [--tfos-wheel WHEEL]
 
 Each node drains ``ctx.get_data_feed().dataset(100)`` (feed only, no model), 2 worker nodes.

@@ -32,17 +32,24 @@ def _drain(args, ctx):
 
 
 def run(master: str, wheel: str, rows: int, tiny: bool, cores: int = 2) -> float:
-    sys.path.insert(0, wheel)
+    import zipfile
+
+    site = tempfile.mkdtemp(prefix="tfos-site-")
+    zipfile.ZipFile(wheel).extractall(site)  # pure Python: the wheel unpacked is importable
+    sys.path.insert(0, site)
+    from pyspark import cloudpickle
     from pyspark.sql import SparkSession
     from tensorflowonspark import TFCluster
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors lack benchmarks/
 
     session = (SparkSession.builder.master(master).appName("tfos-baseline")
                .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
                .config("spark.executor.cores", str(cores)).config("spark.task.cpus", str(cores))
+               .config("spark.executorEnv.PYTHONPATH", site)
                .getOrCreate())
     sc = session.sparkContext
     sc.setLogLevel("ERROR")
-    sc.addPyFile(wheel)
     try:
         if tiny:
             rdd = sc.parallelize(range(rows), 8).map(lambda i: (i,))
