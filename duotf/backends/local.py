@@ -67,7 +67,8 @@ class LocalBackend(Backend):
         return ThreadGang(call, cancel=lambda: None, name="local")
 
     def feed_hint(self) -> str:
-        return "pass a list of partitions (lists of rows, pandas DataFrames or numpy arrays)."
+        return ("pass a list of partitions: lists of rows, pandas DataFrames, numpy arrays, or "
+                "callables that return an iterator of rows or of column dicts.")
 
     def feed_adapter(self, data, nodes: int):
         if not isinstance(data, (list, tuple)):
@@ -88,9 +89,10 @@ class _LocalFeed:
         self.parts = parts
 
     def counts(self) -> List[int]:
-        from ..feed.columns import num_rows, to_columns
+        from ..feed.columns import num_rows
+        from ..feed.driver import chunks_of
 
-        return [num_rows(to_columns(p)) if len(p) else 0 for p in self.parts]
+        return [sum(num_rows(c) for c in chunks_of(p)) for p in self.parts]
 
     def train(self, job) -> NodeGang:
         from ..feed.driver import train_partition

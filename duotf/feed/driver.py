@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from typing import Any, Iterable, List, Optional
@@ -16,7 +17,19 @@ CHUNK_ROWS = 4096
 
 
 def chunks_of(part) -> Iterable[Columns]:
-    """A partition of any kind as columnar chunks, without materializing row iterators."""
+    """A partition of any kind as columnar chunks, without materializing row iterators.
+
+    A callable (local backend) is called for a fresh iterator of rows or of column dicts, so
+    the partition can be produced again for every epoch without being held in memory.
+    """
+    if callable(part):
+        it = iter(part())
+        first = next(it, None)
+        if first is None:
+            return []
+        if isinstance(first, dict):
+            return itertools.chain([first], it)
+        return chunked(itertools.chain([first], it), CHUNK_ROWS)
     if isinstance(part, dict):  # already columns
         return [part] if part and len(next(iter(part.values()))) else []
     if isinstance(part, (list, tuple)) or hasattr(part, "columns") or hasattr(part, "shape"):

@@ -220,3 +220,19 @@ def feed_die_main(args, ctx):
     while not feed.should_stop():
         feed.next_batch(args["batch"])
     return "ok"
+
+
+def feed_memory_main(args, ctx):
+    """Drain a large feed through dataset(); report rows and how much this process grew."""
+    import psutil
+    import tensorflow  # noqa: F401
+
+    proc = psutil.Process()
+    feed = ctx.get_data_feed(train=True)
+    base = peak = proc.memory_info().rss
+    rows = 0
+    for i, batch in enumerate(feed.dataset(args["batch"])):
+        rows += int(batch["1"].shape[0])
+        if i % 50 == 0:
+            peak = max(peak, proc.memory_info().rss)
+    return {"rows": rows, "growth_mb": (peak - base) / 2**20}
