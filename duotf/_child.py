@@ -44,16 +44,13 @@ def _heartbeat(link: _Link, interval: float) -> None:
         threading.Event().wait(interval)
 
 
-def _reader(link: _Link, inbox: list, arrived: threading.Condition, feed) -> None:
+def _reader(link: _Link, inbox: list, arrived: threading.Condition) -> None:
     while True:
         try:
             message = link.rx.recv()
         except (EOFError, OSError):
             # The agent is gone: nobody supervises this node any more.
             os._exit(1)
-        if message[0] == "marker":  # epoch / end of the engine feed, after all its data
-            feed.marker(message[1])
-            continue
         with arrived:
             inbox.append(message)
             arrived.notify_all()
@@ -123,7 +120,7 @@ def main(argv) -> int:
     from .feed.datafeed import FeedServer
 
     feed = FeedServer(job["secret"], on_terminate=lambda: link.send("feed_terminated"))
-    threading.Thread(target=_reader, args=(link, inbox, arrived, feed), daemon=True).start()
+    threading.Thread(target=_reader, args=(link, inbox, arrived), daemon=True).start()
     # A stop request turns into SystemExit in main, so `finally` blocks and context managers run.
     signal.signal(signal.SIGTERM, _on_sigterm)
 

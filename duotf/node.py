@@ -279,8 +279,6 @@ class _Agent:
                     self._to_child("start", message)
                 elif message["type"] == "release":
                     self._to_child("release")
-                elif message["type"] == "marker":
-                    self._to_child("marker", message["kind"])
                 elif message["type"] == "stop":
                     self.stop_requested = True
                     threading.Thread(

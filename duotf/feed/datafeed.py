@@ -3,8 +3,9 @@
 Feeding tasks connect to the node's feed port and push columnar batches into a bounded queue
 (``capacity`` batches): when ``main`` does not consume, the queue fills, the connection stops
 being read, and TCP pushes back on the feeding task, so memory stays bounded on both sides. The
-driver adds "epoch" and "end" markers to the queue once every feeding task of an epoch has been
-acknowledged, so a marker never overtakes data.
+driver sends "epoch" and "end" markers on the data path once every feeding task of an epoch has
+been acknowledged, and starts the next epoch only when the node acknowledged the marker, so data
+and markers are queued in order.
 """
 
 from __future__ import annotations
@@ -85,6 +86,13 @@ class FeedServer:
                     rows += header.get("rows", 0)
                     if not self.terminated.is_set():
                         self._put(("batch", cols, conn))
+                elif kind == "marker":
+                    # From the driver, on the data path: it is queued after every batch already
+                    # queued and before any later one, and acknowledged only then.
+                    if self.terminated.is_set() or not self._put(("marker", header["marker"], None)):
+                        conn.send("terminated")
+                    else:
+                        conn.send("ack")
                 elif kind == "end":
                     if self.terminated.is_set():
                         conn.send("terminated")
@@ -95,9 +103,6 @@ class FeedServer:
             logger.debug("feed connection ended: %s", exc)
         finally:
             sock.close()
-
-    def marker(self, kind: str) -> None:
-        self._put(("marker", kind, None))
 
     def terminate(self) -> None:
         if not self.terminated.is_set() and self._on_terminate is not None:

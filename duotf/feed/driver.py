@@ -144,9 +144,28 @@ def _await(cluster, gang, what: str):
     raise FeedError(f"{what} failed: {message}", partition=None, node=None) from exc
 
 
-def _markers(cluster, kind: str) -> None:
+def _markers(cluster, kind: str, timeout: float) -> None:
+    """Queue an epoch/end marker on every target, on the data path, and wait for each ack."""
+    from . import wire
+
     for node in _targets(cluster):
-        cluster._send(node, {"type": "marker", "kind": kind})
+        try:
+            sock = wire.connect((node.host, node.feed_port), cluster._secret, timeout)
+            try:
+                wire.send_frame(sock, "marker", marker=kind)
+                wire.recv_frame(sock)  # "ack", or "terminated"
+            finally:
+                sock.close()
+        except OSError as exc:
+            if node.state in ("done", "returned", "stopped") or node.feed_terminated:
+                continue  # this node needs no marker any more
+            with cluster._cond:
+                deadline = time.monotonic() + 3
+                while cluster._error is None and time.monotonic() < deadline:
+                    cluster._cond.wait(0.1)
+            cluster._raise_if_failed()
+            raise FeedError(f"could not send the {kind} marker to {node.describe()}: {exc}",
+                            partition=None, node=node.describe()) from exc
 
 
 def train(cluster, data, epochs: int, feed_timeout: float, balanced: bool) -> dict:
@@ -171,8 +190,8 @@ def train(cluster, data, epochs: int, feed_timeout: float, balanced: bool) -> di
             break
         fed += sum(sent)
         done += 1
-        _markers(cluster, "epoch")
-    _markers(cluster, "end")
+        _markers(cluster, "epoch", feed_timeout)
+    _markers(cluster, "end", feed_timeout)
     return {"epochs": done, "rows": sum(counts), "rows_fed": fed, "rows_per_worker": per,
             "rows_dropped_per_epoch": dropped, "terminated": _terminated(cluster),
             "seconds": time.monotonic() - t0}
@@ -185,5 +204,5 @@ def inference(cluster, data, keep, result_columns, feed_timeout: float):
     adapter = cluster.backend.feed_adapter(data, len(cluster.nodes))
     job = _job(cluster, "infer", feed_timeout)
     (output,) = _await(cluster, adapter.infer(job, keep, result_columns), "inference")
-    _markers(cluster, "end")
+    _markers(cluster, "end", feed_timeout)
     return output

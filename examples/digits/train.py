@@ -7,7 +7,8 @@ weights.
 
     python examples/digits/train.py                       # embedded local backend
     python examples/digits/train.py --backend dask        # a Dask LocalCluster
-    python examples/digits/train.py --backend spark       # Spark local[N]
+    python examples/digits/train.py --backend spark       # Spark local[N+1]
+    python examples/digits/train.py --input engine        # the engine pushes the rows instead
     spark-submit --master spark://host:7077 examples/digits/train.py --backend spark
 """
 
@@ -71,13 +72,20 @@ def main(args, ctx):
         per_replica = strategy.run(replica_fn, args=(xb, yb))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-    steps_per_epoch = len(x) // global_batch
-    for epoch in range(args["epochs"]):
-        for step in range(steps_per_epoch):
-            lo = step * global_batch + ctx.task_index * per_worker
-            loss = train_step(x[lo : lo + per_worker], y[lo : lo + per_worker])
-        if ctx.is_chief:
-            print(f"epoch {epoch + 1}: loss {float(loss):.4f}", flush=True)
+    if args.get("feed"):
+        # The engine pushes the rows (cluster.train): every worker gets the same number per
+        # epoch, in batches that never span two epochs, so the replicas stay in step.
+        feed = ctx.get_data_feed(train=True, input_mapping=args["feed"])
+        for batch in feed.dataset(per_worker):
+            loss = train_step(batch["x"], batch["y"])
+    else:
+        steps_per_epoch = len(x) // global_batch
+        for epoch in range(args["epochs"]):
+            for step in range(steps_per_epoch):
+                lo = step * global_batch + ctx.task_index * per_worker
+                loss = train_step(x[lo : lo + per_worker], y[lo : lo + per_worker])
+            if ctx.is_chief:
+                print(f"epoch {epoch + 1}: loss {float(loss):.4f}", flush=True)
 
     predicted = np.argmax(logits(data["x_test"]).numpy(), axis=1)
     accuracy = float(np.mean(predicted == data["y_test"]))
@@ -88,19 +96,40 @@ def main(args, ctx):
     return {"accuracy": accuracy, "worker": ctx.task_index}
 
 
+def engine_data(backend, data_path: str, partitions: int = 4):
+    """The training rows as a collection of the backend's engine, for the feed mode.
+
+    Returns the collection and the input_mapping from its column names to "x" and "y".
+    """
+    data = np.load(data_path)
+    x, y = data["x_train"], data["y_train"]
+    if backend is None:  # local: a list of partitions, each a dict of columns
+        bounds = np.linspace(0, len(x), partitions + 1).astype(int)
+        parts = [{"x": x[a:b], "y": y[a:b]} for a, b in zip(bounds[:-1], bounds[1:])]
+        return parts, {"x": "x", "y": "y"}
+    if hasattr(backend, "sparkContext"):
+        rows = [(row.tolist(), int(label)) for row, label in zip(x, y)]
+        return backend.createDataFrame(rows, "x array<float>, y long").repartition(partitions), \
+            {"x": "x", "y": "y"}
+    import dask.array as da
+
+    chunk = -(-len(x) // partitions)
+    return (da.from_array(x, chunks=(chunk, 64)), da.from_array(y, chunks=chunk)), {"0": "x", "1": "y"}
+
+
 def make_backend(name: str, workers: int):
     if name == "spark":
         from pyspark import SparkConf
         from pyspark.sql import SparkSession
 
         builder = SparkSession.builder.appName("duotf-digits")
-        if not SparkConf().contains("spark.master"):  # plain python, not spark-submit
-            builder = builder.master(f"local[{workers}]").config("spark.ui.enabled", "false")
+        if not SparkConf().contains("spark.master"):  # plain python: local, a slot to feed with
+            builder = builder.master(f"local[{workers + 1}]").config("spark.ui.enabled", "false")
         return builder.getOrCreate()
     if name == "dask":
         from distributed import Client, LocalCluster
 
-        return Client(LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=None))
+        return Client(LocalCluster(n_workers=workers, threads_per_worker=2, dashboard_address=None))
     return None  # the embedded local backend
 
 
@@ -114,6 +143,8 @@ def cli(argv=None):
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--model-dir", default=None)
+    parser.add_argument("--input", choices=["files", "engine"], default="files",
+                        help="files: TF reads the data file; engine: cluster.train() pushes the rows")
     opts = parser.parse_args(argv)
 
     data_dir = opts.data_dir or tempfile.mkdtemp(prefix="duotf-digits-")
@@ -128,7 +159,11 @@ def cli(argv=None):
     backend = make_backend(opts.backend, opts.workers)
     t0 = time.monotonic()
     spec = duotf.ClusterSpec(workers=opts.workers)
+    if opts.input == "engine":
+        collection, args["feed"] = engine_data(backend, args["data"])
     with duotf.run(main, args, backend, spec, env={"TF_CPP_MIN_LOG_LEVEL": "2"}) as cluster:
+        if opts.input == "engine":
+            cluster.train(collection, epochs=opts.epochs)
         results = cluster.wait()
     accuracy = results[0]["accuracy"]
     print(f"backend={opts.backend} workers={opts.workers} test accuracy={accuracy:.4f} "
