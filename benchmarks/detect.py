@@ -15,7 +15,7 @@ import statistics
 import time
 
 import duotf
-from benchmarks.startup import backends
+from benchmarks.startup import add_backend_options, backends
 
 
 def forever(args, ctx):
@@ -39,9 +39,7 @@ def once(backend) -> float:
 
 def cli():
     parser = argparse.ArgumentParser(description="kill -9 detection latency")
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--backends", nargs="*", default=["local", "dask", "spark"])
-    parser.add_argument("--spark-master", default=None)
+    add_backend_options(parser, repeat=5)
     opts = parser.parse_args()
     for name, backend, close in backends(opts):
         try:

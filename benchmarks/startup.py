@@ -51,6 +51,13 @@ def measure(backend, import_tf: bool):
     return startup, ready, time.perf_counter() - t1
 
 
+def add_backend_options(parser: argparse.ArgumentParser, repeat: int) -> None:
+    """The options that :func:`backends` reads, shared by the benchmarks that use it."""
+    parser.add_argument("--repeat", type=int, default=repeat)
+    parser.add_argument("--backends", nargs="*", default=["local", "dask", "spark"])
+    parser.add_argument("--spark-master", default=None)
+
+
 def backends(opts):
     if "local" in opts.backends:
         yield "local", None, lambda: None
@@ -72,9 +79,7 @@ def backends(opts):
 
 def cli():
     parser = argparse.ArgumentParser(description="duotf startup/shutdown benchmark")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--backends", nargs="*", default=["local", "dask", "spark"])
-    parser.add_argument("--spark-master", default=None)
+    add_backend_options(parser, repeat=3)
     opts = parser.parse_args()
 
     tf_import = statistics.median(tf_import_seconds() for _ in range(opts.repeat))
