@@ -166,6 +166,22 @@ class DataFeed:
             self._current, self._offset, self._current_conn = payload, 0, conn
         return True
 
+    def _consume(self, k: int) -> Columns:
+        """The next ``k`` rows of the current frame (a view, no copy)."""
+        cols = slice_cols(self._current, self._offset, self._offset + k)
+        self._offset += k
+        if not self.train:
+            if self._owed and self._owed[-1][0] is self._current_conn:
+                self._owed[-1][1] += k
+            else:
+                self._owed.append([self._current_conn, k])
+        return cols
+
+    def _mapped(self, cols: Columns) -> Columns:
+        if self.input_mapping:
+            return {self.input_mapping[k]: v for k, v in cols.items() if k in self.input_mapping}
+        return cols
+
     def _take(self, n: int) -> Optional[Columns]:
         parts = []
         # Inference returns a short batch rather than wait for rows that may only come after
@@ -178,22 +194,26 @@ class DataFeed:
                 continue
             if not status:
                 break
-            available = num_rows(self._current) - self._offset
-            k = min(n, available)
-            parts.append(slice_cols(self._current, self._offset, self._offset + k))
-            self._offset += k
+            k = min(n, num_rows(self._current) - self._offset)
+            parts.append(self._consume(k))
             n -= k
-            if not self.train:
-                if self._owed and self._owed[-1][0] is self._current_conn:
-                    self._owed[-1][1] += k
-                else:
-                    self._owed.append([self._current_conn, k])
         if not parts:
             return None
-        cols = concat_cols(parts)
-        if self.input_mapping:
-            cols = {self.input_mapping[k]: v for k, v in cols.items() if k in self.input_mapping}
-        return cols
+        return self._mapped(concat_cols(parts))
+
+    def _take_block(self, max_rows: int, batch_size: int) -> Optional[Columns]:
+        """Whole batches from the current frame as one view (up to ``max_rows``), or else one
+        batch assembled across frames (short at the end of an epoch or of the data)."""
+        status = self._fill()
+        while status == "epoch":
+            status = self._fill()
+        if not status:
+            return None
+        available = num_rows(self._current) - self._offset
+        if available < batch_size:
+            return self._take(batch_size)
+        k = min(max_rows, available) // batch_size * batch_size
+        return self._mapped(self._consume(k))
 
     def next_batch(self, batch_size: int):
         """Up to ``batch_size`` rows: a dict of column arrays with ``input_mapping``, else a list
@@ -240,12 +260,13 @@ class DataFeed:
         """Stop reading: pending and future data is dropped and the driver's call returns."""
         self._server.terminate()
 
-    def dataset(self, batch_size: int, *, block_bytes: int = 1 << 20):
+    def dataset(self, batch_size: int, *, block_bytes: int = 4 << 20):
         """A ``tf.data.Dataset`` of ``{column: tensor}`` batches of ``batch_size`` rows.
 
         Batches follow the same rules as :meth:`next_batch` (never across epochs). Rows move
-        from Python to TF in blocks of whole batches (about ``block_bytes``, at most 256
-        batches) and TF splits them, so there is no per-row and little per-batch Python work.
+        from Python to TF in blocks of whole batches (about ``block_bytes``), each a view of one
+        received frame where possible, and TF splits them: there is no per-row and little
+        per-batch Python work.
         """
         import tensorflow as tf
 
@@ -271,7 +292,7 @@ class DataFeed:
         signature = {k: spec(v) for k, v in first.items()}
         row_bytes = sum(v.nbytes // max(len(v), 1) if isinstance(v, np.ndarray) else 64
                         for v in first.values())
-        per_block = batch_size * max(1, min(256, block_bytes // max(row_bytes * batch_size, 1)))
+        per_block = batch_size * max(1, block_bytes // max(row_bytes * batch_size, 1))
 
         def blocks():
             cols = first
@@ -282,6 +303,6 @@ class DataFeed:
                     yield stacked(cols, 0, full, full // batch_size)
                 if full < n:  # the short batch at the end of an epoch, or of the data
                     yield stacked(cols, full, n, 1)
-                cols = self._take(per_block)
+                cols = self._take_block(per_block, batch_size)
 
         return tf.data.Dataset.from_generator(blocks, output_signature=signature).unbatch()
