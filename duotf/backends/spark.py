@@ -131,7 +131,10 @@ class SparkBackend(Backend):
         return "pass a Spark DataFrame or RDD."
 
     def feed_adapter(self, data, nodes: int):
-        if not (hasattr(data, "mapInArrow") or hasattr(data, "mapPartitionsWithIndex")):
+        from ..feed.dataframe import FeedCache
+
+        if not (hasattr(data, "mapInArrow") or hasattr(data, "mapPartitionsWithIndex")
+                or isinstance(data, FeedCache)):
             return super().feed_adapter(data, nodes)
         return _SparkFeed(self, data, nodes)
 
@@ -158,7 +161,7 @@ def _arrow_counts(batches):
     yield pa.RecordBatch.from_pydict({"p": [TaskContext.get().partitionId()], "n": [n]})
 
 
-def _arrow_train(job):
+def _arrow_train(job, tensors):
     def run(batches):
         import pyarrow as pa
         from pyspark import TaskContext
@@ -166,13 +169,14 @@ def _arrow_train(job):
         from ..feed.columns import from_arrow
         from ..feed.feeder import feed_train
 
-        sent = feed_train(job, TaskContext.get().partitionId(), map(from_arrow, batches))
+        chunks = (from_arrow(batch, tensors) for batch in batches)
+        sent = feed_train(job, TaskContext.get().partitionId(), chunks)
         yield pa.RecordBatch.from_pydict({"rows": [sent]})
 
     return run
 
 
-def _arrow_infer(job, keep, result_fields):
+def _arrow_infer(job, keep, result_fields, tensors):
     def run(batches):
         import collections
 
@@ -188,7 +192,7 @@ def _arrow_infer(job, keep, result_fields):
         def remember(stream):
             for batch in stream:
                 inputs.append(batch)
-                yield from_arrow(batch)
+                yield from_arrow(batch, tensors)
 
         def take_inputs(n):
             parts = []
@@ -224,13 +228,26 @@ def _rdd_counts(index, rows):
     yield index, sum(1 for _ in rows)
 
 
+def _cached_frames(job):
+    def run(index, items):
+        from ..feed.feeder import feed_train
+        from ..feed.wire import Packed
+
+        yield feed_train(job, index, (Packed(n, frame) for n, frame in items))
+
+    return run
+
+
 class _SparkFeed:
     def __init__(self, backend: SparkBackend, data, nodes: int):
+        from ..feed.dataframe import FeedCache
+
         self.backend = backend
         self.nodes = nodes
         self.sc = backend.sc
+        self.cache = data if isinstance(data, FeedCache) else None
         self.df = data if hasattr(data, "mapInArrow") else None
-        self.rdd = None if self.df is not None else data
+        self.rdd = None if self.df is not None or self.cache is not None else data
 
     def _job(self, what: str, call):
         group = f"duotf-feed-{id(self)}-{time.monotonic_ns()}"
@@ -257,8 +274,13 @@ class _SparkFeed:
             )
 
     def counts(self) -> List[int]:
+        if self.cache is not None:
+            return list(self.cache.counts)
         if self.df is not None:
-            rows = self.df.mapInArrow(_arrow_counts, "p long, n long").collect()
+            from pyspark.sql import functions as F
+
+            # One literal column: Spark reads no data column just to count rows.
+            rows = self.df.select(F.lit(0).alias("_")).mapInArrow(_arrow_counts, "p long, n long").collect()
             counts = [0] * self.df.rdd.getNumPartitions()
         else:
             rows = self.rdd.mapPartitionsWithIndex(_rdd_counts).collect()
@@ -269,9 +291,15 @@ class _SparkFeed:
 
     def train(self, job) -> NodeGang:
         self._check_free_slot(self.nodes)
+        if self.cache is not None:
+            frames = self.cache.rdd
+            return self._job("duotf feed", lambda: frames.mapPartitionsWithIndex(_cached_frames(job)).collect())
         if self.df is not None:
+            from ..feed.columns import tensor_specs
+
             df = self.df
-            return self._job("duotf feed", lambda: [r.rows for r in df.mapInArrow(_arrow_train(job), "rows long").collect()])
+            task = _arrow_train(job, tensor_specs(df.schema))
+            return self._job("duotf feed", lambda: [r.rows for r in df.mapInArrow(task, "rows long").collect()])
         from ..feed.driver import train_partition
 
         rdd = self.rdd
@@ -279,6 +307,8 @@ class _SparkFeed:
             lambda i, rows: [train_partition(job, i, rows)]).collect())
 
     def infer(self, job, keep, result_columns) -> NodeGang:
+        if self.cache is not None:
+            raise ConfigError("a FeedCache is for training; pass the DataFrame itself to inference()")
         self._check_free_slot(self.nodes)
         if self.df is not None:
             from pyspark.sql import types as T
@@ -291,8 +321,12 @@ class _SparkFeed:
                 [], ", ".join(f"`{k}` {v}" for k, v in spec.items())).schema.fields
             schema = T.StructType([df.schema[k] for k in keep] + list(result_fields))
 
+            from ..feed.columns import tensor_specs
+
+            task = _arrow_infer(job, keep, result_fields, tensor_specs(df.schema))
+
             def run():
-                out = df.mapInArrow(_arrow_infer(job, keep, result_fields), schema)
+                out = df.mapInArrow(task, schema)
                 return [out.localCheckpoint(eager=True)]
 
             return self._job("duotf inference", run)

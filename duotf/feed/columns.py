@@ -62,13 +62,57 @@ def from_pandas(df) -> Columns:
     return cols
 
 
-def from_arrow(batch) -> Columns:
+TENSOR_KEY = "duotf.tensor"
+
+
+def tensor_specs(spark_schema) -> Dict[str, tuple]:
+    """``{column: (dtype, shape)}`` of the binary tensor columns of a Spark schema (see
+    :func:`duotf.feed.dataframe.pack_tensors`)."""
+    specs = {}
+    for field in spark_schema.fields:
+        meta = (field.metadata or {}).get(TENSOR_KEY)
+        if meta:
+            specs[field.name] = (meta["dtype"], tuple(meta["shape"]))
+    return specs
+
+
+def decode_tensor(column, name: str, dtype: str, shape: tuple) -> np.ndarray:
+    """A binary Arrow column of fixed-size values as an ``(n, *shape)`` array, without a copy."""
+    import pyarrow as pa
+
+    dt = np.dtype(dtype)
+    width = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    n = len(column)
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if column.null_count:
+        raise ValueError(f"tensor column {name!r} has {column.null_count} nulls; a tensor column "
+                         "needs a value in every row")
+    if not n:
+        return np.empty((0, *shape), dtype=dt)
+    offsets_type = np.int64 if pa.types.is_large_binary(column.type) else np.int32
+    offsets = np.frombuffer(column.buffers()[1], dtype=offsets_type)[column.offset:column.offset + n + 1]
+    sizes = np.diff(offsets)
+    bad = np.flatnonzero(sizes != width)
+    if bad.size:
+        raise ValueError(f"tensor column {name!r}: row {int(bad[0])} holds {int(sizes[bad[0]])} bytes "
+                         f"but {dtype}{list(shape)} needs {width}; pack the column with "
+                         "duotf.feed.dataframe.pack_tensors")
+    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[0] + n * width]
+    if data.ctypes.data % dt.alignment:
+        data = data.copy()
+    return data.view(dt).reshape(n, *shape)
+
+
+def from_arrow(batch, tensors: Dict[str, tuple] = None) -> Columns:
     import pyarrow as pa
 
     cols = {}
     for name, column in zip(batch.schema.names, batch.columns):
         t = column.type
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        if tensors and name in tensors:
+            cols[name] = decode_tensor(column, name, *tensors[name])
+        elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
             n = len(column)
             flat = column.flatten().to_numpy(zero_copy_only=False)
             cols[name] = flat.reshape(n, -1) if n else flat.reshape(0, 0)

@@ -104,6 +104,14 @@ class FeedServer:
         finally:
             sock.close()
 
+    def close(self) -> None:
+        """Stop accepting connections (a node process simply exits instead)."""
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+
     def terminate(self) -> None:
         if not self.terminated.is_set() and self._on_terminate is not None:
             self._on_terminate()  # the driver stops feeding and its train() returns

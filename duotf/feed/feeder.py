@@ -72,6 +72,10 @@ def balance(counts: List[int], targets: int, drop_remainder: bool = True):
 
 def _frames(chunks: Iterable[Columns]) -> Iterator[Columns]:
     for cols in chunks:
+        if isinstance(cols, wire.Packed):
+            if cols.rows:
+                yield cols  # already a frame
+            continue
         n = num_rows(cols)
         if not n:
             continue
@@ -97,14 +101,20 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
     try:
         pos = 0
         for cols in _frames(chunks):
-            n = num_rows(cols)
+            packed = cols if isinstance(cols, wire.Packed) else None
+            n = packed.rows if packed else num_rows(cols)
             for target, a, b in ranges:
                 lo, hi = max(a, pos), min(b, pos + n)
                 if lo >= hi:
                     continue
                 if target not in conns:
                     conns[target] = wire.connect(job.addresses[target], job.secret, job.timeout)
-                wire.send_frame(conns[target], "batch", slice_cols(cols, lo - pos, hi - pos))
+                if packed and hi - lo == n:
+                    conns[target].sendall(packed.data)  # the whole frame, as it was cached
+                else:
+                    if packed:  # split between targets: only here is a cached frame decoded
+                        cols, packed = wire.unpack_frame(packed.data)[1], None
+                    wire.send_frame(conns[target], "batch", slice_cols(cols, lo - pos, hi - pos))
                 sent += hi - lo
             pos += n
         for target, sock in conns.items():

@@ -20,7 +20,7 @@ import json
 import os
 import socket
 import struct
-from typing import Dict, Tuple
+from typing import Dict, NamedTuple, Tuple
 
 import numpy as np
 
@@ -101,7 +101,7 @@ def _encode_column(name: str, values) -> Tuple[list, list]:
     return [name, "nd", arr.dtype.str, list(arr.shape[1:]), arr.nbytes], [arr]
 
 
-def send_frame(sock: socket.socket, kind: str, columns: Dict[str, object] = None, **fields) -> None:
+def _encode(kind: str, columns: Dict[str, object] = None, **fields) -> Tuple[bytes, list]:
     header = {"t": kind, **fields}
     buffers = []
     if columns:
@@ -119,13 +119,51 @@ def send_frame(sock: socket.socket, kind: str, columns: Dict[str, object] = None
         header["cols"] = specs
         header["rows"] = rows
     body = json.dumps(header).encode()
-    sock.sendall(_LEN.pack(len(body)) + body)
+    views = [memoryview(b).cast("B") if isinstance(b, np.ndarray) else b for b in buffers]
+    return _LEN.pack(len(body)) + body, [v for v in views if len(v)]
+
+
+def send_frame(sock: socket.socket, kind: str, columns: Dict[str, object] = None, **fields) -> None:
+    head, buffers = _encode(kind, columns, **fields)
+    sock.sendall(head)
     for buf in buffers:
-        if isinstance(buf, np.ndarray):
-            if buf.nbytes:
-                sock.sendall(memoryview(buf).cast("B"))
-        elif buf:
-            sock.sendall(buf)
+        sock.sendall(buf)
+
+
+class Packed(NamedTuple):
+    """A packed "batch" frame and its row count (see :func:`pack_frame`)."""
+
+    rows: int
+    data: bytes
+
+
+def pack_frame(columns: Dict[str, object]) -> bytes:
+    """A "batch" frame as one bytes object, to keep (e.g. cached in Spark) and send as it is."""
+    head, buffers = _encode("batch", columns)
+    return b"".join([head, *buffers])
+
+
+def unpack_frame(data) -> Tuple[dict, Dict[str, object]]:
+    """The header and columns of a packed frame; numeric columns are views of ``data``."""
+    view = memoryview(data)
+    (length,) = _LEN.unpack(view[:4])
+    header = json.loads(bytes(view[4:4 + length]))
+    pos = 4 + length
+    columns: Dict[str, object] = {}
+    rows = header.get("rows", 0)
+    for name, kind, dtype, tail, nbytes in header.get("cols", []):
+        if kind == "nd":
+            columns[name] = np.frombuffer(view, np.dtype(dtype), count=nbytes // max(np.dtype(dtype).itemsize, 1),
+                                          offset=pos).reshape(rows, *tail)
+            pos += nbytes
+        else:
+            offsets = np.frombuffer(view, np.int64, count=rows + 1, offset=pos)
+            pos += offsets.nbytes
+            blob = bytes(view[pos:pos + nbytes])
+            pos += nbytes
+            items = [blob[offsets[i]:offsets[i + 1]] for i in range(rows)]
+            columns[name] = [x.decode() for x in items] if kind == "str" else items
+    return header, columns
 
 
 def recv_frame(sock: socket.socket) -> Tuple[dict, Dict[str, object]]:

@@ -236,3 +236,18 @@ def feed_memory_main(args, ctx):
         if i % 50 == 0:
             peak = max(peak, proc.memory_info().rss)
     return {"rows": rows, "growth_mb": (peak - base) / 2**20}
+
+
+def feed_tensor_main(args, ctx):
+    """Read a 2-D tensor column through dataset(); check every row against its id."""
+    import numpy as np
+
+    feed = ctx.get_data_feed(train=True, input_mapping=args["mapping"])
+    ids, dtypes, shapes, wrong = [], set(), set(), 0
+    for batch in feed.dataset(args["batch"]):
+        x, i = batch["x"].numpy(), batch["id"].numpy()
+        dtypes.add(str(x.dtype))
+        shapes.add(x.shape[1:])
+        wrong += int((x != i[:, None] * 10 + np.arange(x.shape[1])).any(axis=1).sum())
+        ids.extend(int(v) for v in i)
+    return {"ids": ids, "dtypes": sorted(dtypes), "shapes": sorted(shapes), "wrong": wrong}

@@ -8,7 +8,7 @@ import pytest
 
 import duotf
 from tests.suite import mains
-from tests.suite.data import frame_collection, rows_collection
+from tests.suite.data import frame_collection, rows_collection, tensor_collection
 
 # uneven, empty and more partitions than nodes: 45 rows in 5 partitions
 SIZES = [10, 3, 0, 25, 7]
@@ -82,6 +82,42 @@ def test_dataset_fast_path(backend, backend_kind):
     # 22 rows per epoch in batches of 5: 5 steps an epoch (the last of 2 rows), on both workers
     assert first["rows"] == second["rows"] == 44 and first["steps"] == second["steps"] == 10
     assert first["sum"] + second["sum"] == pytest.approx(2 * sum(i / 10 for i in range(44)))
+
+
+def test_tensor_column_arrives_as_a_2d_array(backend, backend_kind):
+    data, mapping = tensor_collection(backend_kind, backend, SIZES, width=6)
+    with duotf.run(mains.feed_tensor_main, {"batch": 4, "mapping": mapping}, backend,
+                   duotf.ClusterSpec(workers=2), env={"TF_CPP_MIN_LOG_LEVEL": "3"}) as cluster:
+        cluster.train(data, epochs=2)
+        first, second = cluster.wait(timeout=120)
+    for result in (first, second):
+        assert result["dtypes"] == ["float32"] and result["shapes"] == [(6,)]
+        assert result["wrong"] == 0
+    assert sorted(first["ids"] + second["ids"]) == sorted(list(range(44)) * 2)
+
+
+def test_feed_cache_trains_like_the_dataframe(backend, backend_kind):
+    if not backend_kind.startswith("spark"):
+        pytest.skip("feed_cache holds a Spark DataFrame")
+    from duotf.feed.dataframe import feed_cache
+
+    df, _ = tensor_collection(backend_kind, backend, SIZES, width=6, packed=False)
+    cache = feed_cache(df, block_bytes=64)  # a few rows per frame: frames split between workers
+    try:
+        assert cache.counts == SIZES and cache.columns == ["x", "id"]
+        with duotf.run(mains.feed_tensor_main, {"batch": 4, "mapping": None}, backend,
+                       duotf.ClusterSpec(workers=2), env={"TF_CPP_MIN_LOG_LEVEL": "3"}) as cluster:
+            report = cluster.train(cache, epochs=3)
+            with pytest.raises(duotf.ConfigError, match="FeedCache is for training"):
+                cluster.inference(cache)
+            first, second = cluster.wait(timeout=120)
+    finally:
+        cache.unpersist()
+    assert report["rows_fed"] == 3 * 44 and report["rows_dropped_per_epoch"] == 1
+    for result in (first, second):
+        assert result["dtypes"] == ["float32"] and result["shapes"] == [(6,)]
+        assert result["wrong"] == 0 and len(result["ids"]) == 3 * 22
+    assert sorted(first["ids"] + second["ids"]) == sorted(list(range(44)) * 3)
 
 
 def test_terminate_stops_the_feed_and_train_returns(backend, backend_kind):

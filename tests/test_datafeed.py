@@ -1,0 +1,117 @@
+"""The node side of the feed in one process: dataset() blocks against next_batch() rules, and
+tensor columns (packed on Spark, decoded without a copy in the feeding task)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from duotf.errors import ConfigError
+from duotf.feed import wire
+from duotf.feed.columns import TENSOR_KEY, decode_tensor, from_arrow, tensor_specs
+from duotf.feed.datafeed import DataFeed, FeedServer
+
+SECRET = b"k" * 32
+
+
+def _push(server: FeedServer, epochs):
+    """Send each epoch's frames (row counts) of ids in order, with epoch and end markers."""
+    sock = wire.connect(("127.0.0.1", server.port), SECRET, 30)
+    start = 0
+    for e, frames in enumerate(epochs):
+        for n in frames:
+            ids = np.arange(start, start + n, dtype=np.int64)
+            wire.send_frame(sock, "batch", {"id": ids, "x": np.repeat(ids[:, None], 3, axis=1).astype(np.float32)})
+            start += n
+        wire.send_frame(sock, "marker", marker="epoch" if e + 1 < len(epochs) else "end")
+        assert wire.recv_frame(sock)[0]["t"] == "ack"
+    sock.close()
+
+
+@pytest.mark.parametrize("block_bytes", [64, 1 << 20])
+def test_dataset_blocks_follow_next_batch_rules(block_bytes):
+    import threading
+
+    server = FeedServer(SECRET, capacity=64)
+    epochs = [[7, 13, 250, 5], [95, 5]]  # 275 rows, then 100
+    pusher = threading.Thread(target=_push, args=(server, epochs))
+    pusher.start()
+    feed = DataFeed(server, train=True)
+    sizes, ids = [], []
+    try:
+        for batch in feed.dataset(10, block_bytes=block_bytes):
+            sizes.append(int(batch["id"].shape[0]))
+            ids.extend(batch["id"].numpy().tolist())
+            assert (batch["x"].numpy() == batch["id"].numpy()[:, None]).all()
+    finally:
+        pusher.join()
+        server.close()
+    # a batch never spans two epochs: epoch 0 ends with a short batch of 5
+    assert sizes == [10] * 27 + [5] + [10] * 10
+    assert ids == list(range(375))
+
+
+def test_tensor_column_decodes_without_a_copy():
+    x = np.arange(40, dtype=np.float32).reshape(10, 4)
+    column = pa.array([row.tobytes() for row in x], pa.binary())
+    out = decode_tensor(column, "x", "float32", (4,))
+    assert out.dtype == np.float32 and out.shape == (10, 4) and (out == x).all()
+    assert np.shares_memory(out, np.frombuffer(column.buffers()[2], np.uint8))
+    sliced = decode_tensor(column.slice(3, 5), "x", "float32", (2, 2))
+    assert (sliced == x[3:8].reshape(5, 2, 2)).all()
+    batch = pa.RecordBatch.from_arrays([column, pa.array(range(10))], ["x", "id"])
+    cols = from_arrow(batch, {"x": ("float32", (4,))})
+    assert (cols["x"] == x).all() and cols["id"].tolist() == list(range(10))
+    assert isinstance(from_arrow(batch)["x"], list)  # without the spec: bytes, as before
+
+
+def test_tensor_column_of_the_wrong_width_names_the_row():
+    column = pa.array([b"\0" * 16, b"\0" * 16, b"\0" * 12], pa.binary())
+    with pytest.raises(ValueError, match=r"'x': row 2 holds 12 bytes but float32\[4\] needs 16"):
+        decode_tensor(column, "x", "float32", (4,))
+    with pytest.raises(ValueError, match="nulls"):
+        decode_tensor(pa.array([b"\0" * 16, None], pa.binary()), "x", "float32", (4,))
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        yield active
+        return
+    session = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+               .config("spark.driver.host", "127.0.0.1").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def test_pack_tensors_stores_raw_values_and_their_shape(spark):
+    from duotf.feed.dataframe import pack_tensors
+
+    rows = [([i + 0.5, i * 2.0, -float(i)], i) for i in range(50)]
+    df = spark.createDataFrame(rows, "v array<double>, id long").repartition(3)
+    packed = pack_tensors(df, "v", dtype="float64")
+    assert packed.schema["v"].dataType.simpleString() == "binary"
+    assert packed.schema["v"].metadata[TENSOR_KEY] == {"dtype": "float64", "shape": [3]}
+    assert tensor_specs(packed.schema) == {"v": ("float64", (3,))}
+    got = {r.id: np.frombuffer(r.v, np.float64).tolist() for r in packed.collect()}
+    assert got == {i: v for v, i in rows}
+    assert tensor_specs(packed.select("v").cache().schema) == {"v": ("float64", (3,))}
+
+
+def test_pack_tensors_refuses_ragged_rows_and_other_types(spark):
+    from duotf.feed.dataframe import pack_tensors
+
+    ragged = spark.createDataFrame([([1.0, 2.0],), ([1.0],)], "v array<double>").coalesce(1)
+    with pytest.raises(Exception, match="column 'v' has a row of 1 values where the first row has 2"):
+        pack_tensors(ragged, "v").collect()
+    with pytest.raises(ConfigError, match="'s' is string; it must be an array of numbers"):
+        pack_tensors(spark.createDataFrame([("a",)], "s string"), "s")
+    with pytest.raises(ConfigError, match="no column 'w'"):
+        pack_tensors(ragged, "w")
