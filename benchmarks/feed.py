@@ -1,7 +1,7 @@
 """Engine feed throughput: rows/s and MB/s pushed from Spark or Dask into TF nodes.
 
     python -m benchmarks.feed [--spark-master spark://HOST:PORT] [--with-tfos [WHEEL]]
-                              [--rows 250000 --epochs 10] [--tiny-rows 4000000 --tiny-epochs 4]
+                              [--rows 250000 --epochs 20] [--tiny-rows 4000000 --tiny-epochs 10]
                               [--backends spark dask]
 
 Each of 2 worker nodes drains ``ctx.get_data_feed().dataset(100)`` (feed only, no model) for
@@ -122,9 +122,9 @@ def dask_data(rows: int, tiny: bool, chunk: int):
 def cli():
     parser = argparse.ArgumentParser(description="duotf engine feed benchmark")
     parser.add_argument("--rows", type=int, default=250_000, help="MNIST-like rows in the data")
-    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--tiny-rows", type=int, default=4_000_000)
-    parser.add_argument("--tiny-epochs", type=int, default=4)
+    parser.add_argument("--tiny-epochs", type=int, default=10)
     parser.add_argument("--backends", nargs="*", default=["spark", "dask"])
     parser.add_argument("--spark-master", default="local[3]")
     parser.add_argument("--with-tfos", nargs="?", const="", default=None, metavar="WHEEL",
