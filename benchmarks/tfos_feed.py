@@ -1,7 +1,7 @@
 """TensorFlowOnSpark 2.2.5's InputMode.SPARK feed, measured as the baseline of benchmarks/feed.py.
 
 Only a benchmark baseline, never a dependency: the wheel is fetched by
-``pip download --no-deps tensorflowonspark==2.2.5 -d DIR`` and passed with --tfos-wheel; it is
+``pip download --no-deps tensorflowonspark==2.2.5`` (or given to --with-tfos WHEEL); it is
 added to sys.path here and shipped to the executors with addPyFile. TFoS does not run in Spark
 local mode and puts one node per executor, so it gets its own SparkSession on the same standalone
 cluster with spark.task.cpus = the executor's cores (one task slot per executor).
