@@ -179,6 +179,25 @@ def backend(request):
             session.stop()
 
 
+@pytest.fixture(scope="module")
+def spark():
+    """A SparkSession for tests outside the shared suite: the suite's own, when one is active,
+    else a local[2] session for this module."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        yield active  # the shared suite's session, stopped by its own fixture
+        return
+    session = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+               .config("spark.driver.host", "127.0.0.1").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
 @pytest.fixture
 def backend_kind(backend, request):
     return request.node.callspec.params["backend"]

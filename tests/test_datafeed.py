@@ -74,23 +74,6 @@ def test_tensor_column_of_the_wrong_width_names_the_row():
         decode_tensor(pa.array([b"\0" * 16, None], pa.binary()), "x", "float32", (4,))
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        yield active
-        return
-    session = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-               .config("spark.driver.host", "127.0.0.1").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    try:
-        yield session
-    finally:
-        session.stop()
-
-
 def test_pack_tensors_stores_raw_values_and_their_shape(spark):
     from duotf.feed.dataframe import pack_tensors
 

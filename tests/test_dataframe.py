@@ -13,23 +13,6 @@ from duotf.feed.tfrecord import write_records
 
 
 @pytest.fixture(scope="module")
-def spark():
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        yield active  # the shared suite's session, stopped by its own fixture
-        return
-    session = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-               .config("spark.driver.host", "127.0.0.1").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    try:
-        yield session
-    finally:
-        session.stop()
-
-
-@pytest.fixture(scope="module")
 def dask_client():
     from distributed import Client, LocalCluster
 
