@@ -11,6 +11,7 @@ from duotf.errors import ConfigError
 from duotf.feed import wire
 from duotf.feed.columns import TENSOR_KEY, decode_tensor, from_arrow, tensor_specs
 from duotf.feed.datafeed import DataFeed, FeedServer
+from duotf.feed.feeder import balance
 
 SECRET = b"k" * 32
 
@@ -98,3 +99,31 @@ def test_pack_tensors_refuses_ragged_rows_and_other_types(spark):
         pack_tensors(spark.createDataFrame([("a",)], "s string"), "s")
     with pytest.raises(ConfigError, match="no column 'w'"):
         pack_tensors(ragged, "w")
+
+
+@pytest.mark.parametrize("counts, targets", [
+    ([10, 3, 0, 25, 7], 2), ([20_000] * 13, 2), ([5, 0, 0, 1, 9, 4, 4], 3), ([7], 4), ([0, 3, 1], 2),
+])
+def test_balance_gives_every_target_the_same_rows_once(counts, targets):
+    plan, per, dropped = balance(counts, targets)
+    assert per == sum(counts) // targets and dropped == sum(counts) % targets
+    got = {t: 0 for t in range(targets)}
+    for pid, n in enumerate(counts):
+        covered = []
+        for target, a, b in plan[pid]:
+            assert 0 <= a < b <= n
+            got[target] += b - a
+            covered.append((a, b))
+        # a partition's ranges are consecutive, from its first row on
+        if covered:
+            assert [a for a, _ in covered] == [0] + [b for _, b in covered[:-1]]
+    assert got == {t: per for t in range(targets)}
+
+
+def test_balance_feeds_different_targets_from_partitions_that_run_together():
+    plan, _, _ = balance([1000] * 8, 2)
+    # engines start tasks in partition order: partitions 0 and 1 run first, then 2 and 3...
+    assert [plan[p][0][0] for p in range(8)] == [0, 1, 0, 1, 0, 1, 0, 1]
+    assert all(len(plan[p]) == 1 for p in range(8))
+    plan, _, _ = balance([1000] * 8, 2, drop_remainder=False)
+    assert [plan[p] for p in range(3)] == [[(0, 0, 1000)], [(1, 0, 1000)], [(0, 0, 1000)]]

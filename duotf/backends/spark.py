@@ -228,12 +228,30 @@ def _rdd_counts(index, rows):
     yield index, sum(1 for _ in rows)
 
 
-def _cached_frames(job):
-    def run(index, items):
+def _cached_files(job):
+    def run(index, parts):
+        from ..feed.feeder import feed_train
+
+        for part in parts:
+            opened = part.open()
+            if opened is None:  # the file is on another host: fed from the DataFrame instead
+                yield index, None
+                return
+            f, frames = opened
+            with f:
+                yield index, feed_train(job, index, frames)
+
+    return run
+
+
+def _frames_of_partition(job):
+    def run(items):
+        from pyspark import TaskContext
+
         from ..feed.feeder import feed_train
         from ..feed.wire import Packed
 
-        yield feed_train(job, index, (Packed(n, frame) for n, frame in items))
+        yield feed_train(job, TaskContext.get().partitionId(), (Packed(n, frame) for n, frame in items))
 
     return run
 
@@ -292,8 +310,21 @@ class _SparkFeed:
     def train(self, job) -> NodeGang:
         self._check_free_slot(self.nodes)
         if self.cache is not None:
-            frames = self.cache.rdd
-            return self._job("duotf feed", lambda: frames.mapPartitionsWithIndex(_cached_frames(job)).collect())
+            cache, sc = self.cache, self.sc
+            if cache.index is None:
+                raise ConfigError(f"{cache!r} was unpersisted; make a new feed_cache()")
+
+            def call():
+                sent = dict(cache.index.mapPartitionsWithIndex(_cached_files(job)).collect())
+                missed = sorted(pid for pid, rows in sent.items() if rows is None)
+                if missed:
+                    logger.info("duotf: %d cached partitions were on another host; feeding them "
+                                "from the DataFrame", len(missed))
+                    for pid, rows in zip(missed, sc.runJob(cache.frames, _frames_of_partition(job), missed)):
+                        sent[pid] = rows
+                return [sent[pid] for pid in sorted(sent)]
+
+            return self._job("duotf feed", call)
         if self.df is not None:
             from ..feed.columns import tensor_specs
 

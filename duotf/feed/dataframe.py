@@ -257,38 +257,125 @@ def _blocker(tensors: Dict[str, tuple], block_bytes: int):
     return make
 
 
-class FeedCache:
-    """A Spark DataFrame held in executor memory as ready-to-send feed frames (see
-    :func:`feed_cache`). Pass it to ``cluster.train`` instead of the DataFrame."""
+class CachedPartition:
+    """Where one partition of a :class:`FeedCache` lies: a file of packed frames on one host."""
 
-    def __init__(self, rdd, counts: List[int], columns: List[str]):
-        self.rdd = rdd
-        self.counts = counts
+    def __init__(self, pid: int, host: str, path: str, frames: List[tuple]):
+        self.pid = pid
+        self.host = host
+        self.path = path
+        self.frames = frames  # (rows, offset, length) of every frame in the file
+
+    @property
+    def rows(self) -> int:
+        return sum(rows for rows, _, _ in self.frames)
+
+    def open(self):
+        """The partition's frames as :class:`~duotf.feed.wire.FileFrame`, and the open file; or
+        ``None`` where the file is not on this host (the task ran on another executor)."""
+        from .wire import FileFrame
+
+        try:
+            f = open(self.path, "rb")
+        except FileNotFoundError:
+            return None
+        return f, [FileFrame(rows, f, offset, length) for rows, offset, length in self.frames]
+
+    def remove(self) -> bool:
+        import os
+
+        try:
+            os.remove(self.path)
+        except FileNotFoundError:
+            return False
+        try:
+            os.rmdir(os.path.dirname(self.path))  # the cache's folder, once its last file is gone
+        except OSError:
+            pass
+        return True
+
+
+def _spill(cache_id: str):
+    """Write a partition's packed frames to a file in the executor's local dir; return where."""
+
+    def run(pid, frames):
+        import os
+        import socket
+        import tempfile
+        import uuid
+
+        root = (os.environ.get("SPARK_LOCAL_DIRS") or tempfile.gettempdir()).split(",")[0]
+        folder = os.path.join(root, f"duotf-feedcache-{cache_id}")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"part-{pid:05d}-{uuid.uuid4().hex[:12]}")
+        index, offset = [], 0
+        with open(path, "wb") as f:
+            for n, frame in frames:
+                f.write(frame)
+                index.append((n, offset, len(frame)))
+                offset += len(frame)
+        yield CachedPartition(pid, socket.gethostname(), path, index)
+
+    return run
+
+
+def _remove_local(index, parts):
+    yield sum(part.remove() for part in parts)
+
+
+class FeedCache:
+    """A Spark DataFrame turned into ready-to-send feed frames, held in files on the executors
+    (see :func:`feed_cache`). Pass it to ``cluster.train`` instead of the DataFrame."""
+
+    def __init__(self, index, frames, parts: List[CachedPartition], columns: List[str]):
+        self.index = index  # RDD: one CachedPartition per partition, kept in executor memory
+        self.frames = frames  # RDD of (rows, packed frame) computed from the DataFrame again
+        self.parts = parts
         self.columns = columns
+
+    @property
+    def counts(self) -> List[int]:
+        return [part.rows for part in self.parts]
 
     @property
     def rows(self) -> int:
         return sum(self.counts)
 
     def unpersist(self) -> None:
-        self.rdd.unpersist()
+        """Delete the cached files now (Spark deletes its executors' local dirs, and with them
+        any file left, when the application ends). Idempotent."""
+        if self.index is None:
+            return
+        try:
+            self.index.mapPartitionsWithIndex(_remove_local).collect()
+        finally:
+            for part in self.parts:  # the files on the driver's own host (local mode)
+                part.remove()
+            self.index.unpersist()
+            self.index = None
 
     def __repr__(self) -> str:
-        return (f"FeedCache({self.rows} rows in {len(self.counts)} partitions, "
+        return (f"FeedCache({self.rows} rows in {len(self.parts)} partitions, "
                 f"columns={self.columns})")
 
 
-def feed_cache(df, *, block_bytes: int = 4 << 20, storage_level=None) -> FeedCache:
-    """Convert ``df`` once into feed frames cached in Spark (memory, by default), for training.
+def feed_cache(df, *, block_bytes: int = 4 << 20) -> FeedCache:
+    """Convert ``df`` once into ready-to-send feed frames, kept in files on the executors, for
+    training.
 
-    Every epoch of ``cluster.train(cache, epochs)`` then sends the cached frames as they are:
-    no Arrow conversion, no per-row or per-value work, and no counting pass, which is what
-    makes many epochs fast (Spark turns ``array<...>`` columns into Arrow one value at a time,
-    every epoch, when it is given the DataFrame). Array columns become 2-D arrays and tensor
-    columns (:func:`pack_tensors`) their own shape, as in the DataFrame feed. Costs about the
-    DataFrame's size in executor storage memory; partitions stay as they are. Call
+    Every epoch of ``cluster.train(cache, epochs)`` then hands each cached frame to the socket
+    with ``sendfile``: the data does not pass through the JVM or a Python worker, and there is
+    no Arrow conversion, no per-row or per-value work and no counting pass. Array columns become
+    2-D arrays and tensor columns (:func:`pack_tensors`) their own shape, as in the DataFrame
+    feed. Each partition's frames go to one file in the local dir of the executor that
+    converted it (``spark.local.dir``), and a small index of where they lie stays in that
+    executor's memory, so Spark runs the partition's feeding task there. A task that runs on
+    another host (the executor was busy or lost) is fed from the DataFrame instead. Costs about
+    the DataFrame's size in local disk (in the page cache while memory lasts). Call
     ``unpersist()`` when done.
     """
+    import uuid
+
     from pyspark import StorageLevel
 
     from .columns import tensor_specs
@@ -296,12 +383,10 @@ def feed_cache(df, *, block_bytes: int = 4 << 20, storage_level=None) -> FeedCac
     tensors = tensor_specs(df.schema)
     frames = (df.mapInArrow(_blocker(tensors, block_bytes), "n long, frame binary")
               .rdd.map(lambda row: (row.n, bytes(row.frame))))
-    frames.persist(storage_level or StorageLevel.MEMORY_ONLY)
-    found = frames.mapPartitionsWithIndex(lambda i, it: [(i, sum(n for n, _ in it))]).collect()
-    counts = [0] * frames.getNumPartitions()
-    for i, n in found:
-        counts[i] = n
-    return FeedCache(frames, counts, list(df.columns))
+    index = frames.mapPartitionsWithIndex(_spill(uuid.uuid4().hex[:16]))
+    index.persist(StorageLevel.MEMORY_ONLY)
+    parts = sorted(index.collect(), key=lambda part: part.pid)
+    return FeedCache(index, frames, parts, list(df.columns))
 
 
 # -- Dask -------------------------------------------------------------------------------------

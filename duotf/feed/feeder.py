@@ -36,10 +36,14 @@ class FeedJob:
 def balance(counts: List[int], targets: int, drop_remainder: bool = True):
     """Give every target the same number of rows: ``(plan, rows_per_target, dropped)``.
 
-    Rows are dealt in partition order: target 0 gets the first ``total // targets`` rows, target 1
-    the next, and so on. The ``total % targets`` rows left over (fewer than the number of targets)
-    are dropped so that every synchronous worker runs the same number of steps; with
-    ``drop_remainder=False`` partitions go whole to targets in turn instead (uneven).
+    Rows are dealt in an interleaved partition order, partitions ``0, T, 2T, ...`` first, then
+    ``1, T + 1, ...`` and so on (``T`` targets): target 0 gets the first ``total // T`` rows of
+    that order, target 1 the next, and so on. Engines start tasks in partition order, so the
+    tasks that run at the same time feed different targets, and no node waits while another is
+    fed by every free slot. The ``total % T`` rows left over (fewer than the number of targets)
+    are the last of that order, and are dropped so that every synchronous worker runs the same
+    number of steps; with ``drop_remainder=False`` partitions go whole to targets in turn
+    instead (uneven).
     """
     total = sum(counts)
     plan: Dict[int, List[Tuple[int, int, int]]] = {}
@@ -53,8 +57,10 @@ def balance(counts: List[int], targets: int, drop_remainder: bool = True):
             f"{total} rows cannot be shared by {targets} synchronous workers: each needs at "
             "least one row. Feed more data, or pass balance=False."
         )
+    order = sorted(range(len(counts)), key=lambda pid: (pid % targets, pid))
     start = 0
-    for pid, n in enumerate(counts):
+    for pid in order:
+        n = counts[pid]
         ranges = []
         pos = 0
         while pos < n:
@@ -67,12 +73,12 @@ def balance(counts: List[int], targets: int, drop_remainder: bool = True):
             pos = stop
         plan[pid] = ranges
         start += n
-    return plan, per, total - per * targets
+    return dict(sorted(plan.items())), per, total - per * targets
 
 
 def _frames(chunks: Iterable[Columns]) -> Iterator[Columns]:
     for cols in chunks:
-        if isinstance(cols, wire.Packed):
+        if isinstance(cols, (wire.Packed, wire.FileFrame)):
             if cols.rows:
                 yield cols  # already a frame
             continue
@@ -101,7 +107,7 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
     try:
         pos = 0
         for cols in _frames(chunks):
-            packed = cols if isinstance(cols, wire.Packed) else None
+            packed = cols if isinstance(cols, (wire.Packed, wire.FileFrame)) else None
             n = packed.rows if packed else num_rows(cols)
             for target, a, b in ranges:
                 lo, hi = max(a, pos), min(b, pos + n)
@@ -110,10 +116,11 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
                 if target not in conns:
                     conns[target] = wire.connect(job.addresses[target], job.secret, job.timeout)
                 if packed and hi - lo == n:
-                    conns[target].sendall(packed.data)  # the whole frame, as it was cached
+                    wire.send_packed(conns[target], packed)  # the whole frame, as it was cached
                 else:
                     if packed:  # split between targets: only here is a cached frame decoded
-                        cols, packed = wire.unpack_frame(packed.data)[1], None
+                        data = packed.read() if isinstance(packed, wire.FileFrame) else packed.data
+                        cols, packed = wire.unpack_frame(data)[1], None
                     wire.send_frame(conns[target], "batch", slice_cols(cols, lo - pos, hi - pos))
                 sent += hi - lo
             pos += n

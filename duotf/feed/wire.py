@@ -137,6 +137,33 @@ class Packed(NamedTuple):
     data: bytes
 
 
+class FileFrame(NamedTuple):
+    """A packed "batch" frame stored in an open file, at ``offset`` (see :func:`pack_frame`)."""
+
+    rows: int
+    file: object  # a binary file object
+    offset: int
+    length: int
+
+    def read(self) -> bytes:
+        self.file.seek(self.offset)
+        data = self.file.read(self.length)
+        if len(data) != self.length:
+            raise OSError(f"{getattr(self.file, 'name', 'file')}: frame at {self.offset} is cut short")
+        return data
+
+
+def send_packed(sock: socket.socket, frame) -> None:
+    """Send a :class:`Packed` or :class:`FileFrame` as it is (a file with ``sendfile``: the bytes
+    go from the page cache to the socket without passing through this process)."""
+    if isinstance(frame, FileFrame):
+        sent = sock.sendfile(frame.file, frame.offset, frame.length)
+        if sent != frame.length:
+            raise OSError(f"{getattr(frame.file, 'name', 'file')}: sent {sent} of {frame.length} bytes")
+    else:
+        sock.sendall(frame.data)
+
+
 def pack_frame(columns: Dict[str, object]) -> bytes:
     """A "batch" frame as one bytes object, to keep (e.g. cached in Spark) and send as it is."""
     head, buffers = _encode("batch", columns)
