@@ -127,3 +127,62 @@ def test_balance_feeds_different_targets_from_partitions_that_run_together():
     assert all(len(plan[p]) == 1 for p in range(8))
     plan, _, _ = balance([1000] * 8, 2, drop_remainder=False)
     assert [plan[p] for p in range(3)] == [[(0, 0, 1000)], [(1, 0, 1000)], [(0, 0, 1000)]]
+
+
+def _cache_file(folder, frames):
+    """Write packed frames of ids (row counts ``frames``) to ``folder``; return FileFrames."""
+    import os
+
+    os.makedirs(folder, exist_ok=True)
+    path, out, offset, start = os.path.join(folder, "part-00000"), [], 0, 0
+    with open(path, "wb") as f:
+        for n in frames:
+            ids = np.arange(start, start + n, dtype=np.int64)
+            data = wire.pack_frame({"id": ids})
+            f.write(data)
+            out.append((n, offset, len(data)))
+            offset, start = offset + len(data), start + n
+    return path, out
+
+
+@pytest.mark.parametrize("folder, node_reads", [("duotf-feedcache-t", True), ("elsewhere", False)])
+def test_cached_file_frames_reach_the_node_read_there_or_sent(tmp_path, folder, node_reads):
+    import threading
+
+    from duotf.feed.feeder import FeedJob, feed_train
+
+    path, frames = _cache_file(str(tmp_path / folder), [40, 25, 35])
+    server = FeedServer(SECRET, capacity=64)
+    plan = {0: [(0, 0, 50), (1, 50, 100)]}  # the second frame is split between two "nodes"
+    job = FeedJob(SECRET, [("127.0.0.1", server.port)] * 2, ["a", "b"], "train", 30, plan)
+    sent = []
+    probes = []
+    real_reads_files = wire.reads_files
+
+    def spy(sock, frame):
+        probes.append(real_reads_files(sock, frame))
+        return probes[-1]
+
+    def push():
+        with open(path, "rb") as f:
+            sent.append(feed_train(job, 0, [wire.FileFrame(n, f, o, length) for n, o, length in frames]))
+        sock = wire.connect(("127.0.0.1", server.port), SECRET, 30)
+        wire.send_frame(sock, "marker", marker="end")
+        wire.recv_frame(sock)
+        sock.close()
+
+    wire.reads_files = spy
+    pusher = threading.Thread(target=push)
+    try:
+        pusher.start()
+        feed = DataFeed(server, train=True)
+        ids = []
+        while not feed.should_stop():
+            ids.extend(feed.next_batch(7))
+    finally:
+        wire.reads_files = real_reads_files
+        pusher.join()
+        server.close()
+    assert sent == [100] and sorted(ids) == list(range(100))
+    # a node on this host reads the file itself when it may (a feed cache folder); else sendfile
+    assert probes and set(probes) == {node_reads}

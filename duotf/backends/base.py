@@ -41,6 +41,10 @@ class NodeGang(abc.ABC):
     def join(self, timeout: Optional[float] = None) -> None:
         """Wait until done (or ``timeout``)."""
 
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once done (at once if already done), so that a waiter need not poll.
+        A gang that cannot tell ignores it, and its waiters poll ``done()``."""
+
 
 class ThreadGang(NodeGang):
     """A gang whose engine call blocks: it runs in a driver thread until the job ends."""
@@ -51,6 +55,9 @@ class ThreadGang(NodeGang):
         self._result: Optional[List[NodeOutcome]] = None
         self._exc: Optional[BaseException] = None
         self._cancelled = False
+        self._callbacks: Optional[List[Callable[[], None]]] = []
+        self._lock = threading.Lock()
+        self._finished = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"duotf-{name}-gang", daemon=True)
         self._thread.start()
 
@@ -59,9 +66,22 @@ class ThreadGang(NodeGang):
             self._result = list(self._call())
         except BaseException as exc:  # reported through exception(); the thread must not die loud
             self._exc = exc
+        finally:
+            self._finished.set()
+            with self._lock:
+                callbacks, self._callbacks = self._callbacks, None
+            for fn in callbacks:
+                fn()
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if self._callbacks is not None:
+                self._callbacks.append(fn)
+                return
+        fn()
 
     def done(self) -> bool:
-        return not self._thread.is_alive()
+        return self._finished.is_set()
 
     def exception(self) -> Optional[BaseException]:
         return self._exc if self.done() else None

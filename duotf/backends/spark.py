@@ -229,17 +229,31 @@ def _rdd_counts(index, rows):
 
 
 def _cached_files(job):
-    def run(index, parts):
+    """Feed the cached partitions of this task, up to one per target node at once (a task may
+    hold several after coalescing); yield ``(pid, rows sent)``, ``None`` for a file that is on
+    another host."""
+
+    def feed(part):
         from ..feed.feeder import feed_train
 
-        for part in parts:
-            opened = part.open()
-            if opened is None:  # the file is on another host: fed from the DataFrame instead
-                yield index, None
-                return
-            f, frames = opened
-            with f:
-                yield index, feed_train(job, index, frames)
+        opened = part.open()
+        if opened is None:
+            return part.pid, None
+        f, frames = opened
+        with f:
+            return part.pid, feed_train(job, part.pid, frames)
+
+    def run(parts):
+        from concurrent.futures import ThreadPoolExecutor
+
+        parts = list(parts)
+        if len(parts) <= 1:
+            yield from map(feed, parts)
+            return
+        # sendfile leaves the GIL: partitions in order, so the ones fed at once go to
+        # different nodes (see feeder.balance)
+        with ThreadPoolExecutor(min(len(parts), len(job.addresses)), "duotf-feed") as pool:
+            yield from pool.map(feed, parts)
 
     return run
 
@@ -314,8 +328,20 @@ class _SparkFeed:
             if cache.index is None:
                 raise ConfigError(f"{cache!r} was unpersisted; make a new feed_cache()")
 
+            index = cache.index
+            free = max(self.backend.slots() - self.nodes, 1)
+            if len({part.host for part in cache.parts}) == 1 and len(cache.parts) > free:
+                # One host: every file is local to every task. One task per free slot, each
+                # feeding a run of partitions, saves Spark's per-task cost, and with no
+                # locality preference no task waits for the executor that holds an index
+                # entry. Across hosts each partition keeps its own task, which Spark runs where
+                # its index entry (and so its file) is.
+                per = -(-len(cache.parts) // free)
+                runs = [cache.parts[i:i + per] for i in range(0, len(cache.parts), per)]
+                index = sc.parallelize(runs, len(runs)).flatMap(lambda run: run)
+
             def call():
-                sent = dict(cache.index.mapPartitionsWithIndex(_cached_files(job)).collect())
+                sent = dict(index.mapPartitions(_cached_files(job)).collect())
                 missed = sorted(pid for pid, rows in sent.items() if rows is None)
                 if missed:
                     logger.info("duotf: %d cached partitions were on another host; feeding them "

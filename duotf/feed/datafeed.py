@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import queue
 import socket
 import threading
@@ -25,6 +26,8 @@ from .columns import Columns, concat_cols, num_rows, slice_cols
 logger = logging.getLogger(__name__)
 
 __all__ = ["DataFeed", "FeedServer"]
+
+_CACHE_DIR_PREFIX = "duotf-feedcache-"  # the folders of duotf.feed.dataframe.feed_cache
 
 
 class _Conn:
@@ -73,6 +76,7 @@ class FeedServer:
         return False
 
     def _serve(self, sock: socket.socket) -> None:
+        files: Dict[str, int] = {}  # feed cache files opened by this connection
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
@@ -82,6 +86,16 @@ class FeedServer:
             while True:
                 header, cols = wire.recv_frame(sock)
                 kind = header["t"]
+                if kind == "probe":  # can this node read a feed cache file itself?
+                    try:
+                        self._open_cache_file(header["path"], files)
+                        conn.send("probe", ok=True)
+                    except (OSError, wire.FeedProtocolError) as exc:
+                        conn.send("probe", ok=False, why=str(exc))
+                    continue
+                if kind == "file":  # a cached frame on this host: read it from the file
+                    header, cols = self._read_file_frame(header, files)
+                    kind = "batch"
                 if kind == "batch":
                     rows += header.get("rows", 0)
                     if not self.terminated.is_set():
@@ -103,6 +117,27 @@ class FeedServer:
             logger.debug("feed connection ended: %s", exc)
         finally:
             sock.close()
+            for fd in files.values():
+                os.close(fd)
+
+    @staticmethod
+    def _open_cache_file(path: str, files: Dict[str, int]) -> int:
+        if not os.path.basename(os.path.dirname(path)).startswith(_CACHE_DIR_PREFIX):
+            raise wire.FeedProtocolError(f"{path}: not a feed cache file")
+        if path not in files:
+            files[path] = os.open(path, os.O_RDONLY)
+        return files[path]
+
+    @classmethod
+    def _read_file_frame(cls, header: dict, files: Dict[str, int]):
+        path = header["path"]
+        data = os.pread(cls._open_cache_file(path, files), header["length"], header["offset"])
+        if len(data) != header["length"]:
+            raise wire.FeedProtocolError(f"{path}: frame at {header['offset']} is cut short")
+        frame_header, cols = wire.unpack_frame(data)
+        if frame_header.get("rows") != header.get("rows"):
+            raise wire.FeedProtocolError(f"{path}: frame at {header['offset']} is not the one announced")
+        return frame_header, cols
 
     def close(self) -> None:
         """Stop accepting connections (a node process simply exits instead)."""

@@ -110,6 +110,12 @@ def _await(cluster, gang, what: str):
     Returns ``_TERMINATED`` when a node called ``feed.terminate()``: the job is cancelled and
     whatever its tasks say about nodes that stopped reading is not an error.
     """
+
+    def wake():
+        with cluster._cond:
+            cluster._cond.notify_all()
+
+    gang.add_done_callback(wake)  # the next epoch starts at once, not at the next poll
     while True:
         with cluster._cond:
             if cluster._error is not None or cluster.status.value == "closed":
@@ -185,12 +191,16 @@ def train(cluster, data, epochs: int, feed_timeout: float, balanced: bool) -> di
     t0 = time.monotonic()
     fed, done = 0, 0
     for epoch in range(epochs):
+        t1 = time.monotonic()
         sent = _await(cluster, adapter.train(job), f"feeding epoch {epoch + 1}")
         if sent is _TERMINATED:
             break
         fed += sum(sent)
         done += 1
+        t2 = time.monotonic()
         _markers(cluster, "epoch", feed_timeout)
+        logger.debug("duotf: epoch %d fed in %.3f s, its markers acknowledged in %.3f s",
+                     epoch + 1, t2 - t1, time.monotonic() - t2)
     _markers(cluster, "end", feed_timeout)
     return {"epochs": done, "rows": sum(counts), "rows_fed": fed, "rows_per_worker": per,
             "rows_dropped_per_epoch": dropped, "terminated": _terminated(cluster),

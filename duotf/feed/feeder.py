@@ -102,6 +102,7 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
     """Send partition ``pid``'s rows by its plan; return the rows the nodes accepted."""
     ranges = job.plan.get(pid, [])
     conns: Dict[int, socket.socket] = {}
+    local: Dict[int, bool] = {}
     target = ranges[0][0] if ranges else 0
     sent = 0
     try:
@@ -116,7 +117,9 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
                 if target not in conns:
                     conns[target] = wire.connect(job.addresses[target], job.secret, job.timeout)
                 if packed and hi - lo == n:
-                    wire.send_packed(conns[target], packed)  # the whole frame, as it was cached
+                    if target not in local:  # asked once, with the first whole frame
+                        local[target] = wire.reads_files(conns[target], packed)
+                    wire.send_packed(conns[target], packed, local[target])  # whole, as cached
                 else:
                     if packed:  # split between targets: only here is a cached frame decoded
                         data = packed.read() if isinstance(packed, wire.FileFrame) else packed.data

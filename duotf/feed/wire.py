@@ -153,10 +153,27 @@ class FileFrame(NamedTuple):
         return data
 
 
-def send_packed(sock: socket.socket, frame) -> None:
-    """Send a :class:`Packed` or :class:`FileFrame` as it is (a file with ``sendfile``: the bytes
-    go from the page cache to the socket without passing through this process)."""
-    if isinstance(frame, FileFrame):
+def reads_files(sock: socket.socket, frame) -> bool:
+    """Whether the node at the other end of ``sock`` can read ``frame``'s file itself: it is on
+    this host (the same address at both ends) and says it can open the file."""
+    try:
+        if not isinstance(frame, FileFrame) or sock.getsockname()[0] != sock.getpeername()[0]:
+            return False
+    except OSError:
+        return False
+    send_frame(sock, "probe", path=frame.file.name)
+    header, _ = recv_frame(sock)
+    return header.get("t") == "probe" and bool(header.get("ok"))
+
+
+def send_packed(sock: socket.socket, frame, local: bool = False) -> None:
+    """Send a :class:`Packed` or :class:`FileFrame` as it is. A file frame goes with
+    ``sendfile`` (from the page cache to the socket, not through this process) or, to a peer on
+    this host (``local``), as a "file" frame naming where it lies, which the peer reads itself."""
+    if isinstance(frame, FileFrame) and local:
+        send_frame(sock, "file", path=frame.file.name, offset=frame.offset, length=frame.length,
+                   rows=frame.rows)
+    elif isinstance(frame, FileFrame):
         sent = sock.sendfile(frame.file, frame.offset, frame.length)
         if sent != frame.length:
             raise OSError(f"{getattr(frame.file, 'name', 'file')}: sent {sent} of {frame.length} bytes")
@@ -180,7 +197,10 @@ def unpack_frame(data) -> Tuple[dict, Dict[str, object]]:
     rows = header.get("rows", 0)
     for name, kind, dtype, tail, nbytes in header.get("cols", []):
         if kind == "nd":
-            columns[name] = np.frombuffer(view, np.dtype(dtype), count=nbytes // max(np.dtype(dtype).itemsize, 1),
+            dt = np.dtype(dtype)
+            if dt.kind not in "biuf":
+                raise FeedProtocolError(f"column {name!r}: dtype {dtype} is not accepted")
+            columns[name] = np.frombuffer(view, dt, count=nbytes // max(dt.itemsize, 1),
                                           offset=pos).reshape(rows, *tail)
             pos += nbytes
         else:
