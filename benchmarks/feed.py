@@ -8,13 +8,14 @@ Each of 2 worker nodes drains ``ctx.get_data_feed().dataset(100)`` (feed only, n
 ``--epochs`` epochs, so that every run lasts 10 s or more. The rate counts the rows read while
 every node was reading: from the moment the last node to start (TF's start-up in a node takes
 seconds, and varies) read its first batch to the moment the first node to finish read its last;
-the rate from the first batch to the last is printed beside it. Spark feeds the MNIST-like rows three ways: the DataFrame with an
-``array<float>`` column; the same rows converted once into a ``duotf.feed.dataframe.feed_cache``
-(ready-to-send frames cached in executor memory); and a DataFrame with the column packed as a
-binary tensor column (``duotf.feed.dataframe.pack_tensors``).
+the rate from the first batch to the last is printed beside it. Spark feeds the MNIST-like rows
+three ways: the DataFrame with an ``array<float>`` column; the same rows converted once into a
+``duotf.feed.dataframe.feed_cache`` (ready-to-send frames in files on the executors); and a
+DataFrame with the column packed as a binary tensor column (``duotf.feed.dataframe.pack_tensors``).
 
 Printed beside, measured in the same run: the limit, an in-process
-``tf.data.Dataset.from_tensor_slices`` over the same arrays drained at the same batch size; and
+``tf.data.Dataset.from_tensor_slices`` over the same arrays drained at the same batch size for
+the same epochs (warm, best of two); and
 with --with-tfos, TensorFlowOnSpark 2.2.5 (InputMode.SPARK, ``next_batch(100)``) on the same
 Spark cluster and data (its wheel is fetched with ``pip download`` unless given).
 Targets: >= 30x TFoS rows/s on MNIST-like rows; aggregate >= 50% of the limit.
