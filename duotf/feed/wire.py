@@ -187,6 +187,18 @@ def pack_frame(columns: Dict[str, object]) -> bytes:
     return b"".join([head, *buffers])
 
 
+def _nd_dtype(name: str, dtype: str, rows: int, tail, nbytes: int) -> np.dtype:
+    """The dtype of an announced numeric column, once it is a plain number type whose size
+    matches the bytes announced (nothing else is built from the wire)."""
+    dt = np.dtype(dtype)
+    if dt.kind not in "biuf":
+        raise FeedProtocolError(f"column {name!r}: dtype {dtype} is not accepted")
+    expected = rows * int(np.prod(tail, dtype=np.int64)) * dt.itemsize
+    if expected != nbytes:
+        raise FeedProtocolError(f"column {name!r}: {nbytes} bytes announced for {(rows, *tail)} {dt}")
+    return dt
+
+
 def unpack_frame(data) -> Tuple[dict, Dict[str, object]]:
     """The header and columns of a packed frame; numeric columns are views of ``data``."""
     view = memoryview(data)
@@ -197,9 +209,7 @@ def unpack_frame(data) -> Tuple[dict, Dict[str, object]]:
     rows = header.get("rows", 0)
     for name, kind, dtype, tail, nbytes in header.get("cols", []):
         if kind == "nd":
-            dt = np.dtype(dtype)
-            if dt.kind not in "biuf":
-                raise FeedProtocolError(f"column {name!r}: dtype {dtype} is not accepted")
+            dt = _nd_dtype(name, dtype, rows, tail, nbytes)
             columns[name] = np.frombuffer(view, dt, count=nbytes // max(dt.itemsize, 1),
                                           offset=pos).reshape(rows, *tail)
             pos += nbytes
@@ -225,12 +235,7 @@ def recv_frame(sock: socket.socket) -> Tuple[dict, Dict[str, object]]:
     rows = header.get("rows", 0)
     for name, kind, dtype, tail, nbytes in header.get("cols", []):
         if kind == "nd":
-            dt = np.dtype(dtype)
-            if dt.kind not in "biuf":
-                raise FeedProtocolError(f"column {name!r}: dtype {dtype} is not accepted")
-            arr = np.empty((rows, *tail), dtype=dt)
-            if arr.nbytes != nbytes:
-                raise FeedProtocolError(f"column {name!r}: {nbytes} bytes announced for {arr.shape}")
+            arr = np.empty((rows, *tail), dtype=_nd_dtype(name, dtype, rows, tail, nbytes))
             if nbytes:
                 _recv_into(sock, memoryview(arr).cast("B"))
             columns[name] = arr
