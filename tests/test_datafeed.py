@@ -186,3 +186,74 @@ def test_cached_file_frames_reach_the_node_read_there_or_sent(tmp_path, folder, 
     assert sent == [100] and sorted(ids) == list(range(100))
     # a node on this host reads the file itself when it may (a feed cache folder); else sendfile
     assert probes and set(probes) == {node_reads}
+
+
+def _mixed_columns(rows):
+    return {
+        "x": np.arange(rows * 7, dtype=np.float32).reshape(rows, 7),  # 28-byte rows: pads
+        "id": np.arange(rows, dtype=np.int64),
+        "flag": (np.arange(rows) % 2).astype(np.uint8),
+        "name": [f"row-{i}" * (i % 3) for i in range(rows)],
+        "blob": [bytes([i % 256]) * (i % 5) for i in range(rows)],
+    }
+
+
+def _assert_same(got, want):
+    assert list(got) == list(want)
+    for name, values in want.items():
+        if isinstance(values, np.ndarray):
+            assert got[name].dtype == values.dtype and np.array_equal(got[name], values), name
+        else:
+            assert list(got[name]) == values, name
+
+
+@pytest.mark.parametrize("rows", [0, 1, 13])
+def test_frames_round_trip_with_every_numeric_column_aligned(rows):
+    import socket
+
+    want = _mixed_columns(rows)
+    a, b = socket.socketpair()
+    try:
+        wire.send_frame(a, "batch", want, partition=3)
+        header, got = wire.recv_frame(b)
+    finally:
+        a.close()
+        b.close()
+    assert header["t"] == "batch" and header["partition"] == 3 and header["rows"] == rows
+    _assert_same(got, want)
+    for name in ("x", "id", "flag"):
+        assert got[name].ctypes.data % wire.ALIGN == 0, name  # TF takes such arrays without a copy
+
+    data = wire.pack_frame(want)
+    body = wire.aligned_buffer(len(data))
+    body[:] = np.frombuffer(data, np.uint8)
+    header, got = wire.unpack_frame(body)
+    _assert_same(got, want)
+    assert all(got[name].ctypes.data % wire.ALIGN == 0 for name in ("x", "id", "flag"))
+    with pytest.raises(wire.FeedProtocolError, match="cut short"):
+        wire.unpack_frame(data[:-1] if rows else data[:-9])
+
+
+def test_a_file_frame_outside_its_file_is_refused(tmp_path):
+    path, frames = _cache_file(str(tmp_path / "duotf-feedcache-t"), [40, 25])
+    files = {}
+    try:
+        n, offset, length = frames[1]
+        header, cols = FeedServer._read_file_frame(
+            {"path": path, "offset": offset, "length": length, "rows": n}, files)
+        assert list(cols["id"]) == list(range(40, 65))
+        for bad in ({"offset": offset, "length": length + 1}, {"offset": -1, "length": 10},
+                    {"offset": 0, "length": 0}):
+            with pytest.raises(wire.FeedProtocolError, match="outside"):
+                FeedServer._read_file_frame({"path": path, "rows": n, **bad}, files)
+        with pytest.raises(wire.FeedProtocolError, match="not the one announced"):
+            FeedServer._read_file_frame({"path": path, "offset": offset, "length": length, "rows": 40},
+                                        files)
+        with pytest.raises(wire.FeedProtocolError, match="not a feed cache file"):
+            FeedServer._read_file_frame({"path": str(tmp_path / "x"), "offset": 0, "length": 1,
+                                         "rows": 1}, files)
+    finally:
+        import os
+
+        for fd, _ in files.values():
+            os.close(fd)

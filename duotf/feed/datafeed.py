@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import mmap
 import os
 import queue
 import socket
@@ -28,6 +29,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["DataFeed", "FeedServer"]
 
 _CACHE_DIR_PREFIX = "duotf-feedcache-"  # the folders of duotf.feed.dataframe.feed_cache
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # map a frame's pages in one go (Linux)
 
 
 class _Conn:
@@ -76,7 +78,7 @@ class FeedServer:
         return False
 
     def _serve(self, sock: socket.socket) -> None:
-        files: Dict[str, int] = {}  # feed cache files opened by this connection
+        files: Dict[str, tuple] = {}  # feed cache files opened by this connection
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
@@ -117,26 +119,34 @@ class FeedServer:
             logger.debug("feed connection ended: %s", exc)
         finally:
             sock.close()
-            for fd in files.values():
+            for fd, _ in files.values():
                 os.close(fd)
 
     @staticmethod
-    def _open_cache_file(path: str, files: Dict[str, int]) -> int:
+    def _open_cache_file(path: str, files: Dict[str, tuple]) -> tuple:
+        """``(fd, size)`` of a feed cache file, opened once per connection."""
         if not os.path.basename(os.path.dirname(path)).startswith(_CACHE_DIR_PREFIX):
             raise wire.FeedProtocolError(f"{path}: not a feed cache file")
         if path not in files:
-            files[path] = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY)
+            files[path] = (fd, os.fstat(fd).st_size)  # cache files are written once, never changed
         return files[path]
 
     @classmethod
-    def _read_file_frame(cls, header: dict, files: Dict[str, int]):
-        path = header["path"]
-        data = os.pread(cls._open_cache_file(path, files), header["length"], header["offset"])
-        if len(data) != header["length"]:
-            raise wire.FeedProtocolError(f"{path}: frame at {header['offset']} is cut short")
-        frame_header, cols = wire.unpack_frame(data)
+    def _read_file_frame(cls, header: dict, files: Dict[str, tuple]):
+        """A cached frame, mapped from the file: its columns are views of the page cache (no
+        read copy, no fresh pages), unmapped once TF no longer holds them."""
+        path, offset, length = header["path"], header["offset"], header["length"]
+        fd, size = cls._open_cache_file(path, files)
+        if offset < 0 or length <= 0 or offset + length > size:
+            raise wire.FeedProtocolError(f"{path}: frame at {offset} of {length} bytes lies outside "
+                                         f"the file's {size}")
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        mapped = mmap.mmap(fd, offset + length - start, flags=mmap.MAP_SHARED | _MAP_POPULATE,
+                           prot=mmap.PROT_READ, offset=start)
+        frame_header, cols = wire.unpack_frame(memoryview(mapped)[offset - start:])
         if frame_header.get("rows") != header.get("rows"):
-            raise wire.FeedProtocolError(f"{path}: frame at {header['offset']} is not the one announced")
+            raise wire.FeedProtocolError(f"{path}: frame at {offset} is not the one announced")
         return frame_header, cols
 
     def close(self) -> None:

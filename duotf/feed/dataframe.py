@@ -314,6 +314,9 @@ def _spill(cache_id: str):
                 f.write(frame)
                 index.append((n, offset, len(frame)))
                 offset += len(frame)
+                pad = -offset % 4096  # each frame starts a page: a node maps it where it lies
+                f.write(bytes(pad))
+                offset += pad
         yield CachedPartition(pid, socket.gethostname(), path, index)
 
     return run
