@@ -159,8 +159,8 @@ def test_cached_file_frames_reach_the_node_read_there_or_sent(tmp_path, folder, 
     probes = []
     real_reads_files = wire.reads_files
 
-    def spy(sock, frame):
-        probes.append(real_reads_files(sock, frame))
+    def spy(sock, frame, *args):
+        probes.append(real_reads_files(sock, frame, *args))
         return probes[-1]
 
     def push():

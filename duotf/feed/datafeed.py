@@ -17,6 +17,7 @@ import os
 import queue
 import socket
 import threading
+import weakref
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -33,10 +34,14 @@ _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # map a frame's pages in one g
 
 
 class _Conn:
+    """The node's side of one feeding connection: replies, and "free" messages for shared
+    memory slots, which come from whichever thread drops a frame's last reference."""
+
     def __init__(self, sock: socket.socket):
         self.sock = sock
         self.lock = threading.Lock()
         self.broken = False
+        self._freed: "collections.deque" = collections.deque()  # (ring, slot) to announce
 
     def send(self, kind: str, columns=None, **fields) -> None:
         if self.broken:
@@ -46,6 +51,40 @@ class _Conn:
                 wire.send_frame(self.sock, kind, columns, **fields)
             except OSError:
                 self.broken = True  # the feeding task is gone; the driver reports why
+        self._flush_freed()
+
+    def free(self, ring: str, slot: int) -> None:
+        self._freed.append((ring, slot))
+        self._flush_freed()
+
+    def _flush_freed(self) -> None:
+        # Never waits for the lock: its holder (maybe this very thread, when a frame is dropped
+        # in the middle of a send) flushes after its own send.
+        while self._freed and not self.broken:
+            if not self.lock.acquire(blocking=False):
+                return
+            try:
+                by_ring: Dict[str, List[int]] = {}
+                while self._freed:
+                    ring, slot = self._freed.popleft()
+                    by_ring.setdefault(ring, []).append(slot)
+                for ring, slots in by_ring.items():
+                    wire.send_frame(self.sock, "free", ring=ring, slots=slots)
+            except OSError:
+                self.broken = True
+            finally:
+                self.lock.release()
+
+
+class _SharedRing:
+    """A feeding process's shared memory ring, as the node sees it (see :mod:`.shm`)."""
+
+    def __init__(self, fd: int, slots: int, slot_bytes: int):
+        self.fd = fd
+        self.slots = slots
+        self.slot_bytes = slot_bytes
+        self.held: set = set()  # slots mapped here, not yet free
+        self.owner: Optional[_Conn] = None  # the connection that uses it now
 
 
 class FeedServer:
@@ -56,6 +95,8 @@ class FeedServer:
         self._on_terminate = on_terminate
         self.queue: "queue.Queue" = queue.Queue(maxsize=capacity)
         self.terminated = threading.Event()
+        self._rings: Dict[str, _SharedRing] = {}
+        self._rings_lock = threading.RLock()  # a frame may be dropped while it is held
         self._listener = socket.create_server(("0.0.0.0", 0), backlog=64)
         self.port = self._listener.getsockname()[1]
         threading.Thread(target=self._accept, name="duotf-feed-accept", daemon=True).start()
@@ -79,11 +120,11 @@ class FeedServer:
 
     def _serve(self, sock: socket.socket) -> None:
         files: Dict[str, tuple] = {}  # feed cache files opened by this connection
+        conn = _Conn(sock)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
             wire.server_handshake(sock, self._secret)
-            conn = _Conn(sock)
             rows = 0
             while True:
                 header, cols = wire.recv_frame(sock)
@@ -98,6 +139,12 @@ class FeedServer:
                 if kind == "file":  # a cached frame on this host: read it from the file
                     header, cols = self._read_file_frame(header, files)
                     kind = "batch"
+                elif kind == "slot":  # a frame in a shared memory ring
+                    header, cols = self._map_slot(header)
+                    kind = "batch"
+                elif kind == "ring":
+                    self._attach_ring(header, conn)
+                    continue
                 if kind == "batch":
                     rows += header.get("rows", 0)
                     if not self.terminated.is_set():
@@ -121,6 +168,10 @@ class FeedServer:
             sock.close()
             for fd, _ in files.values():
                 os.close(fd)
+            with self._rings_lock:
+                for ring in self._rings.values():
+                    if ring.owner is conn:
+                        ring.owner = None
 
     @staticmethod
     def _open_cache_file(path: str, files: Dict[str, tuple]) -> tuple:
@@ -148,6 +199,68 @@ class FeedServer:
         if frame_header.get("rows") != header.get("rows"):
             raise wire.FeedProtocolError(f"{path}: frame at {offset} is not the one announced")
         return frame_header, cols
+
+    def _attach_ring(self, header: dict, conn: _Conn) -> None:
+        """Open a feeding process's new ring, or take back one it used before; answer which of
+        its slots are still held here. Under the lock, so that no "free" for this ring goes out
+        on the connection before the answer."""
+        name = header.get("ring", "")
+        with self._rings_lock:
+            ring = self._rings.get(name)
+            if ring is None:
+                try:
+                    ring = self._open_ring(header)
+                except (OSError, ValueError, TypeError, wire.FeedProtocolError) as exc:
+                    conn.send("ring", ok=False, why=str(exc))
+                    return
+                self._rings[name] = ring
+            ring.owner = conn
+            conn.send("ring", ok=True, held=sorted(ring.held))
+
+    @staticmethod
+    def _open_ring(header: dict) -> _SharedRing:
+        from . import shm
+
+        path = header.get("path")
+        if not path:
+            raise wire.FeedProtocolError(f"ring {header.get('ring')!r} is not known here")
+        if not os.path.basename(path).startswith(shm.PREFIX):
+            raise wire.FeedProtocolError(f"{path}: not a feed ring")
+        slots, slot_bytes = int(header["slots"]), int(header["slot_bytes"])
+        if slots <= 0 or slot_bytes <= 0 or slot_bytes % mmap.ALLOCATIONGRANULARITY:
+            raise wire.FeedProtocolError(f"{path}: {slots} slots of {slot_bytes} bytes")
+        fd = os.open(path, os.O_RDONLY)
+        if os.fstat(fd).st_size != slots * slot_bytes:
+            os.close(fd)
+            raise wire.FeedProtocolError(f"{path}: not {slots} slots of {slot_bytes} bytes")
+        return _SharedRing(fd, slots, slot_bytes)
+
+    def _map_slot(self, header: dict):
+        """A frame in a ring's slot, mapped: its columns are views of the shared pages; the slot
+        is announced free once nothing refers to them."""
+        name, slot, length = header.get("ring"), header.get("slot"), header.get("length")
+        with self._rings_lock:
+            ring = self._rings.get(name)
+            if ring is None or not isinstance(slot, int) or not 0 <= slot < ring.slots \
+                    or not isinstance(length, int) or not 0 < length <= ring.slot_bytes:
+                raise wire.FeedProtocolError(f"slot {slot!r} of {length!r} bytes in ring {name!r}")
+            if slot in ring.held:
+                raise wire.FeedProtocolError(f"slot {slot} of ring {name} was sent again before it was free")
+            mapped = mmap.mmap(ring.fd, length, flags=mmap.MAP_SHARED | _MAP_POPULATE,
+                               prot=mmap.PROT_READ, offset=slot * ring.slot_bytes)
+            ring.held.add(slot)
+        weakref.finalize(mapped, self._slot_freed, ring, name, slot)
+        frame_header, cols = wire.unpack_frame(mapped)
+        if frame_header.get("rows") != header.get("rows"):
+            raise wire.FeedProtocolError(f"slot {slot} of ring {name} is not the frame announced")
+        return frame_header, cols
+
+    def _slot_freed(self, ring: _SharedRing, name: str, slot: int) -> None:
+        with self._rings_lock:
+            ring.held.discard(slot)
+            owner = ring.owner
+        if owner is not None:
+            owner.free(name, slot)
 
     def close(self) -> None:
         """Stop accepting connections (a node process simply exits instead)."""

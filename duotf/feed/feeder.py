@@ -17,7 +17,7 @@ import threading
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ..errors import ConfigError, FeedError
-from . import wire
+from . import shm, wire
 from .columns import Columns, concat_cols, num_rows, slice_cols, split
 
 FRAME_BYTES = 4 << 20
@@ -98,13 +98,69 @@ def _fail(job: FeedJob, pid: int, target: int, exc: BaseException) -> FeedError:
                      partition=pid, node=job.labels[target])
 
 
+class _Target:
+    """A feeding task's connection to one node, and how frames reach that node: by TCP, as a
+    cached file the node reads itself, or through a shared memory ring (:mod:`.shm`)."""
+
+    def __init__(self, job: FeedJob, target: int):
+        self.job = job
+        self.target = target
+        self.sock = wire.connect(job.addresses[target], job.secret, job.timeout)
+        self.reads_files: Optional[bool] = None  # asked once, with the first whole cached frame
+        self.ring: Optional[shm.Ring] = None
+        self._ring_tried = False
+
+    def reply(self, *kinds: str) -> dict:
+        """The node's next answer of one of ``kinds``; slots it frees meanwhile are noted."""
+        while True:
+            header, _ = wire.recv_frame(self.sock)
+            if header["t"] == "free":
+                if self.ring is not None and header.get("ring") == self.ring.id:
+                    self.ring.freed(header["slots"])
+                if not kinds:
+                    return header
+                continue
+            if header["t"] in kinds:
+                return header
+            raise wire.FeedProtocolError(f"the node answered {header['t']!r} where {kinds} was due")
+
+    def send(self, kind: str, **fields) -> None:
+        wire.send_frame(self.sock, kind, **fields)
+
+    def send_frame(self, parts: List[memoryview], rows: int) -> None:
+        size = sum(len(p) for p in parts)
+        if not self._ring_tried:
+            self._ring_tried = True
+            self.ring = shm.attach(self.sock, self.job.addresses[self.target], self.job.secret,
+                                   max(size, FRAME_BYTES), self.reply, self.send)
+        if self.ring is not None and size <= self.ring.slot_bytes:
+            slot = self.ring.put(parts, size, self.reply)
+            self.send("slot", ring=self.ring.id, slot=slot, length=size, rows=rows)
+        else:
+            wire.send_parts(self.sock, parts)
+
+    def send_file_frame(self, frame: wire.FileFrame) -> None:
+        if self.reads_files is None:
+            self.reads_files = wire.reads_files(self.sock, frame, self.reply)
+        wire.send_packed(self.sock, frame, self.reads_files)
+
+    def close(self, ok: bool) -> None:
+        self.sock.close()
+        if self.ring is not None:
+            if ok:  # the node still holds some slots: it says which when the ring is next used
+                shm.give_back(shm._key(self.job.addresses[self.target], self.job.secret), self.ring)
+            else:
+                self.ring.close()
+            self.ring = None
+
+
 def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
     """Send partition ``pid``'s rows by its plan; return the rows the nodes accepted."""
     ranges = job.plan.get(pid, [])
-    conns: Dict[int, socket.socket] = {}
-    local: Dict[int, bool] = {}
+    conns: Dict[int, _Target] = {}
     target = ranges[0][0] if ranges else 0
     sent = 0
+    ok = False
     try:
         pos = 0
         for cols in _frames(chunks):
@@ -115,29 +171,30 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
                 if lo >= hi:
                     continue
                 if target not in conns:
-                    conns[target] = wire.connect(job.addresses[target], job.secret, job.timeout)
-                if packed and hi - lo == n:
-                    if target not in local:  # asked once, with the first whole frame
-                        local[target] = wire.reads_files(conns[target], packed)
-                    wire.send_packed(conns[target], packed, local[target])  # whole, as cached
+                    conns[target] = _Target(job, target)
+                conn = conns[target]
+                if isinstance(packed, wire.FileFrame) and hi - lo == n:
+                    conn.send_file_frame(packed)  # whole, as cached
+                elif isinstance(packed, wire.Packed) and hi - lo == n:
+                    conn.send_frame([memoryview(packed.data)], n)
                 else:
                     if packed:  # split between targets: only here is a cached frame decoded
                         data = packed.read() if isinstance(packed, wire.FileFrame) else packed.data
                         cols, packed = wire.unpack_frame(data)[1], None
-                    wire.send_frame(conns[target], "batch", slice_cols(cols, lo - pos, hi - pos))
+                    conn.send_frame(wire.frame_parts("batch", slice_cols(cols, lo - pos, hi - pos)),
+                                    hi - lo)
                 sent += hi - lo
             pos += n
-        for target, sock in conns.items():
-            wire.send_frame(sock, "end", mode="train", partition=pid)
-            header, _ = wire.recv_frame(sock)
-            if header["t"] == "terminated":
-                continue  # the node called feed.terminate(): it wants no more data
+        for target, conn in conns.items():
+            conn.send("end", mode="train", partition=pid)
+            conn.reply("ack", "terminated")  # "terminated": the node wants no more data
+        ok = True
         return sent
     except (OSError, wire.FeedProtocolError) as exc:
         raise _fail(job, pid, target, exc) from exc
     finally:
-        for sock in conns.values():
-            sock.close()
+        for conn in conns.values():
+            conn.close(ok)
 
 
 def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> Iterator[Tuple[Columns, Columns]]:

@@ -161,6 +161,10 @@ def send_frame(sock: socket.socket, kind: str, columns: Dict[str, object] = None
     _send_all(sock, _encode(kind, columns, **fields))
 
 
+frame_parts = _encode  # a frame as the buffers to send or copy, in order
+send_parts = _send_all
+
+
 class Packed(NamedTuple):
     """A packed "batch" frame and its row count (see :func:`pack_frame`)."""
 
@@ -184,16 +188,17 @@ class FileFrame(NamedTuple):
         return data
 
 
-def reads_files(sock: socket.socket, frame) -> bool:
+def reads_files(sock: socket.socket, frame, reply=None) -> bool:
     """Whether the node at the other end of ``sock`` can read ``frame``'s file itself: it is on
-    this host (the same address at both ends) and says it can open the file."""
+    this host (the same address at both ends) and says it can open the file. ``reply(kind)``
+    reads the node's answer (by default the next frame)."""
     try:
         if not isinstance(frame, FileFrame) or sock.getsockname()[0] != sock.getpeername()[0]:
             return False
     except OSError:
         return False
     send_frame(sock, "probe", path=frame.file.name)
-    header, _ = recv_frame(sock)
+    header = reply("probe") if reply else recv_frame(sock)[0]
     return header.get("t") == "probe" and bool(header.get("ok"))
 
 
