@@ -257,3 +257,92 @@ def test_a_file_frame_outside_its_file_is_refused(tmp_path):
 
         for fd, _ in files.values():
             os.close(fd)
+
+
+def _feed_partitions(server, partitions, monkeypatch, frame_bytes=64 << 10):
+    """Feed ``partitions`` (lists of chunks) to one node in turn, as separate feeding tasks, in
+    a thread; return the thread and the rows each feed sent."""
+    import threading
+
+    from duotf.feed import feeder
+
+    monkeypatch.setattr(feeder, "FRAME_BYTES", frame_bytes)
+    counts = [sum(wire.unpack_frame(c.data)[0]["rows"] if isinstance(c, wire.Packed) else len(c["id"])
+                  for c in chunks) for chunks in partitions]
+    job = feeder.FeedJob(SECRET, [("127.0.0.1", server.port)], ["node"], "train", 30,
+                         {pid: [(0, 0, n)] for pid, n in enumerate(counts)})
+    sent = []
+
+    def push():
+        for pid, chunks in enumerate(partitions):
+            sent.append(feeder.feed_train(job, pid, chunks))
+        sock = wire.connect(("127.0.0.1", server.port), SECRET, 30)
+        wire.send_frame(sock, "marker", marker="end")
+        wire.recv_frame(sock)
+        sock.close()
+
+    pusher = threading.Thread(target=push)
+    pusher.start()
+    return pusher, sent
+
+
+def _ids(start, stop):
+    ids = np.arange(start, stop, dtype=np.int64)
+    return {"id": ids, "x": np.repeat(ids[:, None], 5, axis=1).astype(np.float32)}
+
+
+def test_frames_to_a_node_on_this_host_go_through_a_reused_shared_memory_ring(monkeypatch):
+    import collections
+    import os
+
+    from duotf.feed import shm
+
+    shm.close_idle()
+    before = set(os.listdir(shm.SHM_DIR))
+    big = wire.Packed(20_000, wire.pack_frame(_ids(30_000, 50_000)))  # 480 kB: over a slot
+    partitions = [[_ids(0, 15_000)], [_ids(15_000, 30_000), big]]
+    server = FeedServer(SECRET, capacity=2)
+    pusher, sent = _feed_partitions(server, partitions, monkeypatch)
+    feed = DataFeed(server, train=True, input_mapping={"id": "id", "x": "x"})
+    held = collections.deque()  # the last batches read, still views of their frames
+    seen = []
+    try:
+        while not feed.should_stop():
+            batch = feed.next_batch(500)
+            held.append((batch, batch["id"].copy()))
+            if len(held) > 2:  # a slot is written again only once no batch refers to it
+                old, ids = held.popleft()
+                assert np.array_equal(old["id"], ids) and np.array_equal(old["x"][:, 4], ids)
+                seen.extend(ids)
+    finally:
+        pusher.join()
+    seen.extend(i for _, ids in held for i in ids)
+    held.clear()
+    assert sent == [15_000, 35_000] and seen == list(range(50_000))
+    # one ring served both feeds (the second took it back from the pool), and every slot is free
+    assert len(server._rings) == 1 and not next(iter(server._rings.values())).held
+    assert set(os.listdir(shm.SHM_DIR)) == before  # unlinked as soon as the node opened it
+    assert shm.close_idle() == 1
+    server.close()
+
+
+def test_a_node_that_cannot_open_a_ring_is_fed_over_tcp(monkeypatch):
+    from duotf.feed import shm
+
+    def refuse(header):
+        raise OSError(f"{header['path']}: not visible from this node")
+
+    monkeypatch.setattr(FeedServer, "_open_ring", staticmethod(refuse))
+    monkeypatch.setattr(shm, "_refused", set())
+    server = FeedServer(SECRET)
+    pusher, sent = _feed_partitions(server, [[_ids(0, 10_000)], [_ids(10_000, 20_000)]], monkeypatch)
+    feed = DataFeed(server, train=True, input_mapping={"id": "id"})
+    seen = []
+    try:
+        while not feed.should_stop():
+            seen.extend(feed.next_batch(1000)["id"])
+    finally:
+        pusher.join()
+        server.close()
+    assert sent == [10_000, 10_000] and seen == list(range(20_000))
+    assert not server._rings and len(shm._refused) == 1  # asked once, then TCP only
