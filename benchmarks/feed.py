@@ -1,7 +1,7 @@
 """Engine feed throughput: rows/s and MB/s pushed from Spark or Dask into TF nodes.
 
     python -m benchmarks.feed [--spark-master spark://HOST:PORT] [--with-tfos [WHEEL]]
-                              [--rows 250000 --epochs 30] [--tiny-rows 4000000 --tiny-epochs 20]
+                              [--rows 250000 --epochs 50] [--tiny-rows 4000000 --tiny-epochs 20]
                               [--backends spark dask]
 
 Each of 2 worker nodes drains ``ctx.get_data_feed().dataset(100)`` (feed only, no model) for
@@ -162,7 +162,7 @@ def dask_data(rows: int, tiny: bool, chunk: int):
 def cli():
     parser = argparse.ArgumentParser(description="duotf engine feed benchmark")
     parser.add_argument("--rows", type=int, default=250_000, help="MNIST-like rows in the data")
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--epochs", type=int, default=50)
     parser.add_argument("--tiny-rows", type=int, default=4_000_000)
     parser.add_argument("--tiny-epochs", type=int, default=20)
     parser.add_argument("--backends", nargs="*", default=["spark", "dask"])
@@ -188,6 +188,7 @@ def cli():
         from duotf.feed.dataframe import feed_cache
 
         session = (SparkSession.builder.master(opts.spark_master).config("spark.ui.enabled", "false")
+                   .config("spark.ui.showConsoleProgress", "false")
                    .config("spark.driver.host", "127.0.0.1").config("spark.driver.memory", "4g")
                    .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2000").getOrCreate())
         session.sparkContext.setLogLevel("ERROR")

@@ -259,9 +259,9 @@ def test_a_file_frame_outside_its_file_is_refused(tmp_path):
             os.close(fd)
 
 
-def _feed_partitions(server, partitions, monkeypatch, frame_bytes=64 << 10):
+def _feed_partitions(server, partitions, monkeypatch, frame_bytes=64 << 10, between=None):
     """Feed ``partitions`` (lists of chunks) to one node in turn, as separate feeding tasks, in
-    a thread; return the thread and the rows each feed sent."""
+    a thread (calling ``between()`` after each); return the thread and the rows each sent."""
     import threading
 
     from duotf.feed import feeder
@@ -276,6 +276,8 @@ def _feed_partitions(server, partitions, monkeypatch, frame_bytes=64 << 10):
     def push():
         for pid, chunks in enumerate(partitions):
             sent.append(feeder.feed_train(job, pid, chunks))
+            if between:
+                between()
         sock = wire.connect(("127.0.0.1", server.port), SECRET, 30)
         wire.send_frame(sock, "marker", marker="end")
         wire.recv_frame(sock)
@@ -346,3 +348,33 @@ def test_a_node_that_cannot_open_a_ring_is_fed_over_tcp(monkeypatch):
         server.close()
     assert sent == [10_000, 10_000] and seen == list(range(20_000))
     assert not server._rings and len(shm._refused) == 1  # asked once, then TCP only
+
+
+def test_a_ring_the_node_let_go_is_replaced_by_a_new_one(monkeypatch):
+    import os
+
+    from duotf.feed import shm
+
+    shm.close_idle()
+    server = FeedServer(SECRET)
+    rings = []
+
+    def forget():  # what the node does with idle rings beyond the newest few
+        rings.extend(server._rings)
+        for ring in server._rings.values():
+            os.close(ring.fd)
+        server._rings.clear()
+
+    pusher, sent = _feed_partitions(server, [[_ids(0, 10_000)], [_ids(10_000, 20_000)]], monkeypatch,
+                                    between=forget)
+    feed = DataFeed(server, train=True, input_mapping={"id": "id"})
+    seen = []
+    try:
+        while not feed.should_stop():
+            seen.extend(feed.next_batch(1000)["id"])
+    finally:
+        pusher.join()
+        server.close()
+    assert sent == [10_000, 10_000] and seen == list(range(20_000))
+    assert len(rings) == 2 and rings[0] != rings[1]  # the pooled ring was refused, a new one taken
+    assert shm.close_idle() == 1  # the new one; the refused one was closed at once

@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["DataFeed", "FeedServer"]
 
 _CACHE_DIR_PREFIX = "duotf-feedcache-"  # the folders of duotf.feed.dataframe.feed_cache
-_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # map a frame's pages in one go (Linux)
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_IDLE_RINGS = 8  # shared memory rings kept open for feeding processes between their feeds  # map a frame's pages in one go (Linux)
 
 
 class _Conn:
@@ -206,16 +207,21 @@ class FeedServer:
         on the connection before the answer."""
         name = header.get("ring", "")
         with self._rings_lock:
-            ring = self._rings.get(name)
+            ring = self._rings.pop(name, None)
             if ring is None:
                 try:
                     ring = self._open_ring(header)
                 except (OSError, ValueError, TypeError, wire.FeedProtocolError) as exc:
                     conn.send("ring", ok=False, why=str(exc))
                     return
-                self._rings[name] = ring
+            self._rings[name] = ring  # the most recently used last
             ring.owner = conn
             conn.send("ring", ok=True, held=sorted(ring.held))
+            # A feeding process that closed a ring cannot say so (its connection is gone):
+            # keep only the most recent idle ones open. Frames still mapped stay valid.
+            idle = [k for k, r in self._rings.items() if r.owner is None]
+            for k in idle[:max(0, len(idle) - _IDLE_RINGS)]:
+                os.close(self._rings.pop(k).fd)
 
     @staticmethod
     def _open_ring(header: dict) -> _SharedRing:

@@ -55,7 +55,9 @@ class Ring:
         self.used = time.monotonic()
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, slots * slot_bytes)
+            # Allocated now, so that a full /dev/shm (Docker gives 64 MiB) is an error here and
+            # never a SIGBUS on a later write.
+            os.posix_fallocate(fd, 0, slots * slot_bytes)
             self.map = mmap.mmap(fd, slots * slot_bytes)
         except BaseException:
             os.close(fd)
@@ -182,30 +184,31 @@ def attach(sock: socket.socket, address, secret: bytes, frame_bytes: int,
         return None
     slot_bytes = slot_bytes_for(frame_bytes)
     ring = _take(key, slot_bytes)
-    if ring is None:
+    while True:
+        if ring is None:
+            try:
+                ring = Ring(SLOTS, slot_bytes)
+            except OSError as exc:  # no room in /dev/shm, say
+                logger.debug("duotf: no shared memory ring (%s); the feed goes over TCP", exc)
+                return None
+        fresh = ring.path is not None  # else a ring of an earlier feed, which the node may know
         try:
-            ring = Ring(SLOTS, slot_bytes)
-        except OSError as exc:
-            logger.debug("duotf: no shared memory ring (%s); the feed goes over TCP", exc)
-            _refused.add(key)
-            return None
-    fresh = ring.path is not None  # else a ring of an earlier feed, which the node knows
-    try:
-        send("ring", ring=ring.id, path=ring.path, slots=ring.slots, slot_bytes=ring.slot_bytes)
-        header = reply("ring")
-    except BaseException:
-        ring.close()
-        raise
-    ring.unlink()  # the node opened it, or never will
-    if not header.get("ok"):
-        logger.debug("duotf: node at %s cannot share memory (%s); the feed goes over TCP",
-                     address, header.get("why"))
+            send("ring", ring=ring.id, path=ring.path, slots=ring.slots, slot_bytes=ring.slot_bytes)
+            header = reply("ring")
+        except BaseException:
+            ring.close()
+            raise
+        ring.unlink()  # the node opened it, or never will
+        if header.get("ok"):
+            ring.busy = set(header.get("held", ()))
+            return ring
         ring.close()
         if fresh:
+            logger.debug("duotf: node at %s cannot share memory (%s); the feed goes over TCP",
+                         address, header.get("why"))
             _refused.add(key)
-        return None
-    ring.busy = set(header.get("held", ()))
-    return ring
+            return None
+        ring = None  # the node has let that ring go since: a new one
 
 
 def _close_at_exit() -> None:
