@@ -288,6 +288,19 @@ def _feed_partitions(server, partitions, monkeypatch, frame_bytes=64 << 10, betw
     return pusher, sent
 
 
+def _read_ids(server, pusher):
+    """Every id the node reads until the feed ends; then the pusher is joined, the server closed."""
+    feed = DataFeed(server, train=True, input_mapping={"id": "id"})
+    seen = []
+    try:
+        while not feed.should_stop():
+            seen.extend(feed.next_batch(1000)["id"])
+    finally:
+        pusher.join()
+        server.close()
+    return seen
+
+
 def _ids(start, stop):
     ids = np.arange(start, stop, dtype=np.int64)
     return {"id": ids, "x": np.repeat(ids[:, None], 5, axis=1).astype(np.float32)}
@@ -338,14 +351,7 @@ def test_a_node_that_cannot_open_a_ring_is_fed_over_tcp(monkeypatch):
     monkeypatch.setattr(shm, "_refused", set())
     server = FeedServer(SECRET)
     pusher, sent = _feed_partitions(server, [[_ids(0, 10_000)], [_ids(10_000, 20_000)]], monkeypatch)
-    feed = DataFeed(server, train=True, input_mapping={"id": "id"})
-    seen = []
-    try:
-        while not feed.should_stop():
-            seen.extend(feed.next_batch(1000)["id"])
-    finally:
-        pusher.join()
-        server.close()
+    seen = _read_ids(server, pusher)
     assert sent == [10_000, 10_000] and seen == list(range(20_000))
     assert not server._rings and len(shm._refused) == 1  # asked once, then TCP only
 
@@ -367,14 +373,7 @@ def test_a_ring_the_node_let_go_is_replaced_by_a_new_one(monkeypatch):
 
     pusher, sent = _feed_partitions(server, [[_ids(0, 10_000)], [_ids(10_000, 20_000)]], monkeypatch,
                                     between=forget)
-    feed = DataFeed(server, train=True, input_mapping={"id": "id"})
-    seen = []
-    try:
-        while not feed.should_stop():
-            seen.extend(feed.next_batch(1000)["id"])
-    finally:
-        pusher.join()
-        server.close()
+    seen = _read_ids(server, pusher)
     assert sent == [10_000, 10_000] and seen == list(range(20_000))
     assert len(rings) == 2 and rings[0] != rings[1]  # the pooled ring was refused, a new one taken
     assert shm.close_idle() == 1  # the new one; the refused one was closed at once
