@@ -357,8 +357,6 @@ def test_a_node_that_cannot_open_a_ring_is_fed_over_tcp(monkeypatch):
 
 
 def test_a_ring_the_node_let_go_is_replaced_by_a_new_one(monkeypatch):
-    import os
-
     from duotf.feed import shm
 
     shm.close_idle()
@@ -367,8 +365,6 @@ def test_a_ring_the_node_let_go_is_replaced_by_a_new_one(monkeypatch):
 
     def forget():  # what the node does with idle rings beyond the newest few
         rings.extend(server._rings)
-        for ring in server._rings.values():
-            os.close(ring.fd)
         server._rings.clear()
 
     pusher, sent = _feed_partitions(server, [[_ids(0, 10_000)], [_ids(10_000, 20_000)]], monkeypatch,

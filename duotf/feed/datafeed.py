@@ -78,13 +78,14 @@ class _Conn:
 
 
 class _SharedRing:
-    """A feeding process's shared memory ring, as the node sees it (see :mod:`.shm`)."""
+    """A feeding process's shared memory ring, as the node sees it (see :mod:`.shm`): mapped
+    once, read-only; a frame's columns are views of it."""
 
-    def __init__(self, fd: int, slots: int, slot_bytes: int):
-        self.fd = fd
+    def __init__(self, mapped: mmap.mmap, slots: int, slot_bytes: int):
+        self.map = mapped
         self.slots = slots
         self.slot_bytes = slot_bytes
-        self.held: set = set()  # slots mapped here, not yet free
+        self.held: set = set()  # slots whose frames are still referred to here
         self.owner: Optional[_Conn] = None  # the connection that uses it now
 
 
@@ -221,7 +222,7 @@ class FeedServer:
             # keep only the most recent idle ones open. Frames still mapped stay valid.
             idle = [k for k, r in self._rings.items() if r.owner is None]
             for k in idle[:max(0, len(idle) - _IDLE_RINGS)]:
-                os.close(self._rings.pop(k).fd)
+                del self._rings[k]  # unmapped once no frame of it is referred to
 
     @staticmethod
     def _open_ring(header: dict) -> _SharedRing:
@@ -236,14 +237,18 @@ class FeedServer:
         if slots <= 0 or slot_bytes <= 0 or slot_bytes % mmap.ALLOCATIONGRANULARITY:
             raise wire.FeedProtocolError(f"{path}: {slots} slots of {slot_bytes} bytes")
         fd = os.open(path, os.O_RDONLY)
-        if os.fstat(fd).st_size != slots * slot_bytes:
-            os.close(fd)
-            raise wire.FeedProtocolError(f"{path}: not {slots} slots of {slot_bytes} bytes")
-        return _SharedRing(fd, slots, slot_bytes)
+        try:
+            if os.fstat(fd).st_size != slots * slot_bytes:
+                raise wire.FeedProtocolError(f"{path}: not {slots} slots of {slot_bytes} bytes")
+            mapped = mmap.mmap(fd, slots * slot_bytes, flags=mmap.MAP_SHARED | _MAP_POPULATE,
+                               prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)  # the mapping stays
+        return _SharedRing(mapped, slots, slot_bytes)
 
     def _map_slot(self, header: dict):
-        """A frame in a ring's slot, mapped: its columns are views of the shared pages; the slot
-        is announced free once nothing refers to them."""
+        """A frame in a ring's slot: its columns are views of the shared pages (the ring is
+        mapped once), and the slot is announced free once nothing refers to them any more."""
         name, slot, length = header.get("ring"), header.get("slot"), header.get("length")
         with self._rings_lock:
             ring = self._rings.get(name)
@@ -252,11 +257,11 @@ class FeedServer:
                 raise wire.FeedProtocolError(f"slot {slot!r} of {length!r} bytes in ring {name!r}")
             if slot in ring.held:
                 raise wire.FeedProtocolError(f"slot {slot} of ring {name} was sent again before it was free")
-            mapped = mmap.mmap(ring.fd, length, flags=mmap.MAP_SHARED | _MAP_POPULATE,
-                               prot=mmap.PROT_READ, offset=slot * ring.slot_bytes)
+            # the frame's own array: every column is a view of it, so it lives while they do
+            frame = np.frombuffer(ring.map, np.uint8, count=length, offset=slot * ring.slot_bytes)
             ring.held.add(slot)
-        weakref.finalize(mapped, self._slot_freed, ring, name, slot)
-        frame_header, cols = wire.unpack_frame(mapped)
+        weakref.finalize(frame, self._slot_freed, ring, name, slot)
+        frame_header, cols = wire.unpack_frame(frame)
         if frame_header.get("rows") != header.get("rows"):
             raise wire.FeedProtocolError(f"slot {slot} of ring {name} is not the frame announced")
         return frame_header, cols
