@@ -373,3 +373,9 @@ def test_a_ring_the_node_let_go_is_replaced_by_a_new_one(monkeypatch):
     assert sent == [10_000, 10_000] and seen == list(range(20_000))
     assert len(rings) == 2 and rings[0] != rings[1]  # the pooled ring was refused, a new one taken
     assert shm.close_idle() == 1  # the new one; the refused one was closed at once
+
+
+@pytest.mark.parametrize("path", ["/tmp/duotf-feedshm-x", "/dev/shm/other-x", None])
+def test_a_node_opens_only_rings_in_dev_shm(path):
+    with pytest.raises(wire.FeedProtocolError, match="not a feed ring|not known here"):
+        FeedServer._open_ring({"ring": "x", "path": path, "slots": 1, "slot_bytes": 4096})

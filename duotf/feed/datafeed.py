@@ -231,7 +231,7 @@ class FeedServer:
         path = header.get("path")
         if not path:
             raise wire.FeedProtocolError(f"ring {header.get('ring')!r} is not known here")
-        if not os.path.basename(path).startswith(shm.PREFIX):
+        if os.path.dirname(path) != shm.SHM_DIR or not os.path.basename(path).startswith(shm.PREFIX):
             raise wire.FeedProtocolError(f"{path}: not a feed ring")
         slots, slot_bytes = int(header["slots"]), int(header["slot_bytes"])
         if slots <= 0 or slot_bytes <= 0 or slot_bytes % mmap.ALLOCATIONGRANULARITY:
