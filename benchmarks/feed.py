@@ -10,8 +10,8 @@ every node was reading: from the moment the last node to start (TF's start-up in
 seconds, and varies) read its first batch to the moment the first node to finish read its last;
 the rate from the first batch to the last is printed beside it. Spark feeds the MNIST-like rows
 three ways: the DataFrame with an ``array<float>`` column; the same rows converted once into a
-``duotf.feed.dataframe.feed_cache`` (ready-to-send frames in files on the executors); and a
-DataFrame with the column packed as a binary tensor column (``duotf.feed.dataframe.pack_tensors``).
+``duotf.spark.feed_cache`` (ready-to-send frames in files on the executors); and a
+DataFrame with the column packed as a binary tensor column (``duotf.spark.pack_tensors``).
 
 Printed beside, measured in the same run: the limit, an in-process
 ``tf.data.Dataset.from_tensor_slices`` over the same arrays drained at the same batch size for
@@ -122,7 +122,7 @@ def run_duotf(backend, data, epochs: int, row_bytes: int, label: str):
 def spark_data(session, rows: int, tiny: bool, partitions: int, packed: bool = False):
     from pyspark.sql import functions as F
 
-    from duotf.feed.dataframe import pack_tensors
+    from duotf.spark import pack_tensors
 
     df = session.range(0, rows, numPartitions=partitions)
     if tiny:
@@ -188,7 +188,7 @@ def cli():
     if "spark" in opts.backends:
         from pyspark.sql import SparkSession
 
-        from duotf.feed.dataframe import feed_cache
+        from duotf.spark import feed_cache
 
         session = (SparkSession.builder.master(opts.spark_master).config("spark.ui.enabled", "false")
                    .config("spark.ui.showConsoleProgress", "false")

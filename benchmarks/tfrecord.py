@@ -16,7 +16,7 @@ import statistics
 import tempfile
 import time
 
-from duotf.feed.tfrecord import TFRecordReader, write_records
+from duotf.io.tfrecord import TFRecordReader, write_records
 
 
 def timed(fn, repeat):

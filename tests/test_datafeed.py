@@ -76,7 +76,7 @@ def test_tensor_column_of_the_wrong_width_names_the_row():
 
 
 def test_pack_tensors_stores_raw_values_and_their_shape(spark):
-    from duotf.feed.dataframe import pack_tensors
+    from duotf.spark import pack_tensors
 
     rows = [([i + 0.5, i * 2.0, -float(i)], i) for i in range(50)]
     df = spark.createDataFrame(rows, "v array<double>, id long").repartition(3)
@@ -90,7 +90,7 @@ def test_pack_tensors_stores_raw_values_and_their_shape(spark):
 
 
 def test_pack_tensors_refuses_ragged_rows_and_other_types(spark):
-    from duotf.feed.dataframe import pack_tensors
+    from duotf.spark import pack_tensors
 
     ragged = spark.createDataFrame([([1.0, 2.0],), ([1.0],)], "v array<double>").coalesce(1)
     with pytest.raises(Exception, match="column 'v' has a row of 1 values where the first row has 2"):

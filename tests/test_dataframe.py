@@ -7,9 +7,9 @@ import math
 import pytest
 
 import duotf
-from duotf.feed import dataframe as dfio
-from duotf.feed.example import Field, SchemaMismatchError, encode_example, infer_schema
-from duotf.feed.tfrecord import write_records
+from duotf.io import dataframe as dfio
+from duotf.io.example import Field, SchemaMismatchError, encode_example, infer_schema
+from duotf.io.tfrecord import write_records
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import pytest
 
 import duotf
 from duotf.context import NodeContext
-from duotf.feed.tfdata import shard_files, tfrecord_dataset
-from duotf.feed.tfrecord import write_records
+from duotf.io.tfdata import shard_files, tfrecord_dataset
+from duotf.io.tfrecord import write_records
 from tests.servers import http_server
 
 

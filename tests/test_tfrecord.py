@@ -9,9 +9,9 @@ import struct
 import pytest
 
 from duotf import ConfigError
-from duotf.feed import tfrecord
-from duotf.feed.files import expand
-from duotf.feed.tfrecord import TFRecordCorruptError, read_records, write_records
+from duotf.io import tfrecord
+from duotf.io.files import expand
+from duotf.io.tfrecord import TFRecordCorruptError, read_records, write_records
 from tests.servers import http_server, s3_server
 
 RECORDS = [os.urandom(n) for n in (0, 1, 7, 100, 3000, 70_000, 5)] * 20

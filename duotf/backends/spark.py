@@ -131,7 +131,7 @@ class SparkBackend(Backend):
         return "pass a Spark DataFrame or RDD."
 
     def feed_adapter(self, data, nodes: int):
-        from ..feed.dataframe import FeedCache
+        from .spark_feed import FeedCache
 
         if not (hasattr(data, "mapInArrow") or hasattr(data, "mapPartitionsWithIndex")
                 or isinstance(data, FeedCache)):
@@ -272,7 +272,7 @@ def _frames_of_partition(job):
 
 class _SparkFeed:
     def __init__(self, backend: SparkBackend, data, nodes: int):
-        from ..feed.dataframe import FeedCache
+        from .spark_feed import FeedCache
 
         self.backend = backend
         self.nodes = nodes

@@ -67,7 +67,7 @@ TENSOR_KEY = "duotf.tensor"
 
 def tensor_specs(spark_schema) -> Dict[str, tuple]:
     """``{column: (dtype, shape)}`` of the binary tensor columns of a Spark schema (see
-    :func:`duotf.feed.dataframe.pack_tensors`)."""
+    :func:`duotf.spark.pack_tensors`)."""
     specs = {}
     for field in spark_schema.fields:
         meta = (field.metadata or {}).get(TENSOR_KEY)
@@ -97,7 +97,7 @@ def decode_tensor(column, name: str, dtype: str, shape: tuple) -> np.ndarray:
     if bad.size:
         raise ValueError(f"tensor column {name!r}: row {int(bad[0])} holds {int(sizes[bad[0]])} bytes "
                          f"but {dtype}{list(shape)} needs {width}; pack the column with "
-                         "duotf.feed.dataframe.pack_tensors")
+                         "duotf.spark.pack_tensors")
     data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[0] + n * width]
     if data.ctypes.data % dt.alignment:
         data = data.copy()

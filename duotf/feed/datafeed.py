@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["DataFeed", "FeedServer"]
 
-_CACHE_DIR_PREFIX = "duotf-feedcache-"  # the folders of duotf.feed.dataframe.feed_cache
+_CACHE_DIR_PREFIX = "duotf-feedcache-"  # the folders of duotf.spark.feed_cache
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _IDLE_RINGS = 8  # shared memory rings kept open for feeding processes between their feeds  # map a frame's pages in one go (Linux)
 

@@ -62,7 +62,7 @@ def tensor_collection(backend_kind: str, backend, sizes: List[int], width: int, 
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from duotf.feed.dataframe import pack_tensors
+    from duotf.spark import pack_tensors
 
     parts = [[(row.tolist(), int(i)) for row, i in zip(*block(p))] for p in range(len(sizes))]
     rdd = backend.sc.parallelize(parts, len(parts)).flatMap(lambda part: part)

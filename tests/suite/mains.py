@@ -169,7 +169,7 @@ def ps_between_graph_main(args, ctx):
 
 def read_shard_main(args, ctx):
     """TF reads its own TFRecords: each worker its share of the files."""
-    from duotf.feed.tfdata import tfrecord_dataset
+    from duotf.io.tfdata import tfrecord_dataset
 
     return sorted(r.numpy().decode() for r in tfrecord_dataset(args["glob"], ctx))
 

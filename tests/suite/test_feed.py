@@ -111,7 +111,7 @@ def test_tensor_column_arrives_as_a_2d_array(backend, backend_kind):
 def test_feed_cache_trains_like_the_dataframe(backend, backend_kind):
     if not backend_kind.startswith("spark"):
         pytest.skip("feed_cache holds a Spark DataFrame")
-    from duotf.feed.dataframe import feed_cache
+    from duotf.spark import feed_cache
 
     df, _ = tensor_collection(backend_kind, backend, SIZES, width=6, packed=False)
     cache = feed_cache(df, block_bytes=64)  # a few rows per frame: frames split between workers
@@ -137,7 +137,7 @@ def test_feed_cache_file_not_on_the_host_is_fed_from_the_dataframe(backend, back
         pytest.skip("feed_cache holds a Spark DataFrame")
     import os
 
-    from duotf.feed.dataframe import feed_cache
+    from duotf.spark import feed_cache
 
     df, _ = tensor_collection(backend_kind, backend, SIZES, width=6, packed=False)
     cache = feed_cache(df, block_bytes=64)

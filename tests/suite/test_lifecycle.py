@@ -89,7 +89,7 @@ def test_ps_is_stopped_when_workers_finish_before_it_serves(backend):
 
 
 def test_nodes_read_their_share_of_tfrecord_files(backend, tmp_path):
-    from duotf.feed.tfrecord import write_records
+    from duotf.io.tfrecord import write_records
 
     expected = set()
     for i in range(4):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from typing import List, Optional, Sequence, Union
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import ConfigError
 
@@ -36,8 +38,10 @@ def filesystem(url: str, storage_options: Optional[dict] = None):
 def open_url(url: str, mode: str = "rb", storage_options: Optional[dict] = None):
     """An open binary file object for ``url`` (local path or any fsspec URL)."""
     fs, path = filesystem(url, storage_options)
-    if "w" in mode and fs.protocol in ("file", ("file", "local")) or getattr(fs, "local_file", False):
-        fs.makedirs(fs._parent(path), exist_ok=True)
+    if "w" in mode and isinstance(fs, LocalFileSystem):
+        # Object stores have no folders to make; a local writer gets its parent folder, and
+        # only a writer: reading a missing file must not leave folders behind.
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     try:
         return fs.open(path, mode)
     except (ImportError, OSError) as exc:
