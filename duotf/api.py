@@ -113,7 +113,7 @@ def run(
             backend_obj.close()
         raise
     try:
-        return cluster._start()
+        return cluster.start()
     except BaseException:
         cluster.shutdown(grace_secs=0, _raise=False)
         raise

@@ -13,6 +13,7 @@ that fails its check closes the connection.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import json
@@ -27,6 +28,28 @@ import time
 from typing import Callable, Dict, Optional, Tuple
 
 logger = logging.getLogger(__name__)
+
+class Msg(str, enum.Enum):
+    """The rendezvous message types (a message's ``"type"``). A frame of any other type is a
+    protocol error: the connection is closed and the refusal logged."""
+
+    # node agent -> driver
+    REGISTER = "register"
+    HEARTBEAT = "heartbeat"
+    READY = "ready"
+    RUNNING = "running"
+    SERVING = "serving"
+    RETURNED = "returned"
+    DONE = "done"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    FEED_TERMINATED = "feed_terminated"
+    # driver -> node agent
+    START = "start"
+    RELEASE = "release"
+    STOP = "stop"
+    REJECT = "reject"
+
 
 _MAGIC = b"DUOTF1"
 _NONCE_LEN = 16

@@ -204,12 +204,21 @@ def backend_kind(backend, request):
 
 
 # -- leak check ---------------------------------------------------------------------------------
+# Node processes inherit this from the engines this session starts (and its own process): the
+# leak check counts this session's nodes only, never those of a test run or benchmark beside it.
+SESSION_TAG = os.environ.setdefault("DUOTF_TEST_SESSION", f"{os.getpid()}-{time.time_ns()}")
+
+
 def _node_processes():
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmdline = proc.info.get("cmdline") or []
         if "duotf._child" in cmdline:
-            found.append(proc)
+            try:
+                if proc.environ().get("DUOTF_TEST_SESSION") == SESSION_TAG:
+                    found.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
     return found
 
 

@@ -62,7 +62,8 @@ def test_exported_members():
     for name in duotf.__all__:
         assert hasattr(duotf, name), name
     public = {n for n in dir(duotf) if not n.startswith("_")}
-    modules = {"api", "backends", "cluster", "context", "errors", "node", "rendezvous", "spec", "feed"}
+    modules = {"api", "backends", "cluster", "context", "errors", "node", "rendezvous", "spec", "feed",
+               "io", "planner", "supervisor", "spark"}
     assert public - modules - {"__version__"} == set(duotf.__all__)
 
 

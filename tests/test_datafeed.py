@@ -11,7 +11,7 @@ from duotf.errors import ConfigError
 from duotf.feed import wire
 from duotf.feed.columns import TENSOR_KEY, decode_tensor, from_arrow, tensor_specs
 from duotf.feed.datafeed import DataFeed, FeedServer
-from duotf.feed.feeder import balance
+from duotf.planner import balance
 
 SECRET = b"k" * 32
 

@@ -1,56 +1,113 @@
-"""Backends by name, imported lazily: ``import duotf`` never imports pyspark or distributed."""
+"""Backends by name, imported lazily: ``import duotf`` never imports pyspark or distributed.
+
+One table, :data:`known_backends`, maps a name to the dotted path of its class and how to install
+what it needs. Other packages add theirs through the ``duotf.backends`` entry point group::
+
+    [options.entry_points]
+    duotf.backends =
+        ray = duotf_ray:RayBackend
+
+or at run time with :func:`register_backend`. An engine object passed to ``duotf.run`` (a
+SparkSession, a ``distributed.Client``, ...) is matched by each backend's ``accepts(obj)``.
+"""
 
 from __future__ import annotations
 
 import importlib
-from typing import Tuple
+import logging
+from typing import Dict, Optional, Tuple, Type, Union
 
 from ..errors import ConfigError
-from .base import Backend, NodeGang
+from .base import Backend, EngineJob, FeedAdapter, ThreadJob
 from .local import LocalBackend
 
-__all__ = ["Backend", "NodeGang", "LocalBackend", "known_backends", "resolve_backend"]
+__all__ = [
+    "Backend", "FeedAdapter", "EngineJob", "ThreadJob", "LocalBackend",
+    "known_backends", "register_backend", "backend_class", "resolve_backend", "ENTRY_POINT_GROUP",
+]
 
-#: name -> (dotted path of the class, how to install what it needs)
-known_backends = {
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "duotf.backends"
+
+#: name -> (the class, or the dotted path of the class; how to install what it needs)
+known_backends: Dict[str, Tuple[Union[str, Type[Backend]], Optional[str]]] = {
     "local": ("duotf.backends.local.LocalBackend", None),
     "spark": ("duotf.backends.spark.SparkBackend", "pip install 'duotf[spark]'"),
     "dask": ("duotf.backends.dask.DaskBackend", "pip install 'duotf[dask]'"),
 }
+_BUILTIN = tuple(known_backends)
+_entry_points_loaded = False
 
 
-def _load(name: str):
-    path, hint = known_backends[name]
-    module, _, attr = path.rpartition(".")
+def register_backend(name: str, cls: Union[str, Type[Backend]], install_hint: Optional[str] = None,
+                     *, clobber: bool = False) -> None:
+    """Make a backend known by ``name``: a :class:`Backend` subclass or its dotted path
+    (``"package.module.Class"``, imported when first used)."""
+    if name in known_backends and not clobber:
+        raise ConfigError(f"a backend named {name!r} is already registered; pass clobber=True")
+    known_backends[name] = (cls, install_hint)
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _BUILTIN:
+            logger.warning("duotf: entry point %r of %s ignored: the name is duotf's own",
+                           ep.name, ep.value)
+            continue
+        known_backends.setdefault(ep.name, (ep.value.replace(":", "."), None))
+
+
+def backend_class(name: str) -> Type[Backend]:
+    """The class registered as ``name``; a :class:`ConfigError` names the known ones or says
+    what to install."""
+    _load_entry_points()
+    if name not in known_backends:
+        raise ConfigError(f"unknown backend {name!r}; known backends: {', '.join(sorted(known_backends))}")
+    target, hint = known_backends[name]
+    if not isinstance(target, str):
+        return target
+    module, _, attr = target.rpartition(".")
     try:
-        return getattr(importlib.import_module(module), attr)
+        cls = getattr(importlib.import_module(module), attr)
     except ImportError as exc:
         raise ConfigError(
-            f"the {name!r} backend needs a package that is not installed ({exc.name}): {hint}"
+            f"the {name!r} backend needs a package that is not installed ({exc.name})"
+            + (f": {hint}" if hint else "")
         ) from exc
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise ConfigError(f"{target} (backend {name!r}) is not a duotf.backends.Backend")
+    return cls
 
 
 def resolve_backend(backend) -> Tuple[Backend, bool]:
     """Turn what the user passed into a :class:`Backend`; the flag says duotf owns it.
 
-    Accepts None (the embedded local default), a name from :data:`known_backends`, a Backend,
-    a ``pyspark`` SparkSession or SparkContext, or a ``distributed.Client``.
+    Accepts None (the embedded local default), a registered name, a Backend, or an engine
+    object that a registered backend ``accepts`` (a ``pyspark`` SparkSession or SparkContext, a
+    ``distributed.Client``, ...).
     """
     if backend is None:
         return LocalBackend(), True
     if isinstance(backend, Backend):
         return backend, False
     if isinstance(backend, str):
-        if backend not in known_backends:
-            raise ConfigError(
-                f"unknown backend {backend!r}; known backends: {', '.join(sorted(known_backends))}"
-            )
-        return _load(backend).from_name(), True
-    module = type(backend).__module__ or ""
-    if module.startswith("pyspark"):
-        return _load("spark")(backend), False
-    if module.startswith("distributed"):
-        return _load("dask")(backend), False
+        return backend_class(backend).from_name(), True
+    _load_entry_points()
+    for name in list(known_backends):
+        try:
+            cls = backend_class(name)
+        except ConfigError as exc:  # a backend whose package is missing accepts nothing
+            logger.debug("duotf: backend %r not considered: %s", name, exc)
+            continue
+        if cls.accepts(backend):
+            return cls(backend), False
     raise ConfigError(
         f"cannot run on {type(backend).__name__}: pass a SparkSession, SparkContext, "
         f"distributed.Client, a duotf Backend, or one of {', '.join(sorted(known_backends))}"

@@ -1,8 +1,18 @@
 """The backend contract: the only engine-specific code in duotf.
 
-A backend says how many nodes it can run at once, starts one long-running function per node as
-a gang (all or none), and can cancel what it started. Reservation, roles, TF_CONFIG,
-supervision and shutdown are written once in :mod:`duotf.cluster` on top of these.
+Two small interfaces, written down here and implemented once per engine:
+
+- :class:`Backend`, the lifecycle: which engine objects it runs on (:meth:`Backend.accepts`),
+  how many nodes can run at once, start one long-running function per node as a gang (all or
+  none), and close.
+- :class:`FeedAdapter`, the feed: a collection of the engine as the driver's feed planner sees
+  it: rows per partition, and the engine job that runs one epoch's feeding tasks or the
+  inference tasks, one task per partition. What a task does with its partition is
+  :mod:`duotf.feed.tasks` (the task side); epochs, balance and markers are planned on the
+  driver (:mod:`duotf.planner`). A backend calls down into the task side, never up.
+
+Both hand back an :class:`EngineJob`, whose :meth:`~EngineJob.result` is the engine call's own
+value. Reservation, roles, TF_CONFIG, supervision and shutdown are written once above this line.
 """
 
 from __future__ import annotations
@@ -10,60 +20,65 @@ from __future__ import annotations
 import abc
 import socket
 import threading
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
 from ..errors import ConfigError, InsufficientSlotsError
 from ..node import NodeOutcome
+
+__all__ = ["Backend", "FeedAdapter", "EngineJob", "ThreadJob", "NodeFunction", "routable_ip"]
 
 #: ``fn(node_id, executor_id, attempt) -> NodeOutcome``; runs a node to its end.
 NodeFunction = Callable[..., NodeOutcome]
 
 
-class NodeGang(abc.ABC):
-    """The engine's handle on the running node functions."""
+class EngineJob(abc.ABC):
+    """The driver's handle on a job the engine runs for duotf: the node gang (its result: one
+    :class:`~duotf.node.NodeOutcome` per node) or a feed job (its result: what the
+    :class:`FeedAdapter` method says)."""
 
     @abc.abstractmethod
     def done(self) -> bool:
-        """True once every node function has returned (or the engine job failed)."""
+        """True once the engine call returned or failed."""
 
     @abc.abstractmethod
     def exception(self) -> Optional[BaseException]:
         """The engine's error once done, else None."""
 
     @abc.abstractmethod
-    def outcomes(self) -> List[NodeOutcome]:
-        """The node functions' results once done."""
+    def result(self) -> Any:
+        """The engine call's value; waits until done and raises its error."""
 
     @abc.abstractmethod
     def cancel(self) -> None:
         """Cancel whatever still runs; idempotent."""
 
+    @abc.abstractmethod
     def join(self, timeout: Optional[float] = None) -> None:
         """Wait until done (or ``timeout``)."""
 
+    @abc.abstractmethod
     def add_done_callback(self, fn: Callable[[], None]) -> None:
-        """Call ``fn()`` once done (at once if already done), so that a waiter need not poll.
-        A gang that cannot tell ignores it, and its waiters poll ``done()``."""
+        """Call ``fn()`` once done (at once if already done), so that no waiter polls."""
 
 
-class ThreadGang(NodeGang):
-    """A gang whose engine call blocks: it runs in a driver thread until the job ends."""
+class ThreadJob(EngineJob):
+    """An engine job whose engine call blocks: it runs in a driver thread until it returns."""
 
-    def __init__(self, call: Callable[[], List[NodeOutcome]], cancel: Callable[[], None], name: str):
+    def __init__(self, call: Callable[[], Any], cancel: Callable[[], None], name: str):
         self._call = call
         self._cancel = cancel
-        self._result: Optional[List[NodeOutcome]] = None
+        self._value: Any = None
         self._exc: Optional[BaseException] = None
         self._cancelled = False
         self._callbacks: Optional[List[Callable[[], None]]] = []
         self._lock = threading.Lock()
         self._finished = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"duotf-{name}-gang", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"duotf-{name}-job", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            self._result = list(self._call())
+            self._value = self._call()
         except BaseException as exc:  # reported through exception(); the thread must not die loud
             self._exc = exc
         finally:
@@ -84,25 +99,64 @@ class ThreadGang(NodeGang):
         return self._finished.is_set()
 
     def exception(self) -> Optional[BaseException]:
-        return self._exc if self.done() else None
+        return self._exc if self._finished.is_set() else None
 
-    def outcomes(self) -> List[NodeOutcome]:
+    def result(self) -> Any:
         self._thread.join()
-        return list(self._result or [])
+        if self._exc is not None:
+            raise self._exc
+        return self._value
 
     def cancel(self) -> None:
-        if not self._cancelled and not self.done():
+        with self._lock:
+            if self._cancelled or self._finished.is_set():
+                return
             self._cancelled = True
-            self._cancel()
+        self._cancel()
 
     def join(self, timeout: Optional[float] = None) -> None:
         self._thread.join(timeout)
+
+
+class FeedAdapter(abc.ABC):
+    """A collection of the engine, as the feed planner on the driver sees it.
+
+    A backend makes one with :meth:`Backend.feed_adapter`. Partitions are numbered ``0..n-1``
+    in the collection's own order; every method keeps that order.
+    """
+
+    def check_capacity(self, nodes: int) -> None:
+        """Raise :class:`~duotf.errors.InsufficientSlotsError` at once when feeding tasks
+        cannot run beside the ``nodes`` running node tasks. Called before anything else."""
+
+    @abc.abstractmethod
+    def counts(self) -> List[int]:
+        """Rows in each partition, in partition order."""
+
+    @abc.abstractmethod
+    def train(self, job) -> EngineJob:
+        """Start one epoch: a task per partition runs
+        ``duotf.feed.tasks.train_partition(job, pid, partition)``. The job's result is the list
+        of rows each partition sent, in partition order."""
+
+    @abc.abstractmethod
+    def infer(self, job, keep: Optional[List[str]], result_columns: Optional[dict]) -> EngineJob:
+        """Start inference: a task per partition runs ``duotf.feed.tasks.infer_partition`` (or
+        the engine's columnar equivalent). The job's result is a collection of the input's
+        engine and kind with one output partition per input partition, computed while the
+        cluster runs and left where the engine keeps it."""
 
 
 class Backend(abc.ABC):
     """An engine that can run duotf nodes."""
 
     name: str = "backend"
+
+    @classmethod
+    def accepts(cls, obj) -> bool:
+        """True when ``obj`` (a SparkSession, a Client, ...) is an engine handle this backend
+        runs on; :func:`duotf.backends.resolve_backend` then calls ``cls(obj)``."""
+        return False
 
     @classmethod
     def from_name(cls) -> "Backend":
@@ -127,14 +181,14 @@ class Backend(abc.ABC):
         return "Ask for fewer nodes or give the backend more capacity."
 
     @abc.abstractmethod
-    def start_nodes(self, fn: NodeFunction, n: int, job_id: str) -> NodeGang:
-        """Start ``fn(node_id, executor_id, attempt)`` for node ids ``0..n-1``, all at once."""
+    def start_nodes(self, fn: NodeFunction, n: int, job_id: str) -> EngineJob:
+        """Start ``fn(node_id, executor_id, attempt)`` for node ids ``0..n-1``, all at once.
+        The job's result is the list of the functions' :class:`NodeOutcome`."""
 
-    def feed_adapter(self, data, nodes: int):
-        """The engine's view of a collection to feed while ``nodes`` node tasks run."""
+    def feed_adapter(self, data, nodes: int) -> FeedAdapter:
+        """The engine's view of ``data`` to feed while ``nodes`` node tasks run."""
         raise ConfigError(
-            f"the {self.name} backend cannot feed a {type(data).__name__}; "
-            + self.feed_hint()
+            f"the {self.name} backend cannot feed a {type(data).__name__}; " + self.feed_hint()
         )
 
     def feed_hint(self) -> str:

@@ -12,7 +12,7 @@ import threading
 from typing import List, Optional
 
 from ..node import NodeOutcome
-from .base import Backend, NodeGang, NodeFunction, ThreadGang
+from .base import Backend, EngineJob, FeedAdapter, NodeFunction, ThreadJob
 
 
 class LocalBackend(Backend):
@@ -38,7 +38,7 @@ class LocalBackend(Backend):
     def capacity_hint(self) -> str:
         return "Ask for fewer nodes or pass duotf.backends.LocalBackend(slots=...)."
 
-    def start_nodes(self, fn: NodeFunction, n: int, job_id: str) -> NodeGang:
+    def start_nodes(self, fn: NodeFunction, n: int, job_id: str) -> EngineJob:
         executor = f"local-{socket.gethostname()}-{os.getpid()}"
 
         def call() -> List[NodeOutcome]:
@@ -64,16 +64,16 @@ class LocalBackend(Backend):
             return [r for r in results if r is not None]
 
         # Agents end themselves when the driver's rendezvous server closes; nothing to cancel.
-        return ThreadGang(call, cancel=lambda: None, name="local")
+        return ThreadJob(call, cancel=lambda: None, name="local")
 
     def feed_hint(self) -> str:
         return ("pass a list of partitions: lists of rows, pandas DataFrames, numpy arrays, or "
                 "callables that return an iterator of rows or of column dicts.")
 
-    def feed_adapter(self, data, nodes: int):
+    def feed_adapter(self, data, nodes: int) -> FeedAdapter:
         if not isinstance(data, (list, tuple)):
             return super().feed_adapter(data, nodes)
-        return _LocalFeed(list(data))
+        return LocalFeed(list(data))
 
 
 def _parallel(calls, width: int = 4) -> list:
@@ -84,24 +84,26 @@ def _parallel(calls, width: int = 4) -> list:
         return list(pool.map(lambda call: call(), calls))
 
 
-class _LocalFeed:
-    def __init__(self, parts):
+class LocalFeed(FeedAdapter):
+    """A list of partitions, fed from threads of the driver (up to 4 at once)."""
+
+    def __init__(self, parts: list):
         self.parts = parts
 
     def counts(self) -> List[int]:
         from ..feed.columns import num_rows
-        from ..feed.driver import chunks_of
+        from ..feed.tasks import chunks_of
 
         return [sum(num_rows(c) for c in chunks_of(p)) for p in self.parts]
 
-    def train(self, job) -> NodeGang:
-        from ..feed.driver import train_partition
+    def train(self, job) -> EngineJob:
+        from ..feed import tasks
 
-        calls = [lambda i=i, p=p: train_partition(job, i, p) for i, p in enumerate(self.parts)]
-        return ThreadGang(lambda: _parallel(calls), cancel=lambda: None, name="local-feed")
+        calls = [lambda i=i, p=p: tasks.train_partition(job, i, p) for i, p in enumerate(self.parts)]
+        return ThreadJob(lambda: _parallel(calls), cancel=lambda: None, name="local-feed")
 
-    def infer(self, job, keep, result_columns) -> NodeGang:
-        from ..feed.driver import infer_partition
+    def infer(self, job, keep, result_columns) -> EngineJob:
+        from ..feed import tasks
 
-        calls = [lambda i=i, p=p: infer_partition(job, i, p, keep) for i, p in enumerate(self.parts)]
-        return ThreadGang(lambda: [_parallel(calls)], cancel=lambda: None, name="local-feed")
+        calls = [lambda i=i, p=p: tasks.infer_partition(job, i, p, keep) for i, p in enumerate(self.parts)]
+        return ThreadJob(lambda: _parallel(calls), cancel=lambda: None, name="local-feed")

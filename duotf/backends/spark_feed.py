@@ -1,4 +1,5 @@
-"""Spark-only feed acceleration: tensor columns (:func:`pack_tensors`) and ready-to-send frames
+"""The Spark backend's feed: its :class:`SparkFeed` adapter and the code of its feeding tasks,
+and Spark-only feed acceleration: tensor columns (:func:`pack_tensors`) and ready-to-send frames
 cached in files on the executors (:func:`feed_cache`).
 
 Spark hands ``array<float>`` columns to Arrow one value at a time; both functions take that cost
@@ -7,11 +8,17 @@ once instead of every epoch. Public names are re-exported by :mod:`duotf.spark`.
 
 from __future__ import annotations
 
+import json
+import logging
+import time
 from typing import Dict, List, Sequence, Union
 
-from ..errors import ConfigError
+from ..errors import ConfigError, InsufficientSlotsError
+from .base import EngineJob, FeedAdapter, ThreadJob
 
-__all__ = ["pack_tensors", "FeedCache", "CachedPartition", "feed_cache"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["SparkFeed", "pack_tensors", "FeedCache", "CachedPartition", "feed_cache"]
 
 _NUMERIC = {"float", "double", "byte", "short", "int", "bigint", "tinyint", "smallint", "long"}
 
@@ -252,3 +259,344 @@ def feed_cache(df, *, block_bytes: int = 4 << 20) -> FeedCache:
     index.persist(StorageLevel.MEMORY_ONLY)
     parts = sorted(index.collect(), key=lambda part: part.pid)
     return FeedCache(index, frames, parts, list(df.columns))
+
+
+# -- the feed adapter ---------------------------------------------------------------------------
+# A feeding task never lets a FeedError escape as a task failure: Spark would hand it back as a
+# Py4JJavaError with the Python traceback as text. The task returns it as a record instead (a
+# JSON column of its one output row), and the driver raises it, typed, with its attributes.
+_ERROR = "__duotf_feed_error"
+
+
+def _error_json(exc) -> str:
+    return json.dumps({"message": exc.message, "partition": exc.partition, "node": exc.node})
+
+
+def _guarded(call):
+    """``(value, None)``, or ``(None, error JSON)`` when ``call()`` raised a FeedError."""
+    from ..errors import FeedError
+
+    try:
+        return call(), None
+    except FeedError as exc:
+        return None, _error_json(exc)
+
+
+def _raise_first(errors) -> None:
+    from ..errors import FeedError
+
+    for error in errors:
+        if error:
+            raise FeedError(**json.loads(error))
+
+
+def _arrow_counts(batches):
+    import pyarrow as pa
+    from pyspark import TaskContext
+
+    n = sum(b.num_rows for b in batches)
+    yield pa.RecordBatch.from_pydict({"p": [TaskContext.get().partitionId()], "n": [n]})
+
+
+def _arrow_train(job, tensors):
+    def run(batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        from ..feed.columns import from_arrow
+        from ..feed.feeder import feed_train
+
+        pid = TaskContext.get().partitionId()
+        sent, error = _guarded(lambda: feed_train(job, pid, (from_arrow(b, tensors) for b in batches)))
+        yield pa.RecordBatch.from_pydict({"rows": [sent or 0], _ERROR: [error]},
+                                         schema=pa.schema([("rows", pa.int64()), (_ERROR, pa.string())]))
+
+    return run
+
+
+def _arrow_infer(job, keep_fields, result_fields, tensors):
+    def run(batches):
+        import collections
+
+        import pyarrow as pa
+        from pyspark import TaskContext
+        from pyspark.sql.pandas.types import to_arrow_type
+
+        from ..errors import FeedError
+        from ..feed.columns import from_arrow, num_rows
+        from ..feed.feeder import feed_infer
+
+        inputs = collections.deque()
+
+        def remember(stream):
+            for batch in stream:
+                inputs.append(batch)
+                yield from_arrow(batch, tensors)
+
+        def take_inputs(n):
+            parts = []
+            while n:
+                head = inputs[0]
+                k = min(n, head.num_rows)
+                parts.append(head.slice(0, k))
+                if k == head.num_rows:
+                    inputs.popleft()
+                else:
+                    inputs[0] = head.slice(k)
+                n -= k
+            return pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
+
+        keep = [f.name for f in keep_fields]
+        types = [(f.name, to_arrow_type(f.dataType)) for f in result_fields]
+        names = keep + [n for n, _ in types] + [_ERROR]
+        try:
+            for _, results in feed_infer(job, TaskContext.get().partitionId(), remember(batches)):
+                rows = num_rows(results)
+                kept = take_inputs(rows)
+                arrays = [kept.column(kept.schema.get_field_index(name)) for name in keep]
+                for name, arrow_type in types:
+                    values = results.get(name)
+                    if values is None:
+                        raise KeyError(f"the node's results have no column {name!r} "
+                                       f"(they have {sorted(results)}); set result_columns=...")
+                    arrays.append(pa.array(list(values) if getattr(values, "ndim", 1) > 1 else values,
+                                           type=arrow_type))
+                arrays.append(pa.nulls(rows, pa.string()))
+                yield pa.RecordBatch.from_arrays(arrays, names=names)
+        except FeedError as exc:  # one row that carries the error, every other column null
+            error = _error_json(exc)
+            arrays = [pa.nulls(1, to_arrow_type(f.dataType)) for f in keep_fields]
+            arrays += [pa.nulls(1, t) for _, t in types] + [pa.array([error], pa.string())]
+            yield pa.RecordBatch.from_arrays(arrays, names=names)
+
+    return run
+
+
+def _rdd_counts(index, rows):
+    yield index, sum(1 for _ in rows)
+
+
+def _cached_files(job):
+    """Feed the cached partitions of this task, up to one per target node at once (a task may
+    hold several after coalescing); yield ``(pid, rows sent, error)``, rows None for a file
+    that is on another host."""
+
+    def feed(part):
+        from ..feed.feeder import feed_train
+
+        opened = part.open()
+        if opened is None:
+            return part.pid, None, None
+        f, frames = opened
+        with f:
+            sent, error = _guarded(lambda: feed_train(job, part.pid, frames))
+            return part.pid, sent or 0, error
+
+    def run(parts):
+        from concurrent.futures import ThreadPoolExecutor
+
+        parts = list(parts)
+        if len(parts) <= 1:
+            yield from map(feed, parts)
+            return
+        # sendfile leaves the GIL: partitions in order, so the ones fed at once go to
+        # different nodes (see duotf.planner.balance)
+        with ThreadPoolExecutor(min(len(parts), len(job.addresses)), "duotf-feed") as pool:
+            yield from pool.map(feed, parts)
+
+    return run
+
+
+def _frames_of_partition(job):
+    def run(items):
+        from pyspark import TaskContext
+
+        from ..feed.feeder import feed_train
+        from ..feed.wire import Packed
+
+        pid = TaskContext.get().partitionId()
+        yield _guarded(lambda: feed_train(job, pid, (Packed(n, frame) for n, frame in items)))
+
+    return run
+
+
+def _train_rdd(job):
+    def run(index, rows):
+        from ..feed.tasks import train_partition
+
+        yield _guarded(lambda: train_partition(job, index, rows))
+
+    return run
+
+
+def _infer_rdd(job, keep):
+    def run(index, rows):
+        from ..feed.tasks import infer_partition
+
+        results, error = _guarded(lambda: infer_partition(job, index, list(rows), keep))
+        if error:
+            yield (_ERROR, error)
+        else:
+            yield from results
+
+    return run
+
+
+def _is_error(item) -> bool:
+    return isinstance(item, tuple) and len(item) == 2 and item[0] == _ERROR
+
+
+class SparkFeed(FeedAdapter):
+    """A Spark DataFrame (read with ``mapInArrow``), an RDD, or a :class:`FeedCache`."""
+
+    @staticmethod
+    def accepts(data) -> bool:
+        return (hasattr(data, "mapInArrow") or hasattr(data, "mapPartitionsWithIndex")
+                or isinstance(data, FeedCache))
+
+    def __init__(self, backend, data):
+        self.backend = backend
+        self.sc = backend.sc
+        self.cache = data if isinstance(data, FeedCache) else None
+        self.df = data if hasattr(data, "mapInArrow") else None
+        self.rdd = None if self.df is not None or self.cache is not None else data
+
+    def _job(self, what: str, call) -> EngineJob:
+        group = f"duotf-feed-{id(self)}-{time.monotonic_ns()}"
+        sc = self.sc
+
+        def run():
+            sc.setJobGroup(group, what, interruptOnCancel=True)
+            try:
+                return call()
+            finally:
+                sc.setLocalProperty("spark.jobGroup.id", None)
+
+        return ThreadJob(run, cancel=lambda: sc.cancelJobGroup(group), name="spark-feed")
+
+    def check_capacity(self, nodes: int) -> None:
+        slots = self.backend.slots()
+        if slots - nodes < 1:
+            raise InsufficientSlotsError(
+                f"feeding needs a free task slot beside the {nodes} node tasks, but Spark "
+                f"({self.sc.master}) has {slots} slots in all. Give each executor "
+                "one more core than its nodes use (spark.executor.cores), or run local[N] with "
+                "N > number of nodes.",
+                needed=nodes + 1, available=slots, backend="spark",
+            )
+        if self.cache is not None and self.cache.index is None:
+            raise ConfigError(f"{self.cache!r} was unpersisted; make a new feed_cache()")
+
+    def counts(self) -> List[int]:
+        if self.cache is not None:
+            return list(self.cache.counts)
+        if self.df is not None:
+            from pyspark.sql import functions as F
+
+            # One literal column: Spark reads no data column just to count rows.
+            rows = self.df.select(F.lit(0).alias("_")).mapInArrow(_arrow_counts, "p long, n long").collect()
+            counts = [0] * self.df.rdd.getNumPartitions()
+        else:
+            rows = self.rdd.mapPartitionsWithIndex(_rdd_counts).collect()
+            counts = [0] * self.rdd.getNumPartitions()
+        for p, n in rows:
+            counts[p] = n
+        return counts
+
+    def train(self, job) -> EngineJob:
+        if self.cache is not None:
+            return self._job("duotf feed", self._train_cached(job))
+        if self.df is not None:
+            from ..feed.columns import tensor_specs
+
+            df = self.df
+            task = _arrow_train(job, tensor_specs(df.schema))
+
+            def run_df():
+                out = df.mapInArrow(task, f"rows long, {_ERROR} string").collect()
+                _raise_first(row[_ERROR] for row in out)
+                return [row.rows for row in out]
+
+            return self._job("duotf feed", run_df)
+        rdd = self.rdd
+
+        def run_rdd():
+            out = rdd.mapPartitionsWithIndex(_train_rdd(job)).collect()
+            _raise_first(error for _, error in out)
+            return [sent for sent, _ in out]
+
+        return self._job("duotf feed", run_rdd)
+
+    def _train_cached(self, job):
+        cache, sc = self.cache, self.sc
+        index = cache.index
+        free = max(self.backend.slots() - len(job.addresses), 1)
+        if len({part.host for part in cache.parts}) == 1 and len(cache.parts) > free:
+            # One host: every file is local to every task. One task per free slot, each
+            # feeding a run of partitions, saves Spark's per-task cost, and with no locality
+            # preference no task waits for the executor that holds an index entry. Across
+            # hosts each partition keeps its own task, which Spark runs where its index entry
+            # (and so its file) is.
+            per = -(-len(cache.parts) // free)
+            runs = [cache.parts[i:i + per] for i in range(0, len(cache.parts), per)]
+            index = sc.parallelize(runs, len(runs)).flatMap(lambda run: run)
+
+        def call():
+            out = index.mapPartitions(_cached_files(job)).collect()
+            _raise_first(error for _, _, error in out)
+            sent = {pid: rows for pid, rows, _ in out}
+            missed = sorted(pid for pid, rows in sent.items() if rows is None)
+            if missed:
+                logger.info("duotf: %d cached partitions were on another host; feeding them "
+                            "from the DataFrame", len(missed))
+                again = sc.runJob(cache.frames, _frames_of_partition(job), missed)
+                _raise_first(error for _, error in again)
+                for pid, (rows, _) in zip(missed, again):
+                    sent[pid] = rows
+            return [sent[pid] for pid in sorted(sent)]
+
+        return call
+
+    def infer(self, job, keep, result_columns) -> EngineJob:
+        if self.cache is not None:
+            raise ConfigError("a FeedCache is for training; pass the DataFrame itself to inference()")
+        if self.df is not None:
+            return self._job("duotf inference", self._infer_df(job, keep, result_columns))
+        rdd = self.rdd
+
+        def run_rdd():
+            from pyspark import StorageLevel
+
+            out = rdd.mapPartitionsWithIndex(_infer_rdd(job, keep))
+            # Materialize now, while the nodes run. persist() also keeps PySpark from pipelining
+            # count() past this RDD, which would leave the checkpoint unfilled.
+            out.persist(StorageLevel.MEMORY_AND_DISK)
+            out.localCheckpoint()
+            _raise_first(error for _, error in out.filter(_is_error).take(1))
+            return out.filter(lambda item: not _is_error(item))
+
+        return self._job("duotf inference", run_rdd)
+
+    def _infer_df(self, job, keep, result_columns):
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        from ..feed.columns import tensor_specs
+
+        df = self.df
+        keep = list(df.columns) if keep is None else list(keep)
+        spec = result_columns or {"prediction": "double"}
+        result_fields = df.sparkSession.createDataFrame(
+            [], ", ".join(f"`{k}` {v}" for k, v in spec.items())).schema.fields
+        # nullable: a task's error comes back as a row of nulls beside its message
+        kept = [T.StructField(f.name, f.dataType, True, f.metadata) for f in (df.schema[k] for k in keep)]
+        schema = T.StructType(kept + list(result_fields) + [T.StructField(_ERROR, T.StringType(), True)])
+        task = _arrow_infer(job, kept, result_fields, tensor_specs(df.schema))
+
+        def run():
+            out = df.mapInArrow(task, schema).localCheckpoint(eager=True)
+            failed = out.where(F.col(_ERROR).isNotNull()).select(_ERROR).limit(1).collect()
+            _raise_first(row[0] for row in failed)
+            return out.drop(_ERROR)
+
+        return run

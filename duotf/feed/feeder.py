@@ -16,7 +16,7 @@ import socket
 import threading
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
-from ..errors import ConfigError, FeedError
+from ..errors import FeedError
 from . import shm, wire
 from .columns import Columns, concat_cols, num_rows, slice_cols, split
 
@@ -31,49 +31,6 @@ class FeedJob:
     mode: str  # "train" or "infer"
     timeout: float
     plan: Optional[Dict[int, List[Tuple[int, int, int]]]] = None  # train: partition -> ranges
-
-
-def balance(counts: List[int], targets: int, drop_remainder: bool = True):
-    """Give every target the same number of rows: ``(plan, rows_per_target, dropped)``.
-
-    Rows are dealt in an interleaved partition order, partitions ``0, T, 2T, ...`` first, then
-    ``1, T + 1, ...`` and so on (``T`` targets): target 0 gets the first ``total // T`` rows of
-    that order, target 1 the next, and so on. Engines start tasks in partition order, so the
-    tasks that run at the same time feed different targets, and no node waits while another is
-    fed by every free slot. The ``total % T`` rows left over (fewer than the number of targets)
-    are the last of that order, and are dropped so that every synchronous worker runs the same
-    number of steps; with ``drop_remainder=False`` partitions go whole to targets in turn
-    instead (uneven).
-    """
-    total = sum(counts)
-    plan: Dict[int, List[Tuple[int, int, int]]] = {}
-    if not drop_remainder:
-        for pid, n in enumerate(counts):
-            plan[pid] = [(pid % targets, 0, n)] if n else []
-        return plan, None, 0
-    per = total // targets
-    if per == 0:
-        raise ConfigError(
-            f"{total} rows cannot be shared by {targets} synchronous workers: each needs at "
-            "least one row. Feed more data, or pass balance=False."
-        )
-    order = sorted(range(len(counts)), key=lambda pid: (pid % targets, pid))
-    start = 0
-    for pid in order:
-        n = counts[pid]
-        ranges = []
-        pos = 0
-        while pos < n:
-            g = start + pos
-            target = g // per
-            if target >= targets:
-                break  # the remainder
-            stop = min(n, (target + 1) * per - start)
-            ranges.append((target, pos, stop))
-            pos = stop
-        plan[pid] = ranges
-        start += n
-    return dict(sorted(plan.items())), per, total - per * targets
 
 
 def _frames(chunks: Iterable[Columns]) -> Iterator[Columns]:

@@ -153,7 +153,7 @@ def test_shutdown_stops_ps_and_leaves_nothing(backend):
     spec = duotf.ClusterSpec(workers=1, ps=1)
     cluster = duotf.run(mains.block_main, {"release": "/nonexistent/never"}, backend, spec, env=QUIET_TF)
     poll_for(lambda: cluster.nodes[1].state == "serving", 30, what="ps serving")
-    port = cluster._server.address[1]
+    port = cluster.supervisor.server.address[1]
     with pytest.raises(duotf.NodesStoppedError):
         cluster.shutdown(grace_secs=0)
     assert cluster.nodes[1].state == "stopped"
@@ -171,7 +171,7 @@ def test_a_second_copy_of_a_node_is_refused_loudly(backend, tmp_path):
     cluster = duotf.run(mains.block_main, {"release": str(tmp_path / "never")}, backend,
                         duotf.ClusterSpec(workers=2))
     try:
-        impostor = rendezvous.connect(cluster._server.address, cluster._secret, timeout=5)
+        impostor = rendezvous.connect(cluster.supervisor.server.address, cluster.supervisor.secret, timeout=5)
         impostor.send({"type": "register", "node_id": 1, "host": "127.0.0.1", "port": 1,
                        "pid": 1, "attempt": 1})
         reply = impostor.recv()

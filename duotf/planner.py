@@ -1,0 +1,154 @@
+"""The driver's feed planner: which rows go to which worker, epochs, markers.
+
+``Cluster.train`` and ``Cluster.inference`` come here. The planner asks the backend for a
+:class:`~duotf.backends.base.FeedAdapter` of the data, plans each worker's rows
+(:func:`balance`), runs one engine job per epoch through the supervisor (a node's failure wins
+over the job's), and queues epoch and end markers on every node's data path. It calls the
+backend and the transport below it, and the supervisor's documented methods; nothing calls it
+but the cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Dict, List, Tuple
+
+from .errors import ConfigError, DuotfError, FeedError
+from .feed import wire
+from .feed.feeder import FeedJob
+from .supervisor import FeedTarget, JobStopped, Supervisor
+
+logger = logging.getLogger("duotf.feed")
+
+__all__ = ["balance", "train", "inference"]
+
+
+def balance(counts: List[int], targets: int, drop_remainder: bool = True):
+    """Give every target the same number of rows: ``(plan, rows_per_target, dropped)``.
+
+    Rows are dealt in an interleaved partition order, partitions ``0, T, 2T, ...`` first, then
+    ``1, T + 1, ...`` and so on (``T`` targets): target 0 gets the first ``total // T`` rows of
+    that order, target 1 the next, and so on. Engines start tasks in partition order, so the
+    tasks that run at the same time feed different targets, and no node waits while another is
+    fed by every free slot. The ``total % T`` rows left over (fewer than the number of targets)
+    are the last of that order, and are dropped so that every synchronous worker runs the same
+    number of steps; with ``drop_remainder=False`` partitions go whole to targets in turn
+    instead (uneven).
+    """
+    total = sum(counts)
+    plan: Dict[int, List[Tuple[int, int, int]]] = {}
+    if not drop_remainder:
+        for pid, n in enumerate(counts):
+            plan[pid] = [(pid % targets, 0, n)] if n else []
+        return plan, None, 0
+    per = total // targets
+    if per == 0:
+        raise ConfigError(
+            f"{total} rows cannot be shared by {targets} synchronous workers: each needs at "
+            "least one row. Feed more data, or pass balance=False."
+        )
+    order = sorted(range(len(counts)), key=lambda pid: (pid % targets, pid))
+    start = 0
+    for pid in order:
+        n = counts[pid]
+        ranges = []
+        pos = 0
+        while pos < n:
+            g = start + pos
+            target = g // per
+            if target >= targets:
+                break  # the remainder
+            stop = min(n, (target + 1) * per - start)
+            ranges.append((target, pos, stop))
+            pos = stop
+        plan[pid] = ranges
+        start += n
+    return dict(sorted(plan.items())), per, total - per * targets
+
+
+def _job(sup: Supervisor, targets: List[FeedTarget], mode: str, timeout: float, plan=None) -> FeedJob:
+    return FeedJob(
+        secret=sup.secret,
+        addresses=[t.address for t in targets],
+        labels=[t.label for t in targets],
+        mode=mode,
+        timeout=timeout,
+        plan=plan,
+    )
+
+
+def _run(sup: Supervisor, job, what: str, stoppable: bool):
+    """The engine job's result; None when a node terminated its feed (``stoppable``). A node's
+    failure and a :class:`FeedError` are raised as they are; any other failure of the job as
+    a FeedError whose first line says what failed."""
+    try:
+        return sup.run_job(job, stop_if=sup.feed_terminated if stoppable else None)
+    except JobStopped:
+        return None
+    except DuotfError:
+        raise
+    except Exception as exc:
+        raise FeedError(f"{what} failed: {type(exc).__name__}: {str(exc)[:2000]}",
+                        partition=None, node=None) from exc
+
+
+def _markers(sup: Supervisor, targets: List[FeedTarget], kind: str, timeout: float) -> None:
+    """Queue an epoch/end marker on every target, on the data path, and wait for each ack."""
+    for target in targets:
+        try:
+            sock = wire.connect(target.address, sup.secret, timeout)
+            try:
+                wire.send_frame(sock, "marker", marker=kind)
+                wire.recv_frame(sock)  # "ack", or "terminated"
+            finally:
+                sock.close()
+        except OSError as exc:
+            if sup.takes_no_feed(target.node_id):
+                continue  # this node needs no marker any more
+            sup.expect_failure(3.0)
+            raise FeedError(f"could not send the {kind} marker to {target.label}: {exc}",
+                            partition=None, node=target.label) from exc
+
+
+def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, balanced: bool) -> dict:
+    sup.check_running("train")
+    if epochs < 1:
+        raise ConfigError(f"epochs={epochs}: must be >= 1")
+    targets = sup.feed_targets()
+    adapter = backend.feed_adapter(data, len(sup.nodes))
+    adapter.check_capacity(len(sup.nodes))
+    counts = adapter.counts()
+    plan, per, dropped = balance(counts, len(targets), drop_remainder=balanced)
+    if dropped:
+        logger.warning("duotf: %d rows left over after giving each of %d workers %d rows are not "
+                       "fed (balance=False feeds everything, unevenly)", dropped, len(targets), per)
+    job = _job(sup, targets, "train", feed_timeout, plan)
+    t0 = time.monotonic()
+    fed, done = 0, 0
+    for epoch in range(epochs):
+        t1 = time.monotonic()
+        sent = _run(sup, adapter.train(job), f"feeding epoch {epoch + 1}", True)
+        if sent is None:
+            break
+        fed += sum(sent)
+        done += 1
+        t2 = time.monotonic()
+        _markers(sup, targets, "epoch", feed_timeout)
+        logger.debug("duotf: epoch %d fed in %.3f s, its markers acknowledged in %.3f s",
+                     epoch + 1, t2 - t1, time.monotonic() - t2)
+    _markers(sup, targets, "end", feed_timeout)
+    return {"epochs": done, "rows": sum(counts), "rows_fed": fed, "rows_per_worker": per,
+            "rows_dropped_per_epoch": dropped, "terminated": sup.feed_terminated(),
+            "seconds": time.monotonic() - t0}
+
+
+def inference(sup: Supervisor, backend, data, keep, result_columns, feed_timeout: float):
+    sup.check_running("run inference")
+    targets = sup.feed_targets()
+    adapter = backend.feed_adapter(data, len(sup.nodes))
+    adapter.check_capacity(len(sup.nodes))
+    job = _job(sup, targets, "infer", feed_timeout)
+    output = _run(sup, adapter.infer(job, keep, result_columns), "inference", False)
+    _markers(sup, targets, "end", feed_timeout)
+    return output

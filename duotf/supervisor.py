@@ -1,0 +1,563 @@
+"""Supervision on the driver: the node table, the nodes' messages, failure -> stop every node.
+
+The :class:`Supervisor` owns the rendezvous server and one condition that every change of a
+node or of the cluster's status notifies; every wait in duotf's driver is a wait on that
+condition with a deadline, never a fixed poll. What the rest of the driver needs from it (the
+cluster's start and shutdown, the feed planner, and later restarts and log streaming) is a
+documented method here; nobody else reads its fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import threading
+import time
+from typing import Any, Callable, List, Optional, Tuple
+
+from . import rendezvous
+from .errors import (
+    BackendError,
+    ClusterClosedError,
+    DuotfError,
+    NodeFailedError,
+    NodeUnresponsiveError,
+    ReservationTimeoutError,
+    UnsupportedProtocolError,
+)
+from .rendezvous import Msg
+from .spec import ClusterSpec, Role
+
+logger = logging.getLogger("duotf.cluster")
+
+__all__ = ["ClusterStatus", "NodeState", "NodeInfo", "FeedTarget", "JobStopped", "Supervisor",
+           "TERMINAL", "ENDED"]
+
+
+class ClusterStatus(str, enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"  # shutdown is stopping the nodes: a connection closing is no failure
+    FINISHED = "finished"  # every node ended on its own (mains returned, servers stopped)
+    FAILED = "failed"
+    CLOSED = "closed"
+
+
+_LIVE = (ClusterStatus.STARTING, ClusterStatus.RUNNING)
+
+
+class NodeState(str, enum.Enum):
+    """A node's state as the driver sees it: ``pending -> registered -> ready -> running |
+    serving -> returned -> done``, or ``failed`` / ``stopped`` from any state."""
+
+    PENDING = "pending"
+    REGISTERED = "registered"
+    READY = "ready"
+    RUNNING = "running"
+    SERVING = "serving"
+    RETURNED = "returned"  # main returned; the process waits to be released with its peers
+    DONE = "done"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+#: states a node never leaves
+TERMINAL = frozenset({NodeState.DONE, NodeState.FAILED, NodeState.STOPPED})
+#: states in which a node's main has ended
+ENDED = TERMINAL | {NodeState.RETURNED}
+#: the node states that a node reports by a message of the same name
+_REPORTED = {Msg.READY: NodeState.READY, Msg.RUNNING: NodeState.RUNNING,
+             Msg.SERVING: NodeState.SERVING, Msg.RETURNED: NodeState.RETURNED,
+             Msg.DONE: NodeState.DONE, Msg.STOPPED: NodeState.STOPPED}
+
+
+@dataclasses.dataclass
+class NodeInfo:
+    """One node as the driver sees it (``cluster.nodes``)."""
+
+    node_id: int
+    role: Role
+    host: Optional[str] = None
+    port: Optional[int] = None
+    pid: Optional[int] = None
+    executor_id: str = ""
+    feed_port: Optional[int] = None
+    feed_terminated: bool = False
+    state: NodeState = NodeState.PENDING
+    last_seen: float = 0.0
+    peer: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def is_server(self) -> bool:
+        """ps nodes serve from the start; other nodes once they called ``ctx.serve()``."""
+        return self.role.job == "ps" or self.state is NodeState.SERVING
+
+    def describe(self) -> str:
+        where = f" on {self.host}" if self.host else ""
+        pid = f", pid {self.pid}" if self.pid else ""
+        return f"{self.role}{where} (node {self.node_id}{pid})"
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedTarget:
+    """A node that the engine feed sends rows to (a chief or worker), by feed rank."""
+
+    node_id: int
+    label: str
+    address: Tuple[str, int]
+
+
+class JobStopped(Exception):
+    """:meth:`Supervisor.run_job` cancelled the job because ``stop_if()`` became true."""
+
+
+class Supervisor:
+    """The driver's view of a cluster's nodes.
+
+    Parameters
+    ----------
+    spec, backend_name:
+        What runs, and on which engine (for messages).
+    reservation_timeout:
+        Seconds for every node to register and start (for the error that names the missing).
+    heartbeat_timeout, stop_timeout:
+        Seconds of silence after which a node counts as lost, and that a node is given to stop
+        before it is killed.
+    driver_host:
+        The address the rendezvous server announces to the nodes.
+    """
+
+    def __init__(self, spec: ClusterSpec, backend_name: str, *, reservation_timeout: float,
+                 heartbeat_timeout: float, stop_timeout: float, driver_host: str):
+        self.spec = spec
+        self.reservation_timeout = reservation_timeout
+        self.backend_name = backend_name
+        self.heartbeat_timeout = heartbeat_timeout
+        self.stop_timeout = stop_timeout
+        self.status = ClusterStatus.STARTING
+        self.nodes: List[NodeInfo] = [NodeInfo(i, r) for i, r in enumerate(spec.roles())]
+        #: the job's secret: authenticates the rendezvous and the feed connections
+        self.secret = rendezvous.new_secret()
+        self.error: Optional[DuotfError] = None
+        self._error_delivered = False
+        self._cond = threading.Condition()
+        self._gang = None
+        self._threads: List[threading.Thread] = []
+        self.server = rendezvous.RendezvousServer(self.secret, self._on_message, self._on_close,
+                                                  host=driver_host)
+
+    # -- waiting ------------------------------------------------------------------------------
+    def wait_for(self, predicate: Callable[[], bool], deadline: Optional[float], *,
+                 failure_ends: bool = True) -> bool:
+        """Wait until ``predicate()`` (called under the lock) is true or, with ``failure_ends``,
+        a failure was recorded: True; False at ``deadline`` (``time.monotonic()``; None waits
+        for ever)."""
+        with self._cond:
+            while not predicate():
+                if failure_ends and self.error is not None:
+                    return True
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
+    def notify(self) -> None:
+        """Wake every waiter (a callback of an engine job calls it when the job ends)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def raise_if_failed(self) -> None:
+        """Raise the cluster's first failure (once it is raised, ``shutdown`` does not raise it
+        again), or :class:`ClusterClosedError` once closed."""
+        if self.error is not None:
+            self._error_delivered = True
+            raise self.error
+        if self.status is ClusterStatus.CLOSED:
+            raise ClusterClosedError("the cluster is shut down")
+
+    def check_running(self, what: str) -> None:
+        """Raise unless the nodes run: the failure that stopped them, or ClusterClosedError."""
+        if self.status is not ClusterStatus.RUNNING:
+            self.raise_if_failed()
+            raise ClusterClosedError(f"cannot {what}: the cluster is {self.status.value}")
+
+    def expect_failure(self, within: float) -> None:
+        """Something the nodes take part in failed: give a node's own failure ``within`` seconds
+        to arrive (over the rendezvous it takes milliseconds) and raise it if it does."""
+        self.wait_for(lambda: self.error is not None, time.monotonic() + within)
+        if self.error is not None:
+            self.raise_if_failed()
+
+    # -- engine jobs --------------------------------------------------------------------------
+    def run_job(self, job, *, stop_if: Optional[Callable[[], bool]] = None,
+                node_error_grace: float = 3.0) -> Any:
+        """The result of an engine job run while the nodes run.
+
+        A node failure wins: the job is cancelled and the node's error raised. When
+        ``stop_if()`` becomes true the job is cancelled and :class:`JobStopped` raised. When the
+        job itself fails, a node that died is usually why: its error is raised (chained) if it
+        arrives within ``node_error_grace`` seconds, else the job's own error.
+        """
+        job.add_done_callback(self.notify)
+        stopped = lambda: stop_if is not None and stop_if()  # noqa: E731
+        self.wait_for(lambda: job.done() or stopped() or self.status is ClusterStatus.CLOSED, None)
+        if self.error is not None or self.status is ClusterStatus.CLOSED:
+            job.cancel()
+            self.raise_if_failed()
+        if stopped():
+            job.cancel()
+            job.join(30)
+            raise JobStopped()
+        exc = job.exception()
+        if exc is None:
+            return job.result()
+        try:
+            self.expect_failure(node_error_grace)
+        except DuotfError as node_error:
+            raise node_error from exc
+        raise exc
+
+    # -- the nodes, for the feed ----------------------------------------------------------------
+    def feed_targets(self) -> List[FeedTarget]:
+        """The chief and workers, in feed rank order, with their feed addresses."""
+        targets = [n for n in self.nodes if n.role.job in ("chief", "worker")]
+        missing = [n.describe() for n in targets if n.feed_port is None]
+        if missing:
+            raise ClusterClosedError(f"no feed port known for {', '.join(missing)}")
+        return [FeedTarget(n.node_id, n.describe(), (n.host, n.feed_port)) for n in targets]
+
+    def feed_terminated(self) -> bool:
+        """True once a node called ``feed.terminate()``."""
+        return any(n.feed_terminated for n in self.nodes)
+
+    def takes_no_feed(self, node_id: int) -> bool:
+        """True when a node needs no more feed markers: its main ended or it terminated its feed."""
+        node = self.nodes[node_id]
+        return node.state in ENDED or node.feed_terminated
+
+    # -- messages from the nodes -------------------------------------------------------------
+    def send(self, node: NodeInfo, type_: Msg, **fields) -> None:
+        """Send a message to a node's agent; a node already gone is skipped (its end is known
+        by its connection)."""
+        if node.peer is None:
+            return
+        try:
+            node.peer.send({"type": type_, **fields})
+        except OSError as exc:
+            logger.debug("could not send %s to %s: %s", type_.value, node.describe(), exc)
+
+    def _on_message(self, peer, message: dict) -> None:
+        try:
+            kind = Msg(message["type"])
+        except ValueError:
+            logger.warning("duotf: message of unknown type %r ignored", message.get("type"))
+            return
+        node_id = message.get("node_id")
+        if not isinstance(node_id, int) or not 0 <= node_id < len(self.nodes):
+            logger.warning("duotf: message for unknown node %r ignored", node_id)
+            return
+        node = self.nodes[node_id]
+        failure = None
+        with self._cond:
+            if kind is Msg.REGISTER:
+                failure = self._register(node, peer, message)
+            elif getattr(peer, "node_id", None) != node_id:
+                logger.warning("duotf: %s message from a connection of another node ignored", kind.value)
+                return
+            else:
+                node.last_seen = time.monotonic()
+                if kind is Msg.FEED_TERMINATED:
+                    node.feed_terminated = True
+                elif kind in _REPORTED:
+                    if node.state not in TERMINAL:
+                        node.state = _REPORTED[kind]
+                    if kind is Msg.READY:
+                        node.feed_port = message.get("feed_port")
+                elif kind is Msg.FAILED:
+                    node.state = NodeState.FAILED
+                    failure = self._node_failure(node, message)
+            self._cond.notify_all()
+        if failure is not None:
+            self.fail(failure)
+        elif kind in (Msg.RETURNED, Msg.DONE, Msg.SERVING):
+            self._release_when_finished()
+
+    def _register(self, node: NodeInfo, peer, message: dict) -> Optional[DuotfError]:
+        if node.peer is None and self.status is ClusterStatus.STARTING:
+            node.peer = peer
+            peer.node_id = node.node_id
+            node.host = message["host"]
+            node.port = message["port"]
+            node.pid = message["pid"]
+            node.executor_id = message.get("executor_id", "")
+            node.state = NodeState.REGISTERED
+            node.last_seen = time.monotonic()
+            return None
+        again = node.peer is not None
+        reason = (f"{node.describe()} registered a second time (attempt {message.get('attempt')}); "
+                  "the engine started it again" if again else f"the cluster is {self.status.value}")
+        try:
+            peer.send({"type": Msg.REJECT, "reason": reason})
+        except OSError:
+            pass
+        if again and self.status in _LIVE:
+            return NodeFailedError(
+                f"{reason}. duotf never runs two copies of a node; the cluster was stopped.",
+                node_id=node.node_id, role=str(node.role), host=node.host, pid=node.pid,
+                exitcode=None, remote_type=None, remote_traceback=None,
+            )
+        return None
+
+    def _on_close(self, peer, exc) -> None:
+        node_id = getattr(peer, "node_id", None)
+        if node_id is None:
+            return
+        node = self.nodes[node_id]
+        with self._cond:
+            lost = node.state not in TERMINAL and self.status in _LIVE
+            if lost:
+                node.state = NodeState.FAILED
+            self._cond.notify_all()
+        if lost:
+            self.fail(NodeFailedError(
+                f"lost the connection to {node.describe()}: its engine task or executor died "
+                f"({exc}). Every other node was stopped.",
+                node_id=node_id, role=str(node.role), host=node.host, pid=node.pid,
+                exitcode=None, remote_type=None, remote_traceback=None,
+            ))
+
+    def _node_failure(self, node: NodeInfo, message: dict) -> DuotfError:
+        kind = message.get("kind")
+        attrs = dict(node_id=node.node_id, role=str(node.role), host=node.host, pid=node.pid)
+        text = message.get("message", "")
+        if kind == "protocol":
+            version = message.get("tf_version", "?")
+            protocol = self.spec.protocol
+            return UnsupportedProtocolError(
+                f"protocol={protocol!r} is not available in TensorFlow {version} on "
+                f"{node.host} ({text}). No user code was run. Use protocol='grpc'; for RDMA between "
+                "GPUs use NCCL collectives with MultiWorkerMirroredStrategy(communication_options="
+                "tf.distribute.experimental.CommunicationOptions(implementation="
+                "tf.distribute.experimental.CommunicationImplementation.NCCL)), or install a "
+                f"TensorFlow build that registers the {protocol!r} server.",
+                protocol=protocol, tf_version=version, host=node.host,
+            )
+        if kind == "unresponsive":
+            return NodeUnresponsiveError(
+                f"{node.describe()} stopped responding: {text}. It was killed and every other "
+                "node was stopped; raise heartbeat_timeout=... if main blocks the interpreter "
+                "for longer.",
+                **attrs,
+            )
+        remote_tb = message.get("traceback")
+        remote_type = message.get("remote_type")
+        exitcode = message.get("exitcode")
+        if remote_tb:
+            summary = f"{remote_type}: {text}" if text else str(remote_type)
+            where = "main raised" if kind == "exception" else f"could not run ({kind})"
+            msg = f"{node.describe()} {where} {summary}\n\nRemote traceback:\n{remote_tb.rstrip()}"
+        else:
+            msg = f"{node.describe()} failed: {text}"
+        return NodeFailedError(
+            msg + "\nEvery other node was stopped.",
+            exitcode=exitcode, remote_type=remote_type, remote_traceback=remote_tb, **attrs,
+        )
+
+    def _release_when_finished(self) -> None:
+        """Once every non-serving node has returned, the returned ones may exit together and
+        serving nodes (ps) have nothing left to serve."""
+        with self._cond:
+            servers = [x for x in self.nodes if x.is_server]
+            others = [x for x in self.nodes if not x.is_server]
+            if not all(x.state in ENDED for x in others):
+                return
+            servers = [x for x in servers if x.state not in TERMINAL]
+            waiting = [x for x in others if x.state is NodeState.RETURNED]
+        for node in waiting:
+            self.send(node, Msg.RELEASE)
+        for node in servers:
+            self.send(node, Msg.STOP, timeout=self.stop_timeout)
+
+    # -- the nodes' engine job and the watchdog ------------------------------------------------
+    def node_outcomes(self) -> Optional[list]:
+        """Every node function's :class:`~duotf.node.NodeOutcome` once the engine job running
+        them has ended without an error of its own; None before (or after such an error)."""
+        gang = self._gang
+        if gang is None or not gang.done() or gang.exception() is not None:
+            return None
+        return gang.result()
+
+
+    def watch(self, gang) -> None:
+        """Supervise the engine job running the nodes: its end, and every node's heartbeats."""
+        self._gang = gang
+        gang.add_done_callback(self.notify)
+        thread = threading.Thread(target=self._watch, name="duotf-monitor", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _watch(self) -> None:
+        while True:
+            with self._cond:
+                if self.status not in _LIVE:
+                    return  # finished, failed (the stop sequence takes over), stopping or closed
+                # A snapshot: done() first, then its error, so that a job ending between two
+                # reads cannot pass for one that ended without its error.
+                done = self._gang.done()
+                gang_exc = self._gang.exception() if done else None
+                now = time.monotonic()
+                watched = [x for x in self.nodes if x.state not in (NodeState.PENDING,) + tuple(TERMINAL)]
+                stale = [x for x in watched if now - x.last_seen > self.heartbeat_timeout]
+                if not done and not stale:
+                    # sleep until the next heartbeat deadline, or until something changes
+                    due = min((x.last_seen + self.heartbeat_timeout for x in watched), default=None)
+                    self._cond.wait(None if due is None else max(due - now, 0) + 0.05)
+                    continue
+            if stale:
+                node = stale[0]
+                self.fail(NodeUnresponsiveError(
+                    f"{node.describe()} sent no heartbeat for more than heartbeat_timeout="
+                    f"{self.heartbeat_timeout:g} s (its executor may be lost or stalled). "
+                    "Every other node was stopped.",
+                    node_id=node.node_id, role=str(node.role), host=node.host, pid=node.pid,
+                ))
+            elif gang_exc is not None:
+                err = BackendError(f"the {self.backend_name} job running the nodes failed: "
+                                   f"{type(gang_exc).__name__}: {gang_exc}")
+                err.__cause__ = gang_exc
+                self.fail(err)
+            else:
+                self._finish()
+            return
+
+    def _finish(self) -> None:
+        # The agents report each node's end before their engine tasks return: give those
+        # messages, already on their way, a moment to arrive.
+        self.wait_for(lambda: self.status not in _LIVE or all(x.state in TERMINAL for x in self.nodes),
+                      time.monotonic() + 5)
+        with self._cond:
+            if self.status not in _LIVE:
+                return
+            pending = [x.describe() for x in self.nodes if x.state not in TERMINAL]
+            if not pending:
+                self.status = ClusterStatus.FINISHED
+                self._cond.notify_all()
+        if pending:
+            self.fail(BackendError(
+                f"the {self.backend_name} job ended while nodes had not: {', '.join(pending)}"))
+        else:
+            self.server.close()  # every node has ended: nothing more to hear from them
+
+    # -- failure and stopping ---------------------------------------------------------------------
+    def fail(self, error: DuotfError) -> None:
+        """Record the cluster's first failure and stop every node (in the background)."""
+        with self._cond:
+            if self.error is not None or self.status in (ClusterStatus.CLOSED, ClusterStatus.STOPPING):
+                return
+            self.error = error
+            self.status = ClusterStatus.FAILED
+            self._cond.notify_all()
+        logger.error("duotf: %s", str(error).splitlines()[0])
+        thread = threading.Thread(target=self.stop_nodes, name="duotf-stopper", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def begin_shutdown(self, grace_secs: float) -> List[NodeInfo]:
+        """Give every main up to ``grace_secs`` to return, then mark the cluster as stopping;
+        return the nodes whose main had to be cut off."""
+        deadline = time.monotonic() + grace_secs
+
+        def settled():
+            return self.status is not ClusterStatus.RUNNING or all(
+                x.state in ENDED or x.is_server for x in self.nodes)
+
+        self.wait_for(settled, deadline)
+        with self._cond:
+            cut_off = []
+            if self.status is ClusterStatus.RUNNING:
+                cut_off = [x for x in self.nodes if x.state not in ENDED and not x.is_server
+                           and x.state is not NodeState.PENDING]
+            if self.status in _LIVE:
+                self.status = ClusterStatus.STOPPING
+            self._cond.notify_all()
+        return cut_off
+
+    def stop_nodes(self) -> None:
+        """The one stop sequence (failure and shutdown): ask every node to stop, give the
+        engine job ``stop_timeout`` (+5 s) to end, cancel it, and close the rendezvous server.
+        Idempotent; returns when done."""
+        for node in self.nodes:
+            if node.state not in TERMINAL:
+                self.send(node, Msg.STOP, timeout=self.stop_timeout)
+        gang = self._gang
+        if gang is not None:
+            self.wait_for(gang.done, time.monotonic() + self.stop_timeout + 5, failure_ends=False)
+            if not gang.done():
+                logger.warning("duotf: engine tasks still running after stop; cancelling them")
+            gang.cancel()
+            gang.join(10)
+        # A failed cluster releases its port and threads by itself, shut down or not.
+        self.server.close()
+
+    def close(self) -> Optional[DuotfError]:
+        """After :meth:`stop_nodes`: join the supervisor's threads and mark the cluster closed.
+        Returns a failure that nobody has raised yet."""
+        for thread in list(self._threads):
+            if thread is not threading.current_thread():
+                thread.join(self.stop_timeout + 10)
+        with self._cond:
+            self.status = ClusterStatus.CLOSED
+            self._cond.notify_all()
+        self.server.close()
+        if self.error is not None and not self._error_delivered:
+            self._error_delivered = True
+            return self.error
+        return None
+
+    # -- start --------------------------------------------------------------------------------
+    def await_nodes(self, reached: Callable[[NodeState], bool], deadline: float, what: str) -> None:
+        """Wait until every node's state is ``reached``; raise the cluster's failure, or at
+        ``deadline`` a :class:`ReservationTimeoutError` that names the nodes missing."""
+        arrived = self.wait_for(lambda: all(reached(x.state) for x in self.nodes), deadline)
+        self.raise_if_failed()
+        if not arrived:
+            self.fail(self._reservation_error(what))
+            self.raise_if_failed()
+
+    def _reservation_error(self, what: str) -> ReservationTimeoutError:
+        timeout = self.reservation_timeout
+        expected = len(self.nodes)
+        registered = [x for x in self.nodes if x.state is not NodeState.PENDING]
+        missing = [x for x in self.nodes if x.state is NodeState.PENDING]
+        not_ready = [x for x in self.nodes if x.state is NodeState.REGISTERED]
+        lines = [
+            f"only {len(registered)}/{expected} nodes registered"
+            + (f" and {expected - len(not_ready) - len(missing)}/{expected} became {what}" if not missing else "")
+            + f" within reservation_timeout={timeout:g} s."
+        ]
+        if missing:
+            lines.append("Missing: " + ", ".join(x.describe() for x in missing) + ".")
+        if not_ready:
+            lines.append("Registered but not ready: " + ", ".join(x.describe() for x in not_ready) + ".")
+        host, port = self.server.address
+        lines.append(
+            f"Check that the {self.backend_name} backend can run {expected} tasks at once, that "
+            f"executors can reach the driver at {host}:{port} (driver_host=...), and raise "
+            "reservation_timeout=... if nodes are just slow to start."
+        )
+        return ReservationTimeoutError(
+            " ".join(lines), registered=len(registered), expected=expected,
+            missing=[x.node_id for x in missing + not_ready], timeout=timeout,
+        )
+
+    def mark_running(self) -> None:
+        with self._cond:
+            if self.status is ClusterStatus.STARTING:
+                self.status = ClusterStatus.RUNNING
+            self._cond.notify_all()
