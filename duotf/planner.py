@@ -35,13 +35,18 @@ def balance(counts: List[int], targets: int, drop_remainder: bool = True):
     are the last of that order, and are dropped so that every synchronous worker runs the same
     number of steps; with ``drop_remainder=False`` partitions go whole to targets in turn
     instead (uneven).
+
+    The plan maps each partition to its ranges ``(target, start, stop, seq)``: ``seq`` numbers
+    the ranges of one target in partition order, and a node queues its ranges in that order,
+    whichever feeding task comes first (:class:`duotf.feed.datafeed.FeedServer`), so what a
+    worker reads, and in what order, follows from the data and the spec alone.
     """
     total = sum(counts)
     plan: Dict[int, List[Tuple[int, int, int]]] = {}
     if not drop_remainder:
         for pid, n in enumerate(counts):
             plan[pid] = [(pid % targets, 0, n)] if n else []
-        return plan, None, 0
+        return _sequenced(plan), None, 0
     per = total // targets
     if per == 0:
         raise ConfigError(
@@ -64,7 +69,21 @@ def balance(counts: List[int], targets: int, drop_remainder: bool = True):
             pos = stop
         plan[pid] = ranges
         start += n
-    return dict(sorted(plan.items())), per, total - per * targets
+    return _sequenced(dict(sorted(plan.items()))), per, total - per * targets
+
+
+def _sequenced(plan: Dict[int, List[Tuple[int, int, int]]]) -> Dict[int, List[Tuple[int, int, int, int]]]:
+    """Number every target's ranges in partition order (a partition has at most one range per
+    target): ``(target, start, stop) -> (target, start, stop, seq)``."""
+    seqs: Dict[int, int] = {}
+    out = {}
+    for pid in sorted(plan):
+        ranges = []
+        for target, a, b in plan[pid]:
+            ranges.append((target, a, b, seqs.get(target, 0)))
+            seqs[target] = seqs.get(target, 0) + 1
+        out[pid] = ranges
+    return out
 
 
 def _job(sup: Supervisor, targets: List[FeedTarget], mode: str, timeout: float, plan=None) -> FeedJob:

@@ -108,16 +108,20 @@ def test_balance_gives_every_target_the_same_rows_once(counts, targets):
     plan, per, dropped = balance(counts, targets)
     assert per == sum(counts) // targets and dropped == sum(counts) % targets
     got = {t: 0 for t in range(targets)}
+    seqs = {t: [] for t in range(targets)}
     for pid, n in enumerate(counts):
         covered = []
-        for target, a, b in plan[pid]:
+        for target, a, b, seq in plan[pid]:
             assert 0 <= a < b <= n
             got[target] += b - a
             covered.append((a, b))
+            seqs[target].append(seq)
         # a partition's ranges are consecutive, from its first row on
         if covered:
             assert [a for a, _ in covered] == [0] + [b for _, b in covered[:-1]]
     assert got == {t: per for t in range(targets)}
+    # every target's ranges are numbered 0, 1, 2, ... in partition order: the order it queues them
+    assert all(s == list(range(len(s))) for s in seqs.values())
 
 
 def test_balance_feeds_different_targets_from_partitions_that_run_together():
@@ -126,7 +130,7 @@ def test_balance_feeds_different_targets_from_partitions_that_run_together():
     assert [plan[p][0][0] for p in range(8)] == [0, 1, 0, 1, 0, 1, 0, 1]
     assert all(len(plan[p]) == 1 for p in range(8))
     plan, _, _ = balance([1000] * 8, 2, drop_remainder=False)
-    assert [plan[p] for p in range(3)] == [[(0, 0, 1000)], [(1, 0, 1000)], [(0, 0, 1000)]]
+    assert [plan[p] for p in range(3)] == [[(0, 0, 1000, 0)], [(1, 0, 1000, 0)], [(0, 0, 1000, 1)]]
 
 
 def _cache_file(folder, frames):
@@ -153,7 +157,7 @@ def test_cached_file_frames_reach_the_node_read_there_or_sent(tmp_path, folder, 
 
     path, frames = _cache_file(str(tmp_path / folder), [40, 25, 35])
     server = FeedServer(SECRET, capacity=64)
-    plan = {0: [(0, 0, 50), (1, 50, 100)]}  # the second frame is split between two "nodes"
+    plan = {0: [(0, 0, 50, 0), (1, 50, 100, 0)]}  # the second frame is split between two "nodes"
     job = FeedJob(SECRET, [("127.0.0.1", server.port)] * 2, ["a", "b"], "train", 30, plan)
     sent = []
     probes = []

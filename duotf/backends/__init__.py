@@ -42,8 +42,8 @@ _entry_points_loaded = False
 
 def register_backend(name: str, cls: Union[str, Type[Backend]], install_hint: Optional[str] = None,
                      *, clobber: bool = False) -> None:
-    """Make a backend known by ``name``: a :class:`Backend` subclass or its dotted path
-    (``"package.module.Class"``, imported when first used)."""
+    """Make a backend known by ``name``: a :class:`Backend` subclass or where to find it
+    (``"package.module:Class"`` or ``"package.module.Class"``, imported when first used)."""
     if name in known_backends and not clobber:
         raise ConfigError(f"a backend named {name!r} is already registered; pass clobber=True")
     known_backends[name] = (cls, install_hint)
@@ -61,7 +61,7 @@ def _load_entry_points() -> None:
             logger.warning("duotf: entry point %r of %s ignored: the name is duotf's own",
                            ep.name, ep.value)
             continue
-        known_backends.setdefault(ep.name, (ep.value.replace(":", "."), None))
+        known_backends.setdefault(ep.name, (ep.value, None))
 
 
 def backend_class(name: str) -> Type[Backend]:
@@ -73,7 +73,7 @@ def backend_class(name: str) -> Type[Backend]:
     target, hint = known_backends[name]
     if not isinstance(target, str):
         return target
-    module, _, attr = target.rpartition(".")
+    module, _, attr = target.rpartition(":") if ":" in target else target.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module), attr)
     except ImportError as exc:

@@ -123,7 +123,7 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
         for cols in _frames(chunks):
             packed = cols if isinstance(cols, (wire.Packed, wire.FileFrame)) else None
             n = packed.rows if packed else num_rows(cols)
-            for target, a, b in ranges:
+            for target, a, b, _seq in ranges:
                 lo, hi = max(a, pos), min(b, pos + n)
                 if lo >= hi:
                     continue

@@ -1,0 +1,115 @@
+"""The driver's supervisor, driven through its documented methods by a real rendezvous client."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import duotf
+from duotf import rendezvous
+from duotf.backends.base import EngineJob
+from duotf.rendezvous import Msg
+from duotf.supervisor import ClusterStatus, NodeState, Supervisor
+from tests.conftest import poll_for
+
+
+def _supervisor(workers: int = 1) -> Supervisor:
+    return Supervisor(duotf.ClusterSpec(workers=workers), "test", reservation_timeout=10,
+                      heartbeat_timeout=30, stop_timeout=1, driver_host="127.0.0.1")
+
+
+def _node(sup: Supervisor, node_id: int = 0) -> rendezvous.Channel:
+    """A registered node agent that says it runs, over a real authenticated connection."""
+    channel = rendezvous.connect(sup.server.address, sup.secret, timeout=5)
+    channel.send({"type": Msg.REGISTER, "node_id": node_id, "host": "127.0.0.1", "port": 1,
+                  "pid": 1, "executor_id": "x", "attempt": 0})
+    for kind in (Msg.READY, Msg.RUNNING):
+        channel.send({"type": kind, "node_id": node_id, "feed_port": 2})
+    poll_for(lambda: sup.nodes[node_id].state is NodeState.RUNNING, 5, what="node running")
+    return channel
+
+
+class _ScriptedJob(EngineJob):
+    """An engine job that ends, with an error, between two reads of ``done()``."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+        self.reads = 0
+
+    def done(self) -> bool:
+        self.reads += 1
+        return self.reads > 1
+
+    def exception(self):
+        return self.error if self.reads > 1 else None
+
+    def result(self):
+        raise self.error
+
+    def cancel(self) -> None:
+        pass
+
+    def join(self, timeout=None) -> None:
+        pass
+
+    def add_done_callback(self, fn) -> None:
+        pass
+
+
+def test_a_job_ending_between_two_reads_keeps_its_own_error():
+    sup = _supervisor()
+    try:
+        error = RuntimeError("executor lost")
+        sup.watch(_ScriptedJob(error))
+        sup.notify()  # the job's end as its callback would announce it
+        poll_for(lambda: sup.error is not None, 10, what="the job's failure recorded")
+        assert isinstance(sup.error, duotf.BackendError)
+        assert "the test job running the nodes failed: RuntimeError: executor lost" in str(sup.error)
+        assert sup.error.__cause__ is error
+    finally:
+        sup.stop_nodes()
+        sup.close()
+
+
+def test_a_connection_closing_during_shutdown_is_no_failure():
+    sup = _supervisor()
+    channel = _node(sup)
+    try:
+        sup.mark_running()
+        cut_off = sup.begin_shutdown(grace_secs=0)
+        assert [n.node_id for n in cut_off] == [0] and sup.status is ClusterStatus.STOPPING
+        channel.close()  # the node's agent goes away while shutdown stops the nodes
+        sup.notify()
+        poll_for(lambda: not any(t.name == "duotf-rendezvous-conn" and t.is_alive()
+                                 for t in threading.enumerate()), 5, what="connection closed")
+        assert sup.error is None
+    finally:
+        sup.stop_nodes()
+        assert sup.close() is None
+    assert sup.status is ClusterStatus.CLOSED
+
+
+def test_a_node_failure_wins_over_the_job_it_broke():
+    sup = _supervisor()
+    channel = _node(sup)
+    try:
+        sup.mark_running()
+
+        class Failing(_ScriptedJob):
+            def done(self):
+                return True
+
+            def exception(self):
+                return self.error
+
+        channel.send({"type": Msg.FAILED, "node_id": 0, "kind": "exit", "exitcode": -9,
+                      "message": "node process was killed by SIGKILL"})
+        with pytest.raises(duotf.NodeFailedError, match="SIGKILL") as info:
+            sup.run_job(Failing(OSError("connection reset")))
+        assert isinstance(info.value.__cause__, OSError)
+    finally:
+        channel.close()
+        sup.stop_nodes()
+        sup.close()
