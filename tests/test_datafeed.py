@@ -274,7 +274,7 @@ def _feed_partitions(server, partitions, monkeypatch, frame_bytes=64 << 10, betw
     counts = [sum(wire.unpack_frame(c.data)[0]["rows"] if isinstance(c, wire.Packed) else len(c["id"])
                   for c in chunks) for chunks in partitions]
     job = feeder.FeedJob(SECRET, [("127.0.0.1", server.port)], ["node"], "train", 30,
-                         {pid: [(0, 0, n)] for pid, n in enumerate(counts)})
+                         {pid: [(0, 0, n, pid)] for pid, n in enumerate(counts)})
     sent = []
 
     def push():
@@ -383,3 +383,28 @@ def test_a_ring_the_node_let_go_is_replaced_by_a_new_one(monkeypatch):
 def test_a_node_opens_only_rings_in_dev_shm(path):
     with pytest.raises(wire.FeedProtocolError, match="not a feed ring|not known here"):
         FeedServer._open_ring({"ring": "x", "path": path, "slots": 1, "slot_bytes": 4096})
+
+
+def test_a_node_queues_its_ranges_in_plan_order_whichever_task_comes_first():
+    """Two feeding tasks of one epoch: the later range's task connects first, and waits."""
+    import threading
+
+    from duotf.feed.feeder import FeedJob, feed_train
+
+    server = FeedServer(SECRET, capacity=2)
+    job = FeedJob(SECRET, [("127.0.0.1", server.port)], ["node"], "train", 30,
+                  {0: [(0, 0, 100, 0)], 1: [(0, 0, 100, 1)]})
+    second = threading.Thread(target=feed_train, args=(job, 1, [_ids(100, 200)]))
+    second.start()  # seq 1 first: the node does not read it before seq 0 is queued
+    first = threading.Thread(target=feed_train, args=(job, 0, [_ids(0, 100)]))
+    first.start()
+    feed = DataFeed(server, train=True, input_mapping={"id": "id"})
+    seen = []
+    try:
+        while len(seen) < 200:
+            seen.extend(feed.next_batch(25)["id"])
+    finally:
+        first.join(30)
+        second.join(30)
+        server.close()
+    assert seen == list(range(200))

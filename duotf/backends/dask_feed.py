@@ -69,7 +69,9 @@ class DaskFeed(FeedAdapter):
 
     def _run(self, tasks, finish, name: str) -> EngineJob:
         client = self.client
-        futures = client.compute(tasks)
+        # Partition order is the scheduler's order too: a node queues its ranges in partition
+        # order (see duotf.planner.balance), so a task never waits on one not yet started.
+        futures = [client.compute(task, priority=len(tasks) - i) for i, task in enumerate(tasks)]
 
         def call():
             try:

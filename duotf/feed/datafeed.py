@@ -89,6 +89,38 @@ class _SharedRing:
         self.owner: Optional[_Conn] = None  # the connection that uses it now
 
 
+class _Order:
+    """A training epoch's ranges are queued in the order of the plan (``seq`` 0, 1, ... per node,
+    see :func:`duotf.planner.balance`), whichever feeding task connects first: a connection
+    whose turn has not come is not read (its task waits, as TCP or its ring pushes back)."""
+
+    def __init__(self, terminated: threading.Event):
+        self._cond = threading.Condition()
+        self._next = 0
+        self._terminated = terminated
+
+    def wait_turn(self, seq: int) -> None:
+        with self._cond:
+            while self._next < seq and not self._terminated.is_set():
+                self._cond.wait()
+
+    def done(self, seq: int) -> None:
+        with self._cond:
+            if seq == self._next:
+                self._next += 1
+                self._cond.notify_all()
+
+    def reset(self) -> None:
+        """An epoch ended (every range of it was acknowledged): the next starts at 0."""
+        with self._cond:
+            self._next = 0
+            self._cond.notify_all()
+
+    def release(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+
 class FeedServer:
     """Accepts authenticated feeding connections and queues their batches."""
 
@@ -97,6 +129,7 @@ class FeedServer:
         self._on_terminate = on_terminate
         self.queue: "queue.Queue" = queue.Queue(maxsize=capacity)
         self.terminated = threading.Event()
+        self._order = _Order(self.terminated)
         self._rings: Dict[str, _SharedRing] = {}
         self._rings_lock = threading.RLock()  # a frame may be dropped while it is held
         self._listener = socket.create_server(("0.0.0.0", 0), backlog=64)
@@ -128,9 +161,14 @@ class FeedServer:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
             wire.server_handshake(sock, self._secret)
             rows = 0
+            seq = None  # this connection's place in the epoch's order (training)
             while True:
                 header, cols = wire.recv_frame(sock)
                 kind = header["t"]
+                if kind == "order":
+                    seq = int(header["seq"])
+                    self._order.wait_turn(seq)
+                    continue
                 if kind == "probe":  # can this node read a feed cache file itself?
                     try:
                         self._open_cache_file(header["path"], files)
@@ -157,8 +195,12 @@ class FeedServer:
                     if self.terminated.is_set() or not self._put(("marker", header["marker"], None)):
                         conn.send("terminated")
                     else:
+                        self._order.reset()
                         conn.send("ack")
                 elif kind == "end":
+                    if seq is not None:
+                        self._order.done(seq)
+                        seq = None
                     if self.terminated.is_set():
                         conn.send("terminated")
                     elif header.get("mode") == "train":
@@ -285,6 +327,7 @@ class FeedServer:
         if not self.terminated.is_set() and self._on_terminate is not None:
             self._on_terminate()  # the driver stops feeding and its train() returns
         self.terminated.set()
+        self._order.release()
         while True:
             try:
                 self.queue.get_nowait()

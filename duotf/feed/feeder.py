@@ -59,10 +59,12 @@ class _Target:
     """A feeding task's connection to one node, and how frames reach that node: by TCP, as a
     cached file the node reads itself, or through a shared memory ring (:mod:`.shm`)."""
 
-    def __init__(self, job: FeedJob, target: int):
+    def __init__(self, job: FeedJob, target: int, seq: Optional[int] = None):
         self.job = job
         self.target = target
         self.sock = wire.connect(job.addresses[target], job.secret, job.timeout)
+        if seq is not None:  # the node reads this connection once its earlier ranges are queued
+            self.send("order", seq=seq)
         self.reads_files: Optional[bool] = None  # asked once, with the first whole cached frame
         self.ring: Optional[shm.Ring] = None
         self._ring_tried = False
@@ -112,10 +114,23 @@ class _Target:
 
 
 def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
-    """Send partition ``pid``'s rows by its plan; return the rows the nodes accepted."""
+    """Send partition ``pid``'s rows by its plan; return the rows the nodes accepted.
+
+    Each range goes on a connection of its own that first says the range's place in its node's
+    order (``seq``), and ends as soon as the range is sent, so the node can go on with its next
+    range while this task feeds another node."""
     ranges = job.plan.get(pid, [])
     conns: Dict[int, _Target] = {}
     target = ranges[0][0] if ranges else 0
+
+    def conn_for(target: int, seq: int) -> _Target:
+        if target not in conns:
+            conns[target] = _Target(job, target, seq)
+        return conns[target]
+
+    def end(target: int, seq: int) -> None:
+        conn_for(target, seq).send("end", mode="train", partition=pid)
+
     sent = 0
     ok = False
     try:
@@ -123,13 +138,11 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
         for cols in _frames(chunks):
             packed = cols if isinstance(cols, (wire.Packed, wire.FileFrame)) else None
             n = packed.rows if packed else num_rows(cols)
-            for target, a, b, _seq in ranges:
+            for target, a, b, seq in ranges:
                 lo, hi = max(a, pos), min(b, pos + n)
                 if lo >= hi:
                     continue
-                if target not in conns:
-                    conns[target] = _Target(job, target)
-                conn = conns[target]
+                conn = conn_for(target, seq)
                 if isinstance(packed, wire.FileFrame) and hi - lo == n:
                     conn.send_file_frame(packed)  # whole, as cached
                 elif isinstance(packed, wire.Packed) and hi - lo == n:
@@ -141,9 +154,16 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
                     conn.send_frame(wire.frame_parts("batch", slice_cols(cols, lo - pos, hi - pos)),
                                     hi - lo)
                 sent += hi - lo
+                if hi == b:
+                    end(target, seq)
             pos += n
+        planned = max((b for _, _, b, _ in ranges), default=0)
+        if pos < planned:
+            raise FeedError(
+                f"partition {pid} gave {pos} rows where {planned} were counted before feeding: the "
+                "data changed between the count and the feed (a non-deterministic source?); "
+                "cache() or persist() it first", partition=pid, node=job.labels[ranges[0][0]])
         for target, conn in conns.items():
-            conn.send("end", mode="train", partition=pid)
             conn.reply("ack", "terminated")  # "terminated": the node wants no more data
         ok = True
         return sent
