@@ -1,4 +1,4 @@
-"""Spec, errors, registry, port reservation and the public surface; no engine needed."""
+"""Spec, errors, port reservation and the public surface; no engine needed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import sys
 import pytest
 
 import duotf
-from duotf.backends import known_backends, resolve_backend
 from duotf.node import reserve_port
 
 
@@ -65,14 +64,6 @@ def test_exported_members():
     modules = {"api", "backends", "cluster", "context", "errors", "node", "rendezvous", "spec", "feed",
                "io", "planner", "supervisor", "spark"}
     assert public - modules - {"__version__"} == set(duotf.__all__)
-
-
-def test_unknown_backend_lists_known_ones():
-    with pytest.raises(duotf.ConfigError, match="dask, local, spark"):
-        resolve_backend("ray")
-    with pytest.raises(duotf.ConfigError, match="SparkSession, SparkContext, distributed.Client"):
-        resolve_backend(object())
-    assert set(known_backends) == {"local", "spark", "dask"}
 
 
 def test_bad_run_arguments_fail_before_anything_starts():

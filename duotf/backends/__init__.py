@@ -64,23 +64,26 @@ def _load_entry_points() -> None:
         known_backends.setdefault(ep.name, (ep.value, None))
 
 
+def _not_installed(name: str, exc: ImportError) -> ConfigError:
+    hint = known_backends[name][1]
+    return ConfigError(f"the {name!r} backend needs a package that is not installed ({exc.name})"
+                       + (f": {hint}" if hint else ""))
+
+
 def backend_class(name: str) -> Type[Backend]:
     """The class registered as ``name``; a :class:`ConfigError` names the known ones or says
     what to install."""
     _load_entry_points()
     if name not in known_backends:
         raise ConfigError(f"unknown backend {name!r}; known backends: {', '.join(sorted(known_backends))}")
-    target, hint = known_backends[name]
+    target = known_backends[name][0]
     if not isinstance(target, str):
         return target
     module, _, attr = target.rpartition(":") if ":" in target else target.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module), attr)
     except ImportError as exc:
-        raise ConfigError(
-            f"the {name!r} backend needs a package that is not installed ({exc.name})"
-            + (f": {hint}" if hint else "")
-        ) from exc
+        raise _not_installed(name, exc) from exc
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
         raise ConfigError(f"{target} (backend {name!r}) is not a duotf.backends.Backend")
     return cls
@@ -98,7 +101,11 @@ def resolve_backend(backend) -> Tuple[Backend, bool]:
     if isinstance(backend, Backend):
         return backend, False
     if isinstance(backend, str):
-        return backend_class(backend).from_name(), True
+        cls = backend_class(backend)
+        try:
+            return cls.from_name(), True
+        except ImportError as exc:  # from_name imports the engine's package (pyspark, ...)
+            raise _not_installed(backend, exc) from exc
     _load_entry_points()
     for name in list(known_backends):
         try:

@@ -7,7 +7,7 @@ from typing import List
 
 def rows_collection(backend_kind: str, backend, parts: List[list]):
     """An RDD / Bag / list whose partition i holds exactly ``parts[i]`` (rows are tuples)."""
-    if backend_kind == "local":
+    if backend_kind in ("local", "procpool"):  # a list of partitions
         return [list(p) for p in parts]
     if backend_kind == "dask":
         import dask
@@ -24,7 +24,7 @@ def frame_collection(backend_kind: str, backend, parts: List[list], columns: Lis
 
     dtypes = pd.DataFrame(next(p for p in parts if p), columns=columns).dtypes
     frames = [pd.DataFrame(p or None, columns=columns).astype(dtypes) for p in parts]
-    if backend_kind == "local":
+    if backend_kind in ("local", "procpool"):  # a list of partitions
         return frames
     if backend_kind == "dask":
         import dask
@@ -50,7 +50,7 @@ def tensor_collection(backend_kind: str, backend, sizes: List[int], width: int, 
         ids = np.arange(bounds[p], bounds[p + 1], dtype=np.int64)
         return (ids[:, None] * 10 + np.arange(width)).astype(np.float32), ids
 
-    if backend_kind == "local":
+    if backend_kind in ("local", "procpool"):  # a list of partitions
         return [dict(zip(("x", "id"), block(p))) for p in range(len(sizes))], None
     if backend_kind == "dask":
         import dask.array as da

@@ -35,7 +35,7 @@ def test_digits_example_trains_from_the_engine_feed(backend, backend_kind, tmp_p
 
         engine = SparkSession(backend.sc)
     else:
-        engine = None if backend_kind == "local" else backend.client
+        engine = None if backend_kind in ("local", "procpool") else backend.client
     collection, mapping = train.engine_data(engine, data)
     args = {"data": data, "batch_size": 64, "epochs": 15, "lr": 0.5, "seed": 1,
             "model_dir": str(tmp_path / "model"), "feed": mapping}

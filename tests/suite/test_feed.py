@@ -55,7 +55,7 @@ def test_inference_one_result_per_input_in_order(backend, backend_kind):
     with duotf.run(mains.feed_infer_main, {"batch": 4}, backend, duotf.ClusterSpec(workers=2)) as cluster:
         out = cluster.inference(data)
         assert sorted(cluster.wait(timeout=60)) == [0, 1]
-    if backend_kind == "local":
+    if backend_kind in ("local", "procpool"):
         results = [x for part in out for x in part]
         assert [len(part) for part in out] == SIZES
     elif backend_kind == "dask":
@@ -72,7 +72,7 @@ def test_dataframe_inference_keeps_chosen_columns(backend, backend_kind):
     with duotf.run(mains.feed_infer_main, {"batch": 8}, backend, duotf.ClusterSpec(workers=2)) as cluster:
         out = cluster.inference(df, keep=["y"], result_columns={"prediction": "double"})
         cluster.wait(timeout=60)
-    if backend_kind == "local":
+    if backend_kind in ("local", "procpool"):
         import pandas as pd
 
         pdf = pd.concat(out, ignore_index=True)

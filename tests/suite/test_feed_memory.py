@@ -26,7 +26,7 @@ def _local_part(p):
 
 
 def _data(kind, backend):
-    if kind == "local":
+    if kind in ("local", "procpool"):
         return [_local_part(p) for p in range(PARTS)]
     if kind == "dask":
         import dask.array as da
@@ -91,6 +91,8 @@ def test_million_row_feed_has_bounded_memory(backend, backend_kind):
     data = _data(backend_kind, backend)
     if backend_kind == "local":
         feeders = [psutil.Process()]  # the feeding threads run in this process
+    elif backend_kind == "procpool":
+        feeders = backend.pool.processes  # the pool's workers, nodes' agents included
     elif backend_kind == "dask":
         import os
 

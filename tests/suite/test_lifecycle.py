@@ -33,8 +33,8 @@ def test_results_context_and_tf_config(backend, backend_kind, tmp_path):
         assert (tmp_path / f"ran-{i}").exists()
     assert results[0]["working_dir"] != results[1]["working_dir"]
     assert len({r["port"] for r in results}) == 2
-    if backend_kind in ("dask", "spark-standalone"):
-        # one node per worker / executor
+    if backend_kind in ("dask", "spark-standalone", "procpool"):
+        # one node per worker / executor / pool process
         assert results[0]["executor_id"] != results[1]["executor_id"]
     assert cluster.status is duotf.ClusterStatus.CLOSED
 
