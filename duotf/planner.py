@@ -131,11 +131,11 @@ def _markers(sup: Supervisor, targets: List[FeedTarget], kind: str, timeout: flo
 
 
 def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, balanced: bool) -> dict:
-    sup.check_running("train")
     if epochs < 1:
         raise ConfigError(f"epochs={epochs}: must be >= 1")
+    adapter = backend.feed_adapter(data, len(sup.nodes))  # a ConfigError for bad data comes first
+    sup.check_running("train")
     targets = sup.feed_targets()
-    adapter = backend.feed_adapter(data, len(sup.nodes))
     adapter.check_capacity(len(sup.nodes))
     counts = adapter.counts()
     plan, per, dropped = balance(counts, len(targets), drop_remainder=balanced)
@@ -163,9 +163,9 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
 
 
 def inference(sup: Supervisor, backend, data, keep, result_columns, feed_timeout: float):
+    adapter = backend.feed_adapter(data, len(sup.nodes))
     sup.check_running("run inference")
     targets = sup.feed_targets()
-    adapter = backend.feed_adapter(data, len(sup.nodes))
     adapter.check_capacity(len(sup.nodes))
     job = _job(sup, targets, "infer", feed_timeout)
     output = _run(sup, adapter.infer(job, keep, result_columns), "inference", False)

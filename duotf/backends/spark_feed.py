@@ -460,6 +460,8 @@ class SparkFeed(FeedAdapter):
         self.cache = data if isinstance(data, FeedCache) else None
         self.df = data if hasattr(data, "mapInArrow") else None
         self.rdd = None if self.df is not None or self.cache is not None else data
+        if self.cache is not None and self.cache.index is None:
+            raise ConfigError(f"{self.cache!r} was unpersisted; make a new feed_cache()")
 
     def _job(self, what: str, call) -> EngineJob:
         group = f"duotf-feed-{id(self)}-{time.monotonic_ns()}"
@@ -484,8 +486,6 @@ class SparkFeed(FeedAdapter):
                 "N > number of nodes.",
                 needed=nodes + 1, available=slots, backend="spark",
             )
-        if self.cache is not None and self.cache.index is None:
-            raise ConfigError(f"{self.cache!r} was unpersisted; make a new feed_cache()")
 
     def counts(self) -> List[int]:
         if self.cache is not None:
