@@ -32,6 +32,8 @@ import time
 import uuid
 from typing import Callable, Dict, List, Optional, Tuple
 
+from .wire import Frame
+
 logger = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
@@ -193,8 +195,8 @@ def attach(sock: socket.socket, address, secret: bytes, frame_bytes: int,
                 return None
         fresh = ring.path is not None  # else a ring of an earlier feed, which the node may know
         try:
-            send("ring", ring=ring.id, path=ring.path, slots=ring.slots, slot_bytes=ring.slot_bytes)
-            header = reply("ring")
+            send(Frame.RING, ring=ring.id, path=ring.path, slots=ring.slots, slot_bytes=ring.slot_bytes)
+            header = reply(Frame.RING)
         except BaseException:
             ring.close()
             raise
