@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import logging
 import os
 import queue
@@ -124,6 +125,7 @@ class _Agent:
 
     # -- plumbing -------------------------------------------------------------------------
     def _thread(self, target, name):
+        """Start ``target`` on a thread of this agent's, joined before :meth:`run` returns."""
         thread = threading.Thread(target=target, name=f"duotf-agent-{name}", daemon=True)
         thread.start()
         self.threads.append(thread)
@@ -163,7 +165,7 @@ class _Agent:
             pass  # the child is gone; its exit is reported through the child-eof path
 
     # -- lifecycle ------------------------------------------------------------------------
-    def _spawn(self, host: str, port: int) -> None:
+    def _spawn(self) -> None:
         job = self.job
         a_rx, c_tx = os.pipe()  # child -> agent
         c_rx, a_tx = os.pipe()  # agent -> child
@@ -232,7 +234,7 @@ class _Agent:
             self.channel = rendezvous.connect(job.driver_address, job.secret, job.connect_timeout)
             # The address the driver reached us from is the one the other nodes can use too.
             host = self.channel.sock.getsockname()[0]
-            self._spawn(host, port)
+            self._spawn()
             self._send(
                 Msg.REGISTER,
                 host=host,
@@ -319,11 +321,8 @@ class _Agent:
                     self._to_child(ChildMsg.RELEASE)
                 elif type_ == Msg.STOP:
                     self.stop_requested = True
-                    threading.Thread(
-                        target=self._stop_child,
-                        args=(message.get("timeout", job.stop_timeout),),
-                        daemon=True,
-                    ).start()
+                    timeout = message.get("timeout", job.stop_timeout)
+                    self._thread(functools.partial(self._stop_child, timeout), "stop")
                 elif type_ == Msg.REJECT:
                     logger.warning("node %d rejected by the driver: %s", self.node_id, message.get("reason"))
                     return NodeOutcome(self.node_id, "rejected")
