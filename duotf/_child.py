@@ -7,7 +7,9 @@ the agent and its own child, never over a network socket. The process:
 2. checks that TensorFlow can serve the protocol, before any user code, and says "ready";
 3. waits for "start" (TF_CONFIG of the whole cluster), then runs ``main(args, ctx)`` - or, on a
    ps node, a ``tf.distribute.Server`` until stopped;
-4. sends the pickled return value, or the exception and its traceback, and exits.
+4. sends the pickled return value, or the exception and its traceback;
+5. after a return, keeps its TF server up until "release" (every node's main returned), then
+   exits.
 
 It exits at once when the agent goes away (pipe closed), so no node outlives its task. The
 messages on the pipe are the :class:`duotf.node.ChildMsg` kinds.
@@ -20,7 +22,6 @@ import pickle
 import signal
 import sys
 import threading
-import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -59,17 +60,14 @@ def _reader(link: _Link, inbox: list, arrived: threading.Condition) -> None:
             arrived.notify_all()
 
 
-def _wait_for(inbox: list, arrived: threading.Condition, kind: ChildMsg, timeout=None):
-    deadline = None if timeout is None else time.monotonic() + timeout
+def _wait_for(inbox: list, arrived: threading.Condition, kind: ChildMsg):
+    """The first message of ``kind`` from the agent; waits as long as the agent lives."""
     with arrived:
         while True:
             for i, message in enumerate(inbox):
                 if message[0] is kind:
                     return inbox.pop(i)
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return None
-            arrived.wait(remaining)
+            arrived.wait()
 
 
 def _error_info(exc: BaseException, kind: str = "exception") -> dict:
@@ -205,9 +203,10 @@ def main(argv) -> int:
         link.send(ChildMsg.ERROR, _error_info(exc, kind="result"))
         return 1
     link.send(ChildMsg.RESULT, payload)
-    # Stay up (and so keep this node's TF server up) until every node's main has returned: a
-    # peer may still be receiving this node's part of the last collective.
-    _wait_for(inbox, arrived, ChildMsg.RELEASE, timeout=job.get("release_timeout", 300))
+    # Stay up (and so keep this node's TF server up) until every node's main has returned, for
+    # as long as that takes: a peer may still be receiving this node's part of the last
+    # collective. Should the agent go away instead, the reader thread ends this process.
+    _wait_for(inbox, arrived, ChildMsg.RELEASE)
     return 0
 
 
