@@ -11,12 +11,15 @@ from .errors import (
     ClusterClosedError,
     ConfigError,
     DuotfError,
+    FeedError,
     InsufficientSlotsError,
     NodeError,
     NodeFailedError,
     NodesStoppedError,
     NodeUnresponsiveError,
     ReservationTimeoutError,
+    SchemaMismatchError,
+    TFRecordCorruptError,
     UnsupportedProtocolError,
 )
 from .spec import ClusterSpec, InputMode, Role
@@ -43,4 +46,7 @@ __all__ = [
     "NodeUnresponsiveError",
     "NodesStoppedError",
     "ClusterClosedError",
+    "FeedError",
+    "TFRecordCorruptError",
+    "SchemaMismatchError",
 ]

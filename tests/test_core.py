@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import configparser
+import pathlib
 import pickle
+import re
 import socket
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -62,8 +66,34 @@ def test_exported_members():
     for name in duotf.__all__:
         assert hasattr(duotf, name), name
     public = {n for n in dir(duotf) if not n.startswith("_")}
-    modules = {"api", "backends", "cluster", "context", "errors", "node", "rendezvous", "spec", "feed"}
+    modules = {n for n in public if isinstance(getattr(duotf, n), types.ModuleType)}
     assert public - modules - {"__version__"} == set(duotf.__all__)
+
+
+def test_every_error_is_exported_and_drawn_in_the_tree():
+    import duotf.errors
+
+    tree = duotf.errors.__doc__
+    assert set(duotf.errors.__all__) <= set(duotf.__all__)
+    drawn = re.findall(r"^\s*(?:[│ ]*[├└]── )?(\w+Error)\b", tree, re.MULTILINE)
+    assert sorted(drawn) == sorted(duotf.errors.__all__), "the tree in duotf/errors.py"
+    # the old homes of the file errors still work
+    from duotf.io.example import SchemaMismatchError
+    from duotf.io.tfrecord import TFRecordCorruptError
+
+    assert TFRecordCorruptError is duotf.TFRecordCorruptError and isinstance(TFRecordCorruptError("x"), OSError)
+    assert SchemaMismatchError is duotf.SchemaMismatchError and isinstance(SchemaMismatchError("x"), ValueError)
+
+
+def test_package_is_typed():
+    package = pathlib.Path(duotf.__file__).parent
+    assert (package / "py.typed").is_file()
+    setup_cfg = package.parent / "setup.cfg"
+    if not setup_cfg.is_file():
+        pytest.skip("not run from a source tree")
+    config = configparser.ConfigParser()
+    config.read(setup_cfg)
+    assert "py.typed" in config["options.package_data"]["duotf"].split()
 
 
 def test_unknown_backend_lists_known_ones():
