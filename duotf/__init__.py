@@ -22,7 +22,7 @@ from .errors import (
     TFRecordCorruptError,
     UnsupportedProtocolError,
 )
-from .spec import ClusterSpec, InputMode, Role
+from .spec import ClusterSpec, Role
 
 __version__ = "0.1.0"
 
@@ -31,7 +31,6 @@ __all__ = [
     "Cluster",
     "ClusterStatus",
     "ClusterSpec",
-    "InputMode",
     "NodeContext",
     "NodeInfo",
     "Role",

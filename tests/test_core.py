@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import inspect
 import pathlib
 import pickle
 import re
@@ -96,6 +97,12 @@ def test_package_is_typed():
     assert "py.typed" in config["options.package_data"]["duotf"].split()
 
 
+def test_run_has_no_input_mode():
+    # The feed server always runs: there is no mode to choose.
+    assert "input_mode" not in inspect.signature(duotf.run).parameters
+    assert not hasattr(duotf, "InputMode")
+
+
 def test_unknown_backend_lists_known_ones():
     with pytest.raises(duotf.ConfigError, match="dask, local, spark"):
         resolve_backend("ray")
@@ -105,8 +112,6 @@ def test_unknown_backend_lists_known_ones():
 
 
 def test_bad_run_arguments_fail_before_anything_starts():
-    with pytest.raises(duotf.ConfigError, match="input_mode='spark'"):
-        duotf.run(lambda a, c: None, input_mode="spark")
     with pytest.raises(duotf.ConfigError, match="heartbeat_timeout"):
         duotf.run(lambda a, c: None, heartbeat_interval=2, heartbeat_timeout=3)
     with pytest.raises(duotf.ConfigError, match="callable"):
