@@ -11,15 +11,18 @@ from .errors import (
     ClusterClosedError,
     ConfigError,
     DuotfError,
+    FeedError,
     InsufficientSlotsError,
     NodeError,
     NodeFailedError,
     NodesStoppedError,
     NodeUnresponsiveError,
     ReservationTimeoutError,
+    SchemaMismatchError,
+    TFRecordCorruptError,
     UnsupportedProtocolError,
 )
-from .spec import ClusterSpec, InputMode, Role
+from .spec import ClusterSpec, Role
 
 __version__ = "0.1.0"
 
@@ -28,7 +31,6 @@ __all__ = [
     "Cluster",
     "ClusterStatus",
     "ClusterSpec",
-    "InputMode",
     "NodeContext",
     "NodeInfo",
     "Role",
@@ -43,4 +45,7 @@ __all__ = [
     "NodeUnresponsiveError",
     "NodesStoppedError",
     "ClusterClosedError",
+    "FeedError",
+    "TFRecordCorruptError",
+    "SchemaMismatchError",
 ]

@@ -7,9 +7,12 @@ the agent and its own child, never over a network socket. The process:
 2. checks that TensorFlow can serve the protocol, before any user code, and says "ready";
 3. waits for "start" (TF_CONFIG of the whole cluster), then runs ``main(args, ctx)`` - or, on a
    ps node, a ``tf.distribute.Server`` until stopped;
-4. sends the pickled return value, or the exception and its traceback, and exits.
+4. sends the pickled return value, or the exception and its traceback;
+5. after a return, keeps its TF server up until "release" (every node's main returned), then
+   exits.
 
-It exits at once when the agent goes away (pipe closed), so no node outlives its task.
+It exits at once when the agent goes away (pipe closed), so no node outlives its task. The
+messages on the pipe are the :class:`duotf.node.ChildMsg` kinds.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ import pickle
 import signal
 import sys
 import threading
-import time
 import traceback
 from multiprocessing.connection import Connection
+
+from .node import ChildMsg  # already imported with the package: costs nothing here
 
 
 class _Link:
@@ -38,7 +42,7 @@ class _Link:
 def _heartbeat(link: _Link, interval: float) -> None:
     while True:
         try:
-            link.send("hb")
+            link.send(ChildMsg.HEARTBEAT)
         except OSError:
             os._exit(1)
         threading.Event().wait(interval)
@@ -56,17 +60,14 @@ def _reader(link: _Link, inbox: list, arrived: threading.Condition) -> None:
             arrived.notify_all()
 
 
-def _wait_for(inbox: list, arrived: threading.Condition, kind: str, timeout=None):
-    deadline = None if timeout is None else time.monotonic() + timeout
+def _wait_for(inbox: list, arrived: threading.Condition, kind: ChildMsg):
+    """The first message of ``kind`` from the agent; waits as long as the agent lives."""
     with arrived:
         while True:
             for i, message in enumerate(inbox):
-                if message[0] == kind:
+                if message[0] is kind:
                     return inbox.pop(i)
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return None
-            arrived.wait(remaining)
+            arrived.wait()
 
 
 def _error_info(exc: BaseException, kind: str = "exception") -> dict:
@@ -99,7 +100,8 @@ def _check_protocol(protocol: str):
 
 
 def _notify(link: _Link, what: str) -> None:
-    if what == "serving" and threading.current_thread() is threading.main_thread():
+    what = ChildMsg(what)
+    if what is ChildMsg.SERVING and threading.current_thread() is threading.main_thread():
         # A server blocks in C code where no Python handler runs; it has nothing to save.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     link.send(what)
@@ -135,14 +137,13 @@ def tune_malloc() -> bool:
 def main(argv) -> int:
     tune_malloc()
     link = _Link(int(argv[1]), int(argv[2]))
-    job = link.rx.recv()  # ("init", {...})[1]
-    job = job[1]
+    job = link.rx.recv()[1]  # (ChildMsg.INIT, {...})
     inbox: list = []
     arrived = threading.Condition()
     threading.Thread(target=_heartbeat, args=(link, job["heartbeat_interval"]), daemon=True).start()
     from .feed.datafeed import FeedServer
 
-    feed = FeedServer(job["secret"], on_terminate=lambda: link.send("feed_terminated"))
+    feed = FeedServer(job["secret"], on_terminate=lambda: link.send(ChildMsg.FEED_TERMINATED))
     threading.Thread(target=_reader, args=(link, inbox, arrived), daemon=True).start()
     # A stop request turns into SystemExit in main, so `finally` blocks and context managers run.
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -150,16 +151,16 @@ def main(argv) -> int:
     if job["protocol"] != "grpc":
         error = _check_protocol(job["protocol"])
         if error is not None:
-            link.send("error", error)
+            link.send(ChildMsg.ERROR, error)
             return 3
     try:
         user_main, user_args = pickle.loads(job["payload"])
     except BaseException as exc:  # the job cannot even be loaded here: say why
-        link.send("error", _error_info(exc, kind="load"))
+        link.send(ChildMsg.ERROR, _error_info(exc, kind="load"))
         return 4
-    link.send("ready", {"feed_port": feed.port})
+    link.send(ChildMsg.READY, {"feed_port": feed.port})
 
-    start = _wait_for(inbox, arrived, "start")[1]
+    start = _wait_for(inbox, arrived, ChildMsg.START)[1]
     os.environ["TF_CONFIG"] = _json(start["tf_config"])
     from .context import NodeContext
 
@@ -183,28 +184,29 @@ def main(argv) -> int:
     if start["job"] == "ps":
         ctx.serve()  # a ps node only serves, until it is stopped
         return 0
-    link.send("running")
+    link.send(ChildMsg.RUNNING)
     try:
         value = user_main(user_args, ctx)
     except SystemExit as exc:
         if exc.code not in (None, 0):
-            link.send("error", _error_info(exc))
+            link.send(ChildMsg.ERROR, _error_info(exc))
             return 1
         value = None
     except BaseException as exc:
-        link.send("error", _error_info(exc))
+        link.send(ChildMsg.ERROR, _error_info(exc))
         return 1
     try:
         import cloudpickle
 
         payload = cloudpickle.dumps(value)
     except BaseException as exc:
-        link.send("error", _error_info(exc, kind="result"))
+        link.send(ChildMsg.ERROR, _error_info(exc, kind="result"))
         return 1
-    link.send("result", payload)
-    # Stay up (and so keep this node's TF server up) until every node's main has returned: a
-    # peer may still be receiving this node's part of the last collective.
-    _wait_for(inbox, arrived, "release", timeout=job.get("release_timeout", 300))
+    link.send(ChildMsg.RESULT, payload)
+    # Stay up (and so keep this node's TF server up) until every node's main has returned, for
+    # as long as that takes: a peer may still be receiving this node's part of the last
+    # collective. Should the agent go away instead, the reader thread ends this process.
+    _wait_for(inbox, arrived, ChildMsg.RELEASE)
     return 0
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, Optional
 
 from .backends import resolve_backend
 from .cluster import Cluster
 from .errors import ConfigError
-from .spec import ClusterSpec, InputMode
+from .spec import ClusterSpec
 
 __all__ = ["run"]
 
@@ -31,7 +31,6 @@ def run(
     backend=None,
     spec: Optional[ClusterSpec] = None,
     *,
-    input_mode: Union[str, InputMode] = InputMode.TENSORFLOW,
     reservation_timeout: Optional[float] = None,
     heartbeat_interval: Optional[float] = None,
     heartbeat_timeout: Optional[float] = None,
@@ -54,8 +53,6 @@ def run(
         the embedded local backend.
     spec:
         The :class:`ClusterSpec`; default ``ClusterSpec(workers=1)``.
-    input_mode:
-        ``"tensorflow"``: TensorFlow reads its own data.
     reservation_timeout:
         Seconds for every node to register and be ready (env ``DUOTF_RESERVATION_TIMEOUT``,
         default 120).
@@ -81,13 +78,6 @@ def run(
         raise ConfigError(f"spec must be a duotf.ClusterSpec, got {type(spec).__name__}")
     if not callable(main):
         raise ConfigError(f"main must be callable as main(args, ctx), got {type(main).__name__}")
-    try:
-        input_mode = InputMode(input_mode)
-    except ValueError:
-        raise ConfigError(
-            f"input_mode={input_mode!r} is not supported; use one of "
-            f"{', '.join(m.value for m in InputMode)}"
-        ) from None
     reservation_timeout = _setting(reservation_timeout, "DUOTF_RESERVATION_TIMEOUT", 120.0)
     heartbeat_interval = _setting(heartbeat_interval, "DUOTF_HEARTBEAT_INTERVAL", 1.0)
     heartbeat_timeout = _setting(heartbeat_timeout, "DUOTF_HEARTBEAT_TIMEOUT", 30.0)

@@ -12,6 +12,8 @@
     │   ├── NodeFailedError              main raised, or its process exited or was killed
     │   └── NodeUnresponsiveError        no heartbeat within heartbeat_timeout
     ├── FeedError                         the engine feed failed: a node died or stopped taking data
+    ├── TFRecordCorruptError (IOError)    a TFRecord is truncated or fails its CRC
+    ├── SchemaMismatchError (ValueError)  a value does not fit its column of a tf.train.Example
     ├── NodesStoppedError                 shutdown stopped a main that had not returned
     └── ClusterClosedError                the cluster is already shut down
 
@@ -34,6 +36,8 @@ __all__ = [
     "NodesStoppedError",
     "ClusterClosedError",
     "FeedError",
+    "TFRecordCorruptError",
+    "SchemaMismatchError",
 ]
 
 
@@ -109,6 +113,14 @@ class FeedError(DuotfError):
 
     Attributes: ``partition``, ``node``.
     """
+
+
+class TFRecordCorruptError(DuotfError, IOError):
+    """A record is truncated or fails its CRC. Attributes: ``url``, ``offset``, ``reason``."""
+
+
+class SchemaMismatchError(DuotfError, ValueError):
+    """A value does not fit its column. Attributes: ``column``, ``expected``, ``value``."""
 
 
 class NodesStoppedError(DuotfError):

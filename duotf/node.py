@@ -12,6 +12,8 @@ node again behind the driver's back.
 from __future__ import annotations
 
 import dataclasses
+import enum
+import functools
 import logging
 import os
 import queue
@@ -26,8 +28,40 @@ from multiprocessing.connection import Connection
 from typing import Dict, Optional, Tuple
 
 from . import rendezvous
+from .rendezvous import Msg
 
 logger = logging.getLogger(__name__)
+
+
+class ChildMsg(str, enum.Enum):
+    """What the agent and its node process (:mod:`duotf._child`) say on their pipe: tuples
+    ``(kind, payload...)``, pickled (the pipe joins a process to its own child, never a host to
+    another)."""
+
+    # agent -> node process
+    INIT = "init"  # the job: payload, protocol, secret, heartbeat_interval, ...
+    START = "start"  # the driver's start message: this node's role and the cluster's TF_CONFIG
+    RELEASE = "release"  # every main returned: a node whose main returned may exit
+    # node process -> agent
+    HEARTBEAT = "hb"
+    READY = "ready"  # {"feed_port": ...}: TensorFlow serves the protocol, the job loaded
+    RUNNING = "running"
+    SERVING = "serving"
+    FEED_TERMINATED = "feed_terminated"
+    RESULT = "result"  # main's return value, cloudpickled
+    ERROR = "error"  # {"kind", "remote_type", "message", "traceback", ...}
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# What the node process says that the agent passes on to the driver as it is.
+_RELAYED = {
+    ChildMsg.READY: Msg.READY,
+    ChildMsg.RUNNING: Msg.RUNNING,
+    ChildMsg.SERVING: Msg.SERVING,
+    ChildMsg.FEED_TERMINATED: Msg.FEED_TERMINATED,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +125,7 @@ class _Agent:
 
     # -- plumbing -------------------------------------------------------------------------
     def _thread(self, target, name):
+        """Start ``target`` on a thread of this agent's, joined before :meth:`run` returns."""
         thread = threading.Thread(target=target, name=f"duotf-agent-{name}", daemon=True)
         thread.start()
         self.threads.append(thread)
@@ -108,12 +143,16 @@ class _Agent:
         while True:
             try:
                 message = self.channel.recv()
+            except rendezvous.ProtocolError as exc:
+                logger.warning("node %d: closing the connection to the driver: %s", self.node_id, exc)
+                self.events.put(("driver-eof", exc))
+                return
             except (ConnectionError, OSError) as exc:
                 self.events.put(("driver-eof", exc))
                 return
             self.events.put(("driver", message))
 
-    def _send(self, type_: str, **fields) -> None:
+    def _send(self, type_: Msg, **fields) -> None:
         try:
             self.channel.send({"type": type_, "node_id": self.node_id, **fields})
         except OSError as exc:
@@ -126,7 +165,7 @@ class _Agent:
             pass  # the child is gone; its exit is reported through the child-eof path
 
     # -- lifecycle ------------------------------------------------------------------------
-    def _spawn(self, host: str, port: int) -> None:
+    def _spawn(self) -> None:
         job = self.job
         a_rx, c_tx = os.pipe()  # child -> agent
         c_rx, a_tx = os.pipe()  # agent -> child
@@ -151,7 +190,7 @@ class _Agent:
         self.child_tx = Connection(a_tx, readable=False, writable=True)
         workdir = os.path.join(job.workdir_root, f"node-{self.node_id}")
         self._to_child(
-            "init",
+            ChildMsg.INIT,
             {
                 "payload": job.payload,
                 "protocol": job.protocol,
@@ -195,9 +234,9 @@ class _Agent:
             self.channel = rendezvous.connect(job.driver_address, job.secret, job.connect_timeout)
             # The address the driver reached us from is the one the other nodes can use too.
             host = self.channel.sock.getsockname()[0]
-            self._spawn(host, port)
+            self._spawn()
             self._send(
-                "register",
+                Msg.REGISTER,
                 host=host,
                 port=port,
                 pid=self.proc.pid,
@@ -220,7 +259,7 @@ class _Agent:
     def _fail(self, kind: str, **fields) -> None:
         if not self.reported_failure:
             self.reported_failure = True
-            self._send("failed", kind=kind, **fields)
+            self._send(Msg.FAILED, kind=kind, **fields)
 
     def _loop(self) -> NodeOutcome:
         job = self.job
@@ -231,7 +270,7 @@ class _Agent:
         while True:
             now = time.monotonic()
             if now >= next_beat:
-                self._send("heartbeat")
+                self._send(Msg.HEARTBEAT)
                 next_beat = now + interval
             if child_open and now - child_seen > job.heartbeat_timeout and not self.stop_requested:
                 self._fail(
@@ -248,15 +287,15 @@ class _Agent:
             if kind == "child":
                 child_seen = time.monotonic()
                 what = event[1]
-                if what == "hb":
+                if what is ChildMsg.HEARTBEAT:
                     continue
-                if what in ("ready", "running", "serving", "feed_terminated"):
-                    self.serving = self.serving or what == "serving"
-                    self._send(what, **(event[2] if len(event) > 2 else {}))
-                elif what == "result":
+                if what in _RELAYED:
+                    self.serving = self.serving or what is ChildMsg.SERVING
+                    self._send(_RELAYED[what], **(event[2] if len(event) > 2 else {}))
+                elif what is ChildMsg.RESULT:
                     self.result = event[2]
-                    self._send("returned")
-                elif what == "error":
+                    self._send(Msg.RETURNED)
+                elif what is ChildMsg.ERROR:
                     if self.stop_requested:
                         # main unwinding from our own stop request: reported as "stopped"
                         logger.debug("node %d stopped: %s", self.node_id, event[2].get("message"))
@@ -266,27 +305,25 @@ class _Agent:
                 child_open = False
                 code = self.proc.wait()
                 if self.result is not None:  # main returned; how the process ended after is moot
-                    self._send("done")
+                    self._send(Msg.DONE)
                     return NodeOutcome(self.node_id, "done", self.result)
                 if self.stop_requested:
-                    self._send("stopped", exitcode=code)
+                    self._send(Msg.STOPPED, exitcode=code)
                     return NodeOutcome(self.node_id, "stopped")
                 self._fail("exit", exitcode=code, message=_describe_exit(code))
                 return NodeOutcome(self.node_id, "failed")
             elif kind == "driver":
                 message = event[1]
-                if message["type"] == "start":
-                    self._to_child("start", message)
-                elif message["type"] == "release":
-                    self._to_child("release")
-                elif message["type"] == "stop":
+                type_ = message["type"]
+                if type_ == Msg.START:
+                    self._to_child(ChildMsg.START, message)
+                elif type_ == Msg.RELEASE:
+                    self._to_child(ChildMsg.RELEASE)
+                elif type_ == Msg.STOP:
                     self.stop_requested = True
-                    threading.Thread(
-                        target=self._stop_child,
-                        args=(message.get("timeout", job.stop_timeout),),
-                        daemon=True,
-                    ).start()
-                elif message["type"] == "reject":
+                    timeout = message.get("timeout", job.stop_timeout)
+                    self._thread(functools.partial(self._stop_child, timeout), "stop")
+                elif type_ == Msg.REJECT:
                     logger.warning("node %d rejected by the driver: %s", self.node_id, message.get("reason"))
                     return NodeOutcome(self.node_id, "rejected")
             elif kind == "driver-eof":

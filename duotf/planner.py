@@ -112,14 +112,14 @@ def _run(sup: Supervisor, job, what: str, stoppable: bool):
                         partition=None, node=None) from exc
 
 
-def _markers(sup: Supervisor, targets: List[FeedTarget], kind: str, timeout: float) -> None:
+def _markers(sup: Supervisor, targets: List[FeedTarget], kind: wire.Marker, timeout: float) -> None:
     """Queue an epoch/end marker on every target, on the data path, and wait for each ack."""
     for target in targets:
         try:
             sock = wire.connect(target.address, sup.secret, timeout)
             try:
-                wire.send_frame(sock, "marker", marker=kind)
-                wire.recv_frame(sock)  # "ack", or "terminated"
+                wire.send_frame(sock, wire.Frame.MARKER, marker=kind)
+                wire.recv_frame(sock)  # ACK, or TERMINATED
             finally:
                 sock.close()
         except OSError as exc:
@@ -153,10 +153,10 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
         fed += sum(sent)
         done += 1
         t2 = time.monotonic()
-        _markers(sup, targets, "epoch", feed_timeout)
+        _markers(sup, targets, wire.Marker.EPOCH, feed_timeout)
         logger.debug("duotf: epoch %d fed in %.3f s, its markers acknowledged in %.3f s",
                      epoch + 1, t2 - t1, time.monotonic() - t2)
-    _markers(sup, targets, "end", feed_timeout)
+    _markers(sup, targets, wire.Marker.END, feed_timeout)
     return {"epochs": done, "rows": sum(counts), "rows_fed": fed, "rows_per_worker": per,
             "rows_dropped_per_epoch": dropped, "terminated": sup.feed_terminated(),
             "seconds": time.monotonic() - t0}
@@ -169,5 +169,5 @@ def inference(sup: Supervisor, backend, data, keep, result_columns, feed_timeout
     adapter.check_capacity(len(sup.nodes))
     job = _job(sup, targets, "infer", feed_timeout)
     output = _run(sup, adapter.infer(job, keep, result_columns), "inference", False)
-    _markers(sup, targets, "end", feed_timeout)
+    _markers(sup, targets, wire.Marker.END, feed_timeout)
     return output

@@ -8,7 +8,7 @@ Wire format, both directions, after the server's greeting::
 The MAC covers ``nonce | direction | sequence number | body`` under a random per-job secret, so a
 frame cannot be forged without the secret, replayed into another connection, reordered, or sent
 back the other way. Bodies are JSON: nothing received on a socket is ever unpickled. A frame
-that fails its check closes the connection.
+that fails its check, or whose ``"type"`` is not a :class:`Msg`, closes the connection.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import time
 from typing import Callable, Dict, Optional, Tuple
 
 logger = logging.getLogger(__name__)
+
 
 class Msg(str, enum.Enum):
     """The rendezvous message types (a message's ``"type"``). A frame of any other type is a
@@ -50,6 +51,9 @@ class Msg(str, enum.Enum):
     STOP = "stop"
     REJECT = "reject"
 
+    def __str__(self) -> str:  # the value, as on the wire, in messages and logs
+        return self.value
+
 
 _MAGIC = b"DUOTF1"
 _NONCE_LEN = 16
@@ -64,6 +68,10 @@ def new_secret() -> bytes:
 
 class AuthenticationError(ConnectionError):
     """A frame failed its HMAC check, or the peer did not speak the protocol."""
+
+
+class ProtocolError(AuthenticationError):
+    """An authenticated frame carries a message type that is not a :class:`Msg`."""
 
 
 class Channel:
@@ -109,6 +117,10 @@ class Channel:
             raise AuthenticationError(f"rendezvous frame is not JSON: {exc}") from None
         if not isinstance(message, dict) or "type" not in message:
             raise AuthenticationError("rendezvous frame is not a duotf message")
+        try:
+            Msg(message["type"])
+        except ValueError:
+            raise ProtocolError(f"unknown rendezvous message type {message['type']!r}") from None
         return message
 
     def close(self) -> None:
@@ -171,6 +183,9 @@ def connect(
 
 class RendezvousServer:
     """A threaded server that hands every authenticated message to ``on_message``.
+
+    A message of an unknown type (:class:`ProtocolError`), like one that fails its check, is
+    never handed on: it closes its connection with a warning, and ``on_close`` is told why.
 
     ``on_message(peer, message)`` and ``on_close(peer, exc)`` run on the connection's reader
     thread; ``peer`` is the :class:`Channel`, stable for the connection's life.

@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import Dict, List, Tuple
 
 from .errors import ConfigError
 
-__all__ = ["ClusterSpec", "InputMode", "KNOWN_PROTOCOLS", "Role"]
+__all__ = ["ClusterSpec", "KNOWN_PROTOCOLS", "Role"]
 
 #: Protocols a ClusterSpec accepts. Whether the installed TensorFlow can serve one is checked on
 #: the nodes before any user code runs (stock TensorFlow 2.x serves only "grpc").
 KNOWN_PROTOCOLS = ("grpc", "grpc+verbs", "grpc+gdr", "grpc+mpi")
-
-
-class InputMode(str, enum.Enum):
-    """Where a node's training data comes from."""
-
-    #: TensorFlow reads its own data (files through tf.data / fsspec).
-    TENSORFLOW = "tensorflow"
 
 
 @dataclasses.dataclass(frozen=True)

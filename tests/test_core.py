@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import configparser
+import inspect
+import pathlib
 import pickle
+import re
 import socket
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -61,14 +66,43 @@ def test_exported_members():
     for name in duotf.__all__:
         assert hasattr(duotf, name), name
     public = {n for n in dir(duotf) if not n.startswith("_")}
-    modules = {"api", "backends", "cluster", "context", "errors", "node", "rendezvous", "spec", "feed",
-               "io", "planner", "supervisor", "spark"}
+    modules = {n for n in public if isinstance(getattr(duotf, n), types.ModuleType)}
     assert public - modules - {"__version__"} == set(duotf.__all__)
 
 
+def test_every_error_is_exported_and_drawn_in_the_tree():
+    import duotf.errors
+
+    tree = duotf.errors.__doc__
+    assert set(duotf.errors.__all__) <= set(duotf.__all__)
+    drawn = re.findall(r"^\s*(?:[│ ]*[├└]── )?(\w+Error)\b", tree, re.MULTILINE)
+    assert sorted(drawn) == sorted(duotf.errors.__all__), "the tree in duotf/errors.py"
+    # the old homes of the file errors still work
+    from duotf.io.example import SchemaMismatchError
+    from duotf.io.tfrecord import TFRecordCorruptError
+
+    assert TFRecordCorruptError is duotf.TFRecordCorruptError and isinstance(TFRecordCorruptError("x"), OSError)
+    assert SchemaMismatchError is duotf.SchemaMismatchError and isinstance(SchemaMismatchError("x"), ValueError)
+
+
+def test_package_is_typed():
+    package = pathlib.Path(duotf.__file__).parent
+    assert (package / "py.typed").is_file()
+    setup_cfg = package.parent / "setup.cfg"
+    if not setup_cfg.is_file():
+        pytest.skip("not run from a source tree")
+    config = configparser.ConfigParser()
+    config.read(setup_cfg)
+    assert "py.typed" in config["options.package_data"]["duotf"].split()
+
+
+def test_run_has_no_input_mode():
+    # The feed server always runs: there is no mode to choose.
+    assert "input_mode" not in inspect.signature(duotf.run).parameters
+    assert not hasattr(duotf, "InputMode")
+
+
 def test_bad_run_arguments_fail_before_anything_starts():
-    with pytest.raises(duotf.ConfigError, match="input_mode='spark'"):
-        duotf.run(lambda a, c: None, input_mode="spark")
     with pytest.raises(duotf.ConfigError, match="heartbeat_timeout"):
         duotf.run(lambda a, c: None, heartbeat_interval=2, heartbeat_timeout=3)
     with pytest.raises(duotf.ConfigError, match="callable"):

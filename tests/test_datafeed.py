@@ -352,12 +352,36 @@ def test_a_node_that_cannot_open_a_ring_is_fed_over_tcp(monkeypatch):
         raise OSError(f"{header['path']}: not visible from this node")
 
     monkeypatch.setattr(FeedServer, "_open_ring", staticmethod(refuse))
-    monkeypatch.setattr(shm, "_refused", set())
+    monkeypatch.setattr(shm, "_refused", {})
     server = FeedServer(SECRET)
     pusher, sent = _feed_partitions(server, [[_ids(0, 10_000)], [_ids(10_000, 20_000)]], monkeypatch)
     seen = _read_ids(server, pusher)
     assert sent == [10_000, 10_000] and seen == list(range(20_000))
     assert not server._rings and len(shm._refused) == 1  # asked once, then TCP only
+
+
+def test_a_node_that_refused_a_ring_is_asked_again_once_the_refusal_expired(monkeypatch):
+    from duotf.feed import shm
+
+    asked = []
+
+    def refuse(header):
+        asked.append(header["ring"])
+        raise OSError(f"{header['path']}: not visible from this node")
+
+    monkeypatch.setattr(FeedServer, "_open_ring", staticmethod(refuse))
+    monkeypatch.setattr(shm, "_refused", type(shm._refused)())
+    server = FeedServer(SECRET)
+    refusal = iter([0.0, 3600.0])  # after the first feed: expired at once; after the second: not
+
+    def between():
+        monkeypatch.setattr(shm, "REFUSAL_S", next(refusal, 3600.0), raising=False)
+
+    partitions = [[_ids(0, 10_000)], [_ids(10_000, 20_000)], [_ids(20_000, 30_000)]]
+    pusher, sent = _feed_partitions(server, partitions, monkeypatch, between=between)
+    seen = _read_ids(server, pusher)
+    assert sent == [10_000] * 3 and seen == list(range(30_000))
+    assert len(asked) == 2  # refused, asked again once that expired, then fed over TCP
 
 
 def test_a_ring_the_node_let_go_is_replaced_by_a_new_one(monkeypatch):

@@ -29,11 +29,11 @@ def server():
 def test_round_trip_both_ways(server):
     srv, secret, inbox, _ = server
     client = rendezvous.connect(srv.address, secret, timeout=5)
-    client.send({"type": "hello", "n": 1})
+    client.send({"type": "register", "n": 1})
     peer, message = inbox.get(timeout=5)
-    assert message == {"type": "hello", "n": 1}
-    peer.send({"type": "reply", "ok": True})
-    assert client.recv() == {"type": "reply", "ok": True}
+    assert message == {"type": "register", "n": 1}
+    peer.send({"type": "start", "ok": True})
+    assert client.recv() == {"type": "start", "ok": True}
     client.close()
 
 
@@ -62,10 +62,10 @@ def test_replayed_frame_is_refused(server):
     """The sequence number is under the MAC: sending a captured frame again fails."""
     srv, secret, inbox, closed = server
     client = rendezvous.connect(srv.address, secret, timeout=5)
-    body = json.dumps({"type": "x"}, separators=(",", ":")).encode()
+    body = json.dumps({"type": "heartbeat"}, separators=(",", ":")).encode()
     frame = struct.pack(">I", len(body)) + client._mac(b"C", 0, body) + body
     client.sock.sendall(frame)
-    assert inbox.get(timeout=5)[1] == {"type": "x"}
+    assert inbox.get(timeout=5)[1] == {"type": "heartbeat"}
     client.sock.sendall(frame)
     assert isinstance(closed.get(timeout=5), rendezvous.AuthenticationError)
     assert inbox.empty()

@@ -23,6 +23,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from . import wire
+from .wire import Frame, Marker
 from .columns import Columns, concat_cols, num_rows, slice_cols
 
 logger = logging.getLogger(__name__)
@@ -30,8 +31,12 @@ logger = logging.getLogger(__name__)
 __all__ = ["DataFeed", "FeedServer"]
 
 _CACHE_DIR_PREFIX = "duotf-feedcache-"  # the folders of duotf.spark.feed_cache
-_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
-_IDLE_RINGS = 8  # shared memory rings kept open for feeding processes between their feeds  # map a frame's pages in one go (Linux)
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # map a frame's pages in one go (Linux)
+_IDLE_RINGS = 8  # shared memory rings kept open for feeding processes between their feeds
+# Read once: the feed compares every frame's kind with these, and in Python 3.11 an enum member
+# read off its class costs several times a global (EnumType.__getattr__).
+_BATCH, _FILE, _SLOT, _MARKER = Frame.BATCH, Frame.FILE, Frame.SLOT, Frame.MARKER
+_EPOCH = Marker.EPOCH
 
 
 class _Conn:
@@ -44,7 +49,7 @@ class _Conn:
         self.broken = False
         self._freed: "collections.deque" = collections.deque()  # (ring, slot) to announce
 
-    def send(self, kind: str, columns=None, **fields) -> None:
+    def send(self, kind: Frame, columns=None, **fields) -> None:
         if self.broken:
             return
         with self.lock:
@@ -70,7 +75,7 @@ class _Conn:
                     ring, slot = self._freed.popleft()
                     by_ring.setdefault(ring, []).append(slot)
                 for ring, slots in by_ring.items():
-                    wire.send_frame(self.sock, "free", ring=ring, slots=slots)
+                    wire.send_frame(self.sock, Frame.FREE, ring=ring, slots=slots)
             except OSError:
                 self.broken = True
             finally:
@@ -164,48 +169,50 @@ class FeedServer:
             seq = None  # this connection's place in the epoch's order (training)
             while True:
                 header, cols = wire.recv_frame(sock)
-                kind = header["t"]
-                if kind == "order":
-                    seq = int(header["seq"])
-                    self._order.wait_turn(seq)
-                    continue
-                if kind == "probe":  # can this node read a feed cache file itself?
-                    try:
-                        self._open_cache_file(header["path"], files)
-                        conn.send("probe", ok=True)
-                    except (OSError, wire.FeedProtocolError) as exc:
-                        conn.send("probe", ok=False, why=str(exc))
-                    continue
-                if kind == "file":  # a cached frame on this host: read it from the file
-                    header, cols = self._read_file_frame(header, files)
-                    kind = "batch"
-                elif kind == "slot":  # a frame in a shared memory ring
+                kind = wire.frame_kind(header)
+                if kind is _SLOT:  # a frame in a shared memory ring
                     header, cols = self._map_slot(header)
-                    kind = "batch"
-                elif kind == "ring":
-                    self._attach_ring(header, conn)
-                    continue
-                if kind == "batch":
+                    kind = _BATCH
+                elif kind is _FILE:  # a cached frame on this host: read it from the file
+                    header, cols = self._read_file_frame(header, files)
+                    kind = _BATCH
+                if kind is _BATCH:
                     rows += header.get("rows", 0)
                     if not self.terminated.is_set():
-                        self._put(("batch", cols, conn))
-                elif kind == "marker":
+                        self._put((_BATCH, cols, conn))
+                elif kind is Frame.PROBE:  # can this node read a feed cache file itself?
+                    try:
+                        self._open_cache_file(header["path"], files)
+                        conn.send(Frame.PROBE, ok=True)
+                    except (OSError, wire.FeedProtocolError) as exc:
+                        conn.send(Frame.PROBE, ok=False, why=str(exc))
+                elif kind is Frame.RING:
+                    self._attach_ring(header, conn)
+                elif kind is Frame.ORDER:  # read no further until the earlier ranges are queued
+                    seq = int(header["seq"])
+                    self._order.wait_turn(seq)
+                elif kind is _MARKER:
                     # From the driver, on the data path: it is queued after every batch already
                     # queued and before any later one, and acknowledged only then.
-                    if self.terminated.is_set() or not self._put(("marker", header["marker"], None)):
-                        conn.send("terminated")
+                    marker = wire.marker_kind(header)
+                    if self.terminated.is_set() or not self._put((_MARKER, marker, None)):
+                        conn.send(Frame.TERMINATED)
                     else:
                         self._order.reset()
-                        conn.send("ack")
-                elif kind == "end":
+                        conn.send(Frame.ACK)
+                elif kind is Frame.END:
                     if seq is not None:
                         self._order.done(seq)
                         seq = None
                     if self.terminated.is_set():
-                        conn.send("terminated")
+                        conn.send(Frame.TERMINATED)
                     elif header.get("mode") == "train":
-                        conn.send("ack", rows=rows)
+                        conn.send(Frame.ACK, rows=rows)
                     rows = 0
+                else:  # a known kind, but one that only a node sends
+                    raise wire.UnknownFrameError(f"a node takes no {kind.value!r} frame")
+        except wire.UnknownFrameError as exc:  # a protocol error: the connection is closed
+            logger.warning("duotf: closing a feed connection: %s", exc)
         except (ConnectionError, OSError, ValueError) as exc:
             logger.debug("feed connection ended: %s", exc)
         finally:
@@ -255,11 +262,11 @@ class FeedServer:
                 try:
                     ring = self._open_ring(header)
                 except (OSError, ValueError, TypeError, wire.FeedProtocolError) as exc:
-                    conn.send("ring", ok=False, why=str(exc))
+                    conn.send(Frame.RING, ok=False, why=str(exc))
                     return
             self._rings[name] = ring  # the most recently used last
             ring.owner = conn
-            conn.send("ring", ok=True, held=sorted(ring.held))
+            conn.send(Frame.RING, ok=True, held=sorted(ring.held))
             # A feeding process that closed a ring cannot say so (its connection is gone):
             # keep only the most recent idle ones open. Frames still mapped stay valid.
             idle = [k for k, r in self._rings.items() if r.owner is None]
@@ -368,7 +375,7 @@ class DataFeed:
     # -- reading ------------------------------------------------------------------------------
     def _fill(self, block: bool = True):
         """Make a current batch available: True; False once the feed has ended (or, when not
-        blocking, while nothing is queued); "epoch" when an epoch just ended."""
+        blocking, while nothing is queued); ``Marker.EPOCH`` when an epoch just ended."""
         while self._current is None or self._offset >= num_rows(self._current):
             if self._ended or self._server.terminated.is_set():
                 return False
@@ -376,12 +383,12 @@ class DataFeed:
                 kind, payload, conn = self._server.queue.get(block)
             except queue.Empty:
                 return False
-            if kind == "marker":
-                if payload == "end":
+            if kind is _MARKER:
+                if payload is Marker.END:
                     self._ended = True
-                elif payload == "epoch":
+                elif payload is _EPOCH:
                     self.epoch += 1
-                    return "epoch"
+                    return _EPOCH
                 continue
             self._current, self._offset, self._current_conn = payload, 0, conn
         return True
@@ -408,7 +415,7 @@ class DataFeed:
         # the results of the rows already taken (the feeding task waits for those).
         while n > 0:
             status = self._fill(block=self.train or not parts)
-            if status == "epoch":
+            if status is _EPOCH:
                 if parts:
                     break  # a batch never spans two epochs
                 continue
@@ -425,7 +432,7 @@ class DataFeed:
         """Whole batches from the current frame as one view (up to ``max_rows``), or else one
         batch assembled across frames (short at the end of an epoch or of the data)."""
         status = self._fill()
-        while status == "epoch":
+        while status is _EPOCH:
             status = self._fill()
         if not status:
             return None
@@ -455,7 +462,7 @@ class DataFeed:
     def should_stop(self) -> bool:
         """True once every row has been read (end of data) or the feed was terminated."""
         status = self._fill()
-        while status == "epoch":
+        while status is _EPOCH:
             status = self._fill()
         return self._server.terminated.is_set() or not status
 
@@ -469,7 +476,7 @@ class DataFeed:
                 raise ValueError(f"batch_results got {n - start} more results than rows were read")
             conn, rows = self._owed[0]
             k = min(rows, n - start)
-            conn.send("result", slice_cols(cols, start, start + k))
+            conn.send(Frame.RESULT, slice_cols(cols, start, start + k))
             start += k
             if k == rows:
                 self._owed.popleft()

@@ -18,6 +18,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ..errors import FeedError
 from . import shm, wire
+from .wire import Frame
 from .columns import Columns, concat_cols, num_rows, slice_cols, split
 
 FRAME_BYTES = 4 << 20
@@ -64,16 +65,16 @@ class _Target:
         self.target = target
         self.sock = wire.connect(job.addresses[target], job.secret, job.timeout)
         if seq is not None:  # the node reads this connection once its earlier ranges are queued
-            self.send("order", seq=seq)
+            self.send(Frame.ORDER, seq=seq)
         self.reads_files: Optional[bool] = None  # asked once, with the first whole cached frame
         self.ring: Optional[shm.Ring] = None
         self._ring_tried = False
 
-    def reply(self, *kinds: str) -> dict:
+    def reply(self, *kinds: Frame) -> dict:
         """The node's next answer of one of ``kinds``; slots it frees meanwhile are noted."""
         while True:
             header, _ = wire.recv_frame(self.sock)
-            if header["t"] == "free":
+            if header["t"] == Frame.FREE:
                 if self.ring is not None and header.get("ring") == self.ring.id:
                     self.ring.freed(header["slots"])
                 if not kinds:
@@ -81,9 +82,10 @@ class _Target:
                 continue
             if header["t"] in kinds:
                 return header
-            raise wire.FeedProtocolError(f"the node answered {header['t']!r} where {kinds} was due")
+            due = tuple(str(kind) for kind in kinds)
+            raise wire.FeedProtocolError(f"the node answered {header['t']!r} where {due} was due")
 
-    def send(self, kind: str, **fields) -> None:
+    def send(self, kind: Frame, **fields) -> None:
         wire.send_frame(self.sock, kind, **fields)
 
     def send_frame(self, parts: List[memoryview], rows: int) -> None:
@@ -94,7 +96,7 @@ class _Target:
                                    max(size, FRAME_BYTES), self.reply, self.send)
         if self.ring is not None and size <= self.ring.slot_bytes:
             slot = self.ring.put(parts, size, self.reply)
-            self.send("slot", ring=self.ring.id, slot=slot, length=size, rows=rows)
+            self.send(Frame.SLOT, ring=self.ring.id, slot=slot, length=size, rows=rows)
         else:
             wire.send_parts(self.sock, parts)
 
@@ -129,7 +131,7 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
         return conns[target]
 
     def end(target: int, seq: int) -> None:
-        conn_for(target, seq).send("end", mode="train", partition=pid)
+        conn_for(target, seq).send(Frame.END, mode="train", partition=pid)
 
     sent = 0
     ok = False
@@ -151,7 +153,7 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
                     if packed:  # split between targets: only here is a cached frame decoded
                         data = packed.read() if isinstance(packed, wire.FileFrame) else packed.data
                         cols, packed = wire.unpack_frame(data)[1], None
-                    conn.send_frame(wire.frame_parts("batch", slice_cols(cols, lo - pos, hi - pos)),
+                    conn.send_frame(wire.frame_parts(Frame.BATCH, slice_cols(cols, lo - pos, hi - pos)),
                                     hi - lo)
                 sent += hi - lo
                 if hi == b:
@@ -164,7 +166,7 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
                 "data changed between the count and the feed (a non-deterministic source?); "
                 "cache() or persist() it first", partition=pid, node=job.labels[ranges[0][0]])
         for target, conn in conns.items():
-            conn.reply("ack", "terminated")  # "terminated": the node wants no more data
+            conn.reply(Frame.ACK, Frame.TERMINATED)  # terminated: the node wants no more data
         ok = True
         return sent
     except (OSError, wire.FeedProtocolError) as exc:
@@ -188,8 +190,8 @@ def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> Iterator[Tu
             while True:
                 header, cols = wire.recv_frame(sock)
                 results.put((header["t"], cols))
-        except BaseException as exc:  # handed to the sending thread
-            results.put(("error", exc))
+        except BaseException as exc:  # handed to the sending thread, as no kind of frame
+            results.put((None, exc))
 
     reader = threading.Thread(target=read, name="duotf-feed-results", daemon=True)
     reader.start()
@@ -218,13 +220,13 @@ def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> Iterator[Tu
                 if block:
                     raise _fail(job, pid, target, socket.timeout()) from None
                 return
-            if kind == "result":
+            if kind == Frame.RESULT:
                 if num_rows(payload) > waiting:
                     raise FeedError(f"{job.labels[target]} sent more results than rows fed",
                                     partition=pid, node=job.labels[target])
                 waiting -= num_rows(payload)
                 yield pair(payload)
-            elif kind == "terminated":
+            elif kind == Frame.TERMINATED:
                 raise FeedError(f"{job.labels[target]} terminated its feed with {waiting} rows of "
                                 f"partition {pid} unanswered: inference needs one result per row",
                                 partition=pid, node=job.labels[target])
@@ -234,11 +236,11 @@ def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> Iterator[Tu
 
     try:
         for cols in _frames(chunks):
-            wire.send_frame(sock, "batch", cols)
+            wire.send_frame(sock, Frame.BATCH, cols)
             pending.append(cols)
             waiting += num_rows(cols)
             yield from take(block=False)
-        wire.send_frame(sock, "end", mode="infer", partition=pid)
+        wire.send_frame(sock, Frame.END, mode="infer", partition=pid)
         yield from take(block=True)
     except OSError as exc:
         raise _fail(job, pid, target, exc) from exc

@@ -17,6 +17,10 @@ Fresh pages are costly (on the test machines a 4 MiB frame into new shared pages
 as long as into pages already used), so a process keeps the rings of finished feeds for the next
 feed to the same node: up to :data:`POOL_SIZE` idle rings, each closed when it has been idle
 for :data:`POOL_IDLE_S` seconds at the next feed, or when the process exits.
+
+A node that cannot open a ring (it sees another ``/dev/shm``, say) is fed over TCP, and this
+process does not offer it a ring again for :data:`REFUSAL_S` seconds; then it asks again, so
+that a long-lived process (a reused Spark Python worker) is not held to TCP by one refusal.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import time
 import uuid
 from typing import Callable, Dict, List, Optional, Tuple
 
+from .wire import Frame
+
 logger = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
@@ -39,6 +45,7 @@ PREFIX = "duotf-feedshm-"
 SLOTS = 4
 POOL_SIZE = 4
 POOL_IDLE_S = 60.0
+REFUSAL_S = 60.0  # a node that could not open a ring is fed over TCP this long, then asked again
 _PAGE = mmap.ALLOCATIONGRANULARITY
 
 
@@ -107,13 +114,25 @@ class Ring:
 
 
 # -- the process's idle rings, by node ---------------------------------------------------------
-_lock = threading.Lock()
+_lock = threading.Lock()  # guards _idle and _refused
 _idle: Dict[tuple, List[Ring]] = {}
-_refused: set = set()  # nodes that could not open a ring (another /dev/shm, say): TCP only
+_refused: Dict[tuple, float] = {}  # node -> when it could not open a ring (time.monotonic())
 
 
 def _key(address: Tuple[str, int], secret: bytes) -> tuple:
     return (tuple(address), hashlib.sha256(secret).hexdigest()[:16])
+
+
+def _refused_lately(key: tuple) -> bool:
+    """Whether the node of ``key`` refused a ring less than :data:`REFUSAL_S` seconds ago."""
+    with _lock:
+        when = _refused.get(key)
+        if when is None:
+            return False
+        if time.monotonic() - when < REFUSAL_S:
+            return True
+        del _refused[key]
+        return False
 
 
 def _take(key: tuple, slot_bytes: int) -> Optional[Ring]:
@@ -180,7 +199,7 @@ def attach(sock: socket.socket, address, secret: bytes, frame_bytes: int,
     """A ring shared with the node at the other end of ``sock``, or None where there can be
     none (another host, no ``/dev/shm``, or the node could not open it)."""
     key = _key(address, secret)
-    if key in _refused or not same_host(sock) or not os.path.isdir(SHM_DIR):
+    if not same_host(sock) or not os.path.isdir(SHM_DIR) or _refused_lately(key):
         return None
     slot_bytes = slot_bytes_for(frame_bytes)
     ring = _take(key, slot_bytes)
@@ -193,8 +212,8 @@ def attach(sock: socket.socket, address, secret: bytes, frame_bytes: int,
                 return None
         fresh = ring.path is not None  # else a ring of an earlier feed, which the node may know
         try:
-            send("ring", ring=ring.id, path=ring.path, slots=ring.slots, slot_bytes=ring.slot_bytes)
-            header = reply("ring")
+            send(Frame.RING, ring=ring.id, path=ring.path, slots=ring.slots, slot_bytes=ring.slot_bytes)
+            header = reply(Frame.RING)
         except BaseException:
             ring.close()
             raise
@@ -206,7 +225,8 @@ def attach(sock: socket.socket, address, secret: bytes, frame_bytes: int,
         if fresh:
             logger.debug("duotf: node at %s cannot share memory (%s); the feed goes over TCP",
                          address, header.get("why"))
-            _refused.add(key)
+            with _lock:
+                _refused[key] = time.monotonic()
             return None
         ring = None  # the node has let that ring go since: a new one
 

@@ -5,19 +5,22 @@ a random nonce), then carries frames::
 
     4-byte big-endian header length | header (UTF-8 JSON, space-padded) | column buffers
 
-The header lists each column as ``[name, kind, dtype, shape_tail, nbytes]``. ``kind`` "nd" is a
-numeric numpy array sent as its raw buffer; "bytes"/"str" columns are an int64 offsets array
-followed by the bytes. Every buffer starts at a multiple of :data:`ALIGN` bytes from the frame's
-start (zero padding after each buffer, spaces after the header), so that a frame received into,
-or mapped at, an aligned address gives arrays that TensorFlow takes without copying. A frame is
-sent with one gathering ``sendmsg`` and received with one ``recv_into`` for all its buffers; no
-per-row work on either side.
+The header's ``"t"`` is the frame's kind, a :class:`Frame` (a frame of any other kind is a
+protocol error that closes its connection). The header lists each column as
+``[name, kind, dtype, shape_tail, nbytes]``. ``kind`` "nd" is a numeric numpy array sent as its
+raw buffer; "bytes"/"str" columns are an int64 offsets array followed by the bytes. Every
+buffer starts at a multiple of :data:`ALIGN` bytes from the frame's start (zero padding after
+each buffer, spaces after the header), so that a frame received into, or mapped at, an aligned
+address gives arrays that TensorFlow takes without copying. A frame is sent with one gathering
+``sendmsg`` and received with one ``recv_into`` for all its buffers; no per-row work on either
+side.
 Only plain numeric dtypes are accepted; nothing received is ever unpickled. Frames carry no
 per-frame MAC: the data path runs at memory speed and trusts the authenticated connection.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import json
@@ -39,6 +42,64 @@ _IOV_MAX = 512
 
 class FeedProtocolError(ConnectionError):
     """The peer is not an authenticated duotf feed endpoint, or sent a malformed frame."""
+
+
+class Frame(str, enum.Enum):
+    """The kind of a feed frame (its header's ``"t"``)."""
+
+    # feeding task (or driver) -> node
+    BATCH = "batch"  # rows
+    FILE = "file"  # a batch frame in a feed cache file on the node's host, read there
+    SLOT = "slot"  # a batch frame in a slot of a shared memory ring (see .shm)
+    RING = "ring"  # a shared memory ring to open; the node answers "ring"
+    PROBE = "probe"  # can the node read a feed cache file? It answers "probe"
+    MARKER = "marker"  # an epoch or end :class:`Marker`, queued after every batch before it
+    END = "end"  # a feeding task's rows end
+    ORDER = "order"  # a training task's range: its place in the node's order of the epoch
+    # node -> feeding task (or driver)
+    ACK = "ack"  # a marker queued, or (training) a task's rows queued
+    TERMINATED = "terminated"  # main terminated its feed: no more data is wanted
+    FREE = "free"  # shared memory slots the node no longer reads
+    RESULT = "result"  # inference results, one row per row fed, in order
+
+    def __str__(self) -> str:  # the value, as on the wire, in messages and logs
+        return self.value
+
+
+class Marker(str, enum.Enum):
+    """What a "marker" frame marks (its ``"marker"``)."""
+
+    EPOCH = "epoch"  # an epoch ends; more follow
+    END = "end"  # the data ends
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class UnknownFrameError(FeedProtocolError):
+    """A frame of a kind (or a marker) that this end of the connection does not take."""
+
+
+_FRAMES = {kind.value: kind for kind in Frame}
+
+
+def frame_kind(header: dict) -> Frame:
+    """The kind of a received frame; :class:`UnknownFrameError` where it is no :class:`Frame`."""
+    try:
+        kind = _FRAMES.get(header.get("t"))
+    except TypeError:  # an unhashable "t"
+        kind = None
+    if kind is None:
+        raise UnknownFrameError(f"unknown feed frame kind {header.get('t')!r}")
+    return kind
+
+
+def marker_kind(header: dict) -> Marker:
+    """The marker of a "marker" frame; :class:`UnknownFrameError` where it is no :class:`Marker`."""
+    try:
+        return Marker(header.get("marker"))
+    except ValueError:
+        raise UnknownFrameError(f"unknown feed marker {header.get('marker')!r}") from None
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -112,7 +173,7 @@ def _padding(n: int) -> int:
     return -n % ALIGN
 
 
-def _encode(kind: str, columns: Dict[str, object] = None, **fields) -> List[memoryview]:
+def _encode(kind: Frame, columns: Dict[str, object] = None, **fields) -> List[memoryview]:
     """The frame as a list of buffers to send in order: the header, then each column buffer
     followed by its padding (the column buffers are views, not copies)."""
     header = {"t": kind, **fields}
@@ -157,7 +218,7 @@ def _send_all(sock: socket.socket, parts: List[memoryview]) -> None:
             parts[0] = parts[0][sent:]
 
 
-def send_frame(sock: socket.socket, kind: str, columns: Dict[str, object] = None, **fields) -> None:
+def send_frame(sock: socket.socket, kind: Frame, columns: Dict[str, object] = None, **fields) -> None:
     _send_all(sock, _encode(kind, columns, **fields))
 
 
@@ -197,9 +258,9 @@ def reads_files(sock: socket.socket, frame, reply=None) -> bool:
             return False
     except OSError:
         return False
-    send_frame(sock, "probe", path=frame.file.name)
-    header = reply("probe") if reply else recv_frame(sock)[0]
-    return header.get("t") == "probe" and bool(header.get("ok"))
+    send_frame(sock, Frame.PROBE, path=frame.file.name)
+    header = reply(Frame.PROBE) if reply else recv_frame(sock)[0]
+    return header.get("t") == Frame.PROBE and bool(header.get("ok"))
 
 
 def send_packed(sock: socket.socket, frame, local: bool = False) -> None:
@@ -207,7 +268,7 @@ def send_packed(sock: socket.socket, frame, local: bool = False) -> None:
     ``sendfile`` (from the page cache to the socket, not through this process) or, to a peer on
     this host (``local``), as a "file" frame naming where it lies, which the peer reads itself."""
     if isinstance(frame, FileFrame) and local:
-        send_frame(sock, "file", path=frame.file.name, offset=frame.offset, length=frame.length,
+        send_frame(sock, Frame.FILE, path=frame.file.name, offset=frame.offset, length=frame.length,
                    rows=frame.rows)
     elif isinstance(frame, FileFrame):
         sent = sock.sendfile(frame.file, frame.offset, frame.length)
@@ -219,7 +280,7 @@ def send_packed(sock: socket.socket, frame, local: bool = False) -> None:
 
 def pack_frame(columns: Dict[str, object]) -> bytes:
     """A "batch" frame as one bytes object, to keep (e.g. cached in Spark) and send as it is."""
-    return b"".join(_encode("batch", columns))
+    return b"".join(_encode(Frame.BATCH, columns))
 
 
 def _nd_dtype(name: str, dtype: str, rows: int, tail, nbytes: int) -> np.dtype:

@@ -18,16 +18,12 @@ import dataclasses
 import math
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 
-from ..errors import DuotfError
+from ..errors import SchemaMismatchError
 
 __all__ = ["Field", "Schema", "SchemaMismatchError", "encode_example", "decode_example",
            "infer_schema", "row_to_example", "example_to_row"]
 
 KINDS = ("int64", "float", "bytes", "string")
-
-
-class SchemaMismatchError(DuotfError, ValueError):
-    """A value does not fit its column. Attributes: ``column``, ``expected``, ``value``."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import BinaryIO, Iterable, Iterator, List, Optional
 import crc32c as _crc32c
 import fsspec
 
-from ..errors import DuotfError
+from ..errors import TFRecordCorruptError
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +43,6 @@ _PACK_I = struct.Struct("<I").pack
 _CHUNK = 1 << 20
 
 COMPRESSIONS = ("NONE", "GZIP", "ZLIB")
-
-
-class TFRecordCorruptError(DuotfError, IOError):
-    """A record is truncated or fails its CRC. Attributes: ``url``, ``offset``, ``reason``."""
 
 
 def masked_crc(data) -> int:

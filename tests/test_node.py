@@ -1,0 +1,69 @@
+"""The node agent and its node process, against a stand-in driver: threads the agent starts are
+its own and joined, and a node whose main returned stays up until it is released."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+
+import cloudpickle
+import pytest
+
+from duotf import node
+from duotf.node import ChildMsg
+from duotf.rendezvous import Msg
+from tests.agents import AgentRun, FakeDriver, node_job
+
+
+def test_a_stop_runs_on_a_named_agent_thread_joined_before_the_agent_returns(tmp_path):
+    driver = FakeDriver()
+    before = set(threading.enumerate())
+    run = AgentRun(driver.job(tmp_path))
+    try:
+        peer, _ = driver.expect(Msg.READY)
+        peer.send({"type": Msg.STOP, "timeout": 5})
+        assert run.join(30) and run.outcome.status == "stopped"
+        assert "duotf-agent-stop" in [t.name for t in run.agent.threads]
+        assert not [t.name for t in run.agent.threads if t.is_alive()]
+    finally:
+        driver.close()
+        run.join(30)
+    assert set(threading.enumerate()) <= before  # compared as sets, not by name
+
+
+def _next_from_child(agent: node._Agent, kind: ChildMsg, timeout: float = 60) -> tuple:
+    while True:
+        event = agent.events.get(timeout=timeout)
+        if event[0] == "child" and event[1] == kind:
+            return event
+
+
+def test_a_node_whose_main_returned_waits_for_release_however_long(tmp_path):
+    job = node_job(tmp_path, payload=cloudpickle.dumps((lambda args, ctx: 42, None)))
+    agent = node._Agent(job, 0, "", 0)
+    to_child = agent._to_child
+
+    def with_a_short_release_timeout(*message):
+        if message[0] == ChildMsg.INIT:
+            # Once read by the node process (never sent): its main's return left it 300 s.
+            message[1]["release_timeout"] = 1.0
+        to_child(*message)
+
+    agent._to_child = with_a_short_release_timeout
+    agent._spawn()
+    try:
+        _next_from_child(agent, ChildMsg.READY)
+        agent._to_child(ChildMsg.START, {
+            "tf_config": {"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}},
+            "job": "worker", "index": 0, "host": "127.0.0.1", "port": 1,
+        })
+        assert cloudpickle.loads(_next_from_child(agent, ChildMsg.RESULT)[2]) == 42
+        with pytest.raises(subprocess.TimeoutExpired):  # peers may still need its TF server
+            agent.proc.wait(4)
+        agent._to_child(ChildMsg.RELEASE)
+        assert agent.proc.wait(30) == 0
+    finally:
+        agent._stop_child(1.0)
+        agent.child_tx.close()
+        for thread in agent.threads:
+            thread.join(5)
