@@ -14,7 +14,7 @@ import socket
 import time
 from typing import List
 
-from ..errors import BackendError, ConfigError, InsufficientSlotsError
+from ..errors import BackendError, InsufficientSlotsError
 from ..node import NodeOutcome
 from .base import Backend, EngineJob, NodeFunction, ThreadJob
 

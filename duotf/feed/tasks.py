@@ -51,7 +51,6 @@ def assemble(part, pairs, keep: Optional[List[str]]):
     import numpy as np
 
     results = [r for _, r in pairs]
-    inputs = [i for i, _ in pairs]
     names = list(results[0]) if results else ["prediction"]
 
     def column(parts, name):
@@ -61,8 +60,6 @@ def assemble(part, pairs, keep: Optional[List[str]]):
         return [v for chunk in values for v in chunk]
 
     if hasattr(part, "columns") and hasattr(part, "dtypes"):  # pandas in, pandas out
-        import pandas as pd
-
         kept = list(part.columns) if keep is None else keep
         out = part[kept].reset_index(drop=True).copy() if len(part) else part[kept].iloc[:0].copy()
         for name in names:

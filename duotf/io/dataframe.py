@@ -16,7 +16,7 @@ binary                    bytes_list    binary (or string)         object (bytes
 
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Sequence, Union
+from typing import Iterable, List, Optional
 
 from ..errors import ConfigError
 from .example import Field, Schema, example_to_row, infer_schema, row_to_example

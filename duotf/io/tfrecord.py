@@ -19,7 +19,6 @@ import zlib
 from typing import BinaryIO, Iterable, Iterator, List, Optional
 
 import crc32c as _crc32c
-import fsspec
 
 from ..errors import TFRecordCorruptError
 
