@@ -253,11 +253,7 @@ class Supervisor:
             logger.debug("could not send %s to %s: %s", type_.value, node.describe(), exc)
 
     def _on_message(self, peer, message: dict) -> None:
-        try:
-            kind = Msg(message["type"])
-        except ValueError:
-            logger.warning("duotf: message of unknown type %r ignored", message.get("type"))
-            return
+        kind = Msg(message["type"])  # the channel closes a connection that sends another type
         node_id = message.get("node_id")
         if not isinstance(node_id, int) or not 0 <= node_id < len(self.nodes):
             logger.warning("duotf: message for unknown node %r ignored", node_id)

@@ -109,7 +109,7 @@ class _Target:
         self.sock.close()
         if self.ring is not None:
             if ok:  # the node still holds some slots: it says which when the ring is next used
-                shm.give_back(shm._key(self.job.addresses[self.target], self.job.secret), self.ring)
+                shm.give_back(self.job.addresses[self.target], self.job.secret, self.ring)
             else:
                 self.ring.close()
             self.ring = None

@@ -157,8 +157,9 @@ def _take(key: tuple, slot_bytes: int) -> Optional[Ring]:
     return ring
 
 
-def give_back(key: tuple, ring: Ring) -> None:
-    """Keep a ring whose feed ended well for the next feed to the same node."""
+def give_back(address: Tuple[str, int], secret: bytes, ring: Ring) -> None:
+    """Keep a ring whose feed ended well for the next feed to the same node (``address``)."""
+    key = _key(address, secret)
     ring.used = time.monotonic()
     evicted = []
     with _lock:

@@ -251,3 +251,23 @@ def feed_tensor_main(args, ctx):
         wrong += int((x != i[:, None] * 10 + np.arange(x.shape[1])).any(axis=1).sum())
         ids.extend(int(v) for v in i)
     return {"ids": ids, "dtypes": sorted(dtypes), "shapes": sorted(shapes), "wrong": wrong}
+
+
+def sgd_main(args, ctx):
+    """Plain SGD on a linear model, batch by batch, on this worker's rows: the weights depend
+    on every row it reads and on the order it reads them in."""
+    import numpy as np
+
+    feed = ctx.get_data_feed(train=True)
+    w = np.zeros(args["width"])
+    b = 0.0
+    while not feed.should_stop():
+        rows = feed.next_batch(args["batch"])
+        if not rows:
+            continue
+        a = np.asarray(rows, dtype=np.float64)
+        x, y = a[:, :-1], a[:, -1]
+        err = x @ w + b - y
+        w = w - args["lr"] * (x.T @ err) / len(y)
+        b = b - args["lr"] * float(err.mean())
+    return {"w": w.tolist(), "b": b}
