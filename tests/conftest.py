@@ -9,6 +9,7 @@ A test of some engines only keeps this fixture and says so with ``@pytest.mark.e
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 import cloudpickle
 import psutil
@@ -193,17 +195,70 @@ def spark():
 
 
 # -- leak check ---------------------------------------------------------------------------------
+# Every process this test session starts inherits the tag, node processes included on every
+# engine (setdefault: a process that imports this module again keeps its parent's), so the leak
+# check counts only this session's nodes while other test sessions run on the machine.
+SESSION_TAG = "DUOTF_TEST_SESSION"
+os.environ.setdefault(SESSION_TAG, f"{os.getpid()}-{time.time_ns()}")
+
+
 def _node_processes():
+    """This session's duotf node processes (one whose environment cannot be read counts)."""
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmdline = proc.info.get("cmdline") or []
-        if "duotf._child" in cmdline:
+        if "duotf._child" not in cmdline:
+            continue
+        try:
+            ours = proc.environ().get(SESSION_TAG) == os.environ[SESSION_TAG]
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.AccessDenied:
+            ours = True
+        if ours:
             found.append(proc)
     return found
 
 
-def _duotf_threads():
-    return [t.name for t in threading.enumerate() if t.name.startswith("duotf-")]
+# Threads that an engine starts while it runs and keeps (py4j's connections and callback server,
+# the Dask client's event loop and offload pool): told by the module whose code they run, or
+# for a thread pool (whose code is concurrent.futures') by the pool's name.
+_ENGINE_MODULES = ("py4j.", "pyspark.", "distributed.", "dask.", "tornado.", "tensorflow.")
+_ENGINE_POOLS = ("Dask-",)
+
+
+def _code_of(thread: threading.Thread) -> str:
+    """The module of the code a thread runs: its target's, or its Thread subclass's."""
+    target = getattr(thread, "_target", None)
+    while isinstance(target, functools.partial):
+        target = target.func
+    return getattr(target, "__module__", None) or type(thread).__module__
+
+
+def _kept_by_an_engine(thread: threading.Thread) -> bool:
+    return _code_of(thread).startswith(_ENGINE_MODULES) or thread.name.startswith(_ENGINE_POOLS)
+
+
+def leaked_threads(before, grace: float = 15.0) -> list:
+    """The threads alive now that were not in ``before`` and that no engine keeps, once each
+    had up to ``grace`` seconds to end (as dask/distributed's ``check_thread_leak``)."""
+    deadline = time.monotonic() + grace
+    while True:
+        leaked = [t for t in threading.enumerate() if t not in before and not _kept_by_an_engine(t)]
+        if not leaked or time.monotonic() > deadline:
+            return leaked
+        time.sleep(0.05)
+
+
+def describe_threads(threads) -> str:
+    """Each thread's name, the module it runs and where it is now."""
+    frames = sys._current_frames()
+    lines = [f"{len(threads)} thread(s) left running:"]
+    for thread in threads:
+        frame = frames.get(thread.ident)
+        where = "".join(traceback.format_stack(frame, limit=4)) if frame is not None else "  (ended)\n"
+        lines.append(f"- {thread.name!r}, running {_code_of(thread)} code, at:\n{where}")
+    return "\n".join(lines)
 
 
 def _listening_ports():
@@ -215,10 +270,13 @@ def _listening_ports():
 
 @pytest.fixture(autouse=True)
 def no_leaks(request):
-    """After each test: no node process, no duotf thread, no new listening port remains."""
+    """After each test: no node process, no new thread but an engine's, no new listening port
+    remains."""
     before = _listening_ports()
+    threads = set(threading.enumerate())
     yield
     poll_for(lambda: not _node_processes(), 15, what="no duotf node process left")
-    poll_for(lambda: not _duotf_threads(), 15, what=f"no duotf thread left ({_duotf_threads()})")
+    leaked = leaked_threads(threads)
+    assert not leaked, describe_threads(leaked)
     leaked = _listening_ports() - before
     assert not leaked, f"listening ports left open: {sorted(leaked)}"
