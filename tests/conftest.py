@@ -220,11 +220,13 @@ def _node_processes():
     return found
 
 
-# Threads that an engine starts while it runs and keeps (py4j's connections and callback server,
-# the Dask client's event loop and offload pool): told by the module whose code they run, or
-# for a thread pool (whose code is concurrent.futures') by the pool's name.
+# Threads that an engine or library starts and keeps for the life of the process: told by the
+# module whose code they run (py4j's connections and callback server, the Dask client's event
+# loop), or by name where their code is the standard library's: Dask's offload pool, fsspec's
+# IO loop ("fsspecIO", asyncio code) and that loop's default executor ("asyncio_N"; duotf uses
+# no asyncio).
 _ENGINE_MODULES = ("py4j.", "pyspark.", "distributed.", "dask.", "tornado.", "tensorflow.")
-_ENGINE_POOLS = ("Dask-",)
+_ENGINE_NAMES = ("Dask-Offload_", "fsspecIO", "asyncio_")
 
 
 def _code_of(thread: threading.Thread) -> str:
@@ -236,7 +238,7 @@ def _code_of(thread: threading.Thread) -> str:
 
 
 def _kept_by_an_engine(thread: threading.Thread) -> bool:
-    return _code_of(thread).startswith(_ENGINE_MODULES) or thread.name.startswith(_ENGINE_POOLS)
+    return _code_of(thread).startswith(_ENGINE_MODULES) or thread.name.startswith(_ENGINE_NAMES)
 
 
 def leaked_threads(before, grace: float = 15.0) -> list:
