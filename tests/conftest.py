@@ -1,12 +1,15 @@
 """Session-scoped engines for the shared suite, and the leak check that runs after every test.
 
-``backend`` is parametrized over every engine duotf supports; a test that takes it is written
-once and runs on all of them. pytest finishes one parameter's tests (and tears its engine down)
-before it starts the next, so the two Spark sessions never overlap in this process.
+``backend`` is parametrized over every engine of ``tests/engines.py``; a test that takes it is
+written once and runs on all of them, and takes ``engine`` for the engine's collections. pytest
+finishes one parameter's tests (and tears its engine down) before it starts the next: the one
+fixture holds one engine at a time, so the two Spark sessions never overlap in this process.
+A test of some engines only keeps this fixture and says so with ``@pytest.mark.engines(...)``.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -16,13 +19,13 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 import cloudpickle
 import psutil
 import pytest
 
-import duotf
-import duotf.backends
+from tests.engines import ENGINES, Engine, poll_for
 from tests.suite import mains
 
 # The test-only "procpool" backend (tests/procpool_backend.py) is known to duotf through nothing
@@ -32,21 +35,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "plu
 # Node programs travel by value, so executors never need to import the tests package.
 cloudpickle.register_pickle_by_value(mains)
 
-BACKENDS = ["local", "procpool", "dask", "spark-local", "spark-standalone"]
+BACKENDS = list(ENGINES)
 # Free slots beside 2 nodes: what the feed tests need; the slot tests ask backend.slots().
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
-
-
-def poll_for(predicate, timeout: float, interval: float = 0.05, what: str = "condition"):
-    """Poll ``predicate`` until it is truthy; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        time.sleep(interval)
 
 
 # -- Spark standalone --------------------------------------------------------------------------
@@ -132,61 +123,60 @@ def spark_standalone_master():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _spark_session(master: str, **conf):
-    from pyspark.sql import SparkSession
-
-    builder = (
-        SparkSession.builder.master(master)
-        .appName("duotf-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-        .config("spark.pyspark.python", sys.executable)
-    )
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
-
-
 # -- the shared-suite backends ------------------------------------------------------------------
+_running: dict = {}  # kind -> the Engine the backend fixture holds now
+
+
 @pytest.fixture(scope="session", params=BACKENDS)
 def backend(request):
     """A duotf Backend on a real engine with room for 2 nodes and for the tasks feeding them."""
-    kind = request.param
-    if kind == "local":
-        yield duotf.backends.LocalBackend(slots=4)
-    elif kind == "procpool":  # by name, through the registry and its entry point
-        backend = duotf.backends.resolve_backend("procpool")[0]  # a pool of 4 worker processes
+    with ENGINES[request.param].start(request) as engine:
+        _running[request.param] = engine
         try:
-            yield backend
+            yield engine.backend
         finally:
-            backend.close()
-    elif kind == "dask":
-        from distributed import Client, LocalCluster
+            del _running[request.param]
 
-        with LocalCluster(
-            n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None,
-            host="127.0.0.1",
-        ) as cluster, Client(cluster) as client:
-            yield duotf.backends.resolve_backend(client)[0]
-    else:
-        from duotf.backends.spark import SparkBackend
 
-        if kind == "spark-local":
-            session = _spark_session("local[3]")  # 2 nodes + 1 slot to feed them
-        else:
-            url = request.getfixturevalue("spark_standalone_master")
-            session = _spark_session(url, **{"spark.executor.cores": "2", "spark.executor.memory": "1g"})
-        try:
-            backend = SparkBackend(session, slot_wait=3.0)
-            expected = 3 if kind == "spark-local" else 4  # every executor registered
-            poll_for(lambda: backend.slots() >= expected, 90, 0.2, "Spark executors")
-            yield backend
-        finally:
-            session.stop()
+@pytest.fixture
+def engine(backend, request) -> Engine:
+    """The engine under ``backend``: plain data in, the engine's collections out, and back."""
+    return _running[request.node.callspec.params["backend"]]
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "engines(*kinds): run this test on these kinds of the backend fixture only")
+    config.addinivalue_line(
+        "markers", "xfail_on(*kinds, reason): a known defect of these kinds of the backend "
+        "fixture (a strict xfail: it fails once the defect is fixed, to be removed then)")
+
+
+def _kind_in(item, marker) -> bool:
+    """Whether ``item`` runs on one of the kinds ``marker`` names (which it checks)."""
+    kinds = set(marker.args)
+    if not kinds or kinds - set(ENGINES):
+        raise pytest.UsageError(f"{item.nodeid}: {marker.name}{marker.args}: kinds are {list(ENGINES)}")
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "backend" not in params:
+        raise pytest.UsageError(f"{item.nodeid}: {marker.name} needs the backend fixture")
+    return params["backend"] in kinds
+
+
+def pytest_collection_modifyitems(config, items):
+    """``engines(...)`` deselects a test on the other engines; ``xfail_on(...)`` marks it a
+    strict xfail on the engines named. Both keep the one ``backend`` fixture, so each engine is
+    still started once and the two Spark sessions never overlap."""
+    kept, dropped = [], []
+    for item in items:
+        for marker in item.iter_markers("xfail_on"):
+            if _kind_in(item, marker):
+                item.add_marker(pytest.mark.xfail(reason=marker.kwargs["reason"], strict=True))
+        marker = item.get_closest_marker("engines")
+        (dropped if marker is not None and not _kind_in(item, marker) else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 @pytest.fixture(scope="module")
@@ -208,32 +198,73 @@ def spark():
         session.stop()
 
 
-@pytest.fixture
-def backend_kind(backend, request):
-    return request.node.callspec.params["backend"]
-
-
 # -- leak check ---------------------------------------------------------------------------------
-# Node processes inherit this from the engines this session starts (and its own process): the
-# leak check counts this session's nodes only, never those of a test run or benchmark beside it.
-SESSION_TAG = os.environ.setdefault("DUOTF_TEST_SESSION", f"{os.getpid()}-{time.time_ns()}")
+# Every process this test session starts inherits the tag, node processes included on every
+# engine (setdefault: a process that imports this module again keeps its parent's), so the leak
+# check counts only this session's nodes while other test sessions run on the machine.
+SESSION_TAG = "DUOTF_TEST_SESSION"
+os.environ.setdefault(SESSION_TAG, f"{os.getpid()}-{time.time_ns()}")
 
 
 def _node_processes():
+    """This session's duotf node processes (one whose environment cannot be read counts)."""
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmdline = proc.info.get("cmdline") or []
-        if "duotf._child" in cmdline:
-            try:
-                if proc.environ().get("DUOTF_TEST_SESSION") == SESSION_TAG:
-                    found.append(proc)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
+        if "duotf._child" not in cmdline:
+            continue
+        try:
+            ours = proc.environ().get(SESSION_TAG) == os.environ[SESSION_TAG]
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.AccessDenied:
+            ours = True
+        if ours:
+            found.append(proc)
     return found
 
 
-def _duotf_threads():
-    return [t.name for t in threading.enumerate() if t.name.startswith("duotf-")]
+# Threads that an engine or library starts and keeps for the life of the process: told by the
+# module whose code they run (py4j's connections and callback server, the Dask client's event
+# loop), or by name where their code is the standard library's: Dask's offload pool, fsspec's
+# IO loop ("fsspecIO", asyncio code) and that loop's default executor ("asyncio_N"; duotf uses
+# no asyncio).
+_ENGINE_MODULES = ("py4j.", "pyspark.", "distributed.", "dask.", "tornado.", "tensorflow.")
+_ENGINE_NAMES = ("Dask-Offload_", "fsspecIO", "asyncio_")
+
+
+def _code_of(thread: threading.Thread) -> str:
+    """The module of the code a thread runs: its target's, or its Thread subclass's."""
+    target = getattr(thread, "_target", None)
+    while isinstance(target, functools.partial):
+        target = target.func
+    return getattr(target, "__module__", None) or type(thread).__module__
+
+
+def _kept_by_an_engine(thread: threading.Thread) -> bool:
+    return _code_of(thread).startswith(_ENGINE_MODULES) or thread.name.startswith(_ENGINE_NAMES)
+
+
+def leaked_threads(before, grace: float = 15.0) -> list:
+    """The threads alive now that were not in ``before`` and that no engine keeps, once each
+    had up to ``grace`` seconds to end (as dask/distributed's ``check_thread_leak``)."""
+    deadline = time.monotonic() + grace
+    while True:
+        leaked = [t for t in threading.enumerate() if t not in before and not _kept_by_an_engine(t)]
+        if not leaked or time.monotonic() > deadline:
+            return leaked
+        time.sleep(0.05)
+
+
+def describe_threads(threads) -> str:
+    """Each thread's name, the module it runs and where it is now."""
+    frames = sys._current_frames()
+    lines = [f"{len(threads)} thread(s) left running:"]
+    for thread in threads:
+        frame = frames.get(thread.ident)
+        where = "".join(traceback.format_stack(frame, limit=4)) if frame is not None else "  (ended)\n"
+        lines.append(f"- {thread.name!r}, running {_code_of(thread)} code, at:\n{where}")
+    return "\n".join(lines)
 
 
 def _listening_ports():
@@ -245,10 +276,13 @@ def _listening_ports():
 
 @pytest.fixture(autouse=True)
 def no_leaks(request):
-    """After each test: no node process, no duotf thread, no new listening port remains."""
+    """After each test: no node process, no new thread but an engine's, no new listening port
+    remains."""
     before = _listening_ports()
+    threads = set(threading.enumerate())
     yield
     poll_for(lambda: not _node_processes(), 15, what="no duotf node process left")
-    poll_for(lambda: not _duotf_threads(), 15, what=f"no duotf thread left ({_duotf_threads()})")
+    leaked = leaked_threads(threads)
+    assert not leaked, describe_threads(leaked)
     leaked = _listening_ports() - before
     assert not leaked, f"listening ports left open: {sorted(leaked)}"

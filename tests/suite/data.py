@@ -1,70 +1,51 @@
-"""The same partitions as a collection of each backend's engine, for the feed tests."""
+"""Plain data the feed tests share (the ``engine`` fixture turns it into an engine's collection)."""
 
 from __future__ import annotations
 
-from typing import List
+import collections
+from typing import TYPE_CHECKING, Dict, List
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# uneven, empty and more partitions than nodes: 45 rows in 5 partitions
+SIZES = [10, 3, 0, 25, 7]
+# Balanced over 2 workers, partitions are dealt in the order 0, 2, 4, 1, 3: the one row left
+# over is the last of partition 3, row 37.
+FED = [i for i in range(45) if i != 37]
 
 
-def rows_collection(backend_kind: str, backend, parts: List[list]):
-    """An RDD / Bag / list whose partition i holds exactly ``parts[i]`` (rows are tuples)."""
-    if backend_kind in ("local", "procpool"):  # a list of partitions
-        return [list(p) for p in parts]
-    if backend_kind == "dask":
-        import dask
-        import dask.bag as db
-
-        return db.from_delayed([dask.delayed(list)(p) for p in parts])
-    sc = backend.sc
-    return sc.parallelize(parts, len(parts)).flatMap(lambda part: part)
+def fed_every_epoch(ids, epochs) -> bool:
+    """Every row but one (which one depends on how the engine keeps an empty partition), once an
+    epoch."""
+    seen = collections.Counter(ids)
+    return len(seen) == 44 and set(seen) <= set(range(45)) and set(seen.values()) == {epochs}
 
 
-def frame_collection(backend_kind: str, backend, parts: List[list], columns: List[str]):
-    """A DataFrame (pandas partitions for local) with ``parts[i]`` as partition i."""
+def row_parts(sizes=SIZES) -> List[list]:
+    """Rows ``(id / 10, id)``, ``sizes[p]`` of them in partition p."""
+    parts, i = [], 0
+    for size in sizes:
+        parts.append([(float(i) / 10, i) for i in range(i, i + size)])
+        i += size
+    return parts
+
+
+def frames(parts: List[list], columns: List[str]):
+    """One pandas frame per partition, all of the first non-empty partition's dtypes."""
     import pandas as pd
 
     dtypes = pd.DataFrame(next(p for p in parts if p), columns=columns).dtypes
-    frames = [pd.DataFrame(p or None, columns=columns).astype(dtypes) for p in parts]
-    if backend_kind in ("local", "procpool"):  # a list of partitions
-        return frames
-    if backend_kind == "dask":
-        import dask
-        import dask.dataframe as dd
-
-        with dask.config.set({"dataframe.convert-string": False}):
-            return dd.from_delayed([dask.delayed(lambda f: f)(f) for f in frames], meta=frames[0].iloc[:0])
-    from pyspark.sql import SparkSession
-
-    rdd = rows_collection(backend_kind, backend, parts)
-    return SparkSession(backend.sc).createDataFrame(rdd, list(columns))
+    return [pd.DataFrame(p or None, columns=columns).astype(dtypes) for p in parts]
 
 
-def tensor_collection(backend_kind: str, backend, sizes: List[int], width: int, packed: bool = True):
-    """Partitions of rows ``x = id * 10 + [0, 1, ..., width)`` (float32) and ``id``, as each engine
-    holds a tensor column best: a packed tensor column (Spark), a 2-D array (Dask), columns
-    (local). Returns ``(data, input_mapping)``; ``packed=False`` leaves Spark's ``array<float>``."""
+def tensor_blocks(sizes: List[int], width: int) -> List[Dict[str, np.ndarray]]:
+    """Partitions of rows ``x = id * 10 + [0, 1, ..., width)`` (float32) and ``id`` (int64)."""
     import numpy as np
 
     bounds = np.cumsum([0] + list(sizes))
-
-    def block(p):
-        ids = np.arange(bounds[p], bounds[p + 1], dtype=np.int64)
-        return (ids[:, None] * 10 + np.arange(width)).astype(np.float32), ids
-
-    if backend_kind in ("local", "procpool"):  # a list of partitions
-        return [dict(zip(("x", "id"), block(p))) for p in range(len(sizes))], None
-    if backend_kind == "dask":
-        import dask.array as da
-
-        xs, ids = zip(*(block(p) for p in range(len(sizes))))
-        x = da.concatenate([da.from_array(b, chunks=(max(len(b), 1), width)) for b in xs])
-        i = da.concatenate([da.from_array(b, chunks=max(len(b), 1)) for b in ids])
-        return (x, i), {"0": "x", "1": "id"}
-    from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
-
-    from duotf.spark import pack_tensors
-
-    parts = [[(row.tolist(), int(i)) for row, i in zip(*block(p))] for p in range(len(sizes))]
-    rdd = backend.sc.parallelize(parts, len(parts)).flatMap(lambda part: part)
-    df = SparkSession(backend.sc).createDataFrame(rdd, "x array<float>, id long")
-    return (pack_tensors(df, "x") if packed else df), None
+    blocks = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        ids = np.arange(a, b, dtype=np.int64)
+        blocks.append({"x": (ids[:, None] * 10 + np.arange(width)).astype(np.float32), "id": ids})
+    return blocks

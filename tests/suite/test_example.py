@@ -25,18 +25,12 @@ def test_digits_example_trains(backend, tmp_path):
     assert (tmp_path / "model" / "weights.npz").exists()  # saved by the chief before returning
 
 
-def test_digits_example_trains_from_the_engine_feed(backend, backend_kind, tmp_path):
+def test_digits_example_trains_from_the_engine_feed(backend, engine, tmp_path):
     """The same program, the rows pushed by the engine: the same accuracy as reading the file."""
     import numpy as np
 
     data = train.prepare_data(str(tmp_path / "digits.npz"))
-    if backend_kind.startswith("spark"):
-        from pyspark.sql import SparkSession
-
-        engine = SparkSession(backend.sc)
-    else:
-        engine = None if backend_kind in ("local", "procpool") else backend.client
-    collection, mapping = train.engine_data(engine, data)
+    collection, mapping = train.engine_data(engine.handle, data)
     args = {"data": data, "batch_size": 64, "epochs": 15, "lr": 0.5, "seed": 1,
             "model_dir": str(tmp_path / "model"), "feed": mapping}
     with duotf.run(train.main, args, backend, duotf.ClusterSpec(workers=2), env=QUIET_TF) as cluster:

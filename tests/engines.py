@@ -1,0 +1,367 @@
+"""The engines the tests run on: one class per kind of the ``backend`` fixture.
+
+An engine starts its duotf Backend (``start``, which the session-scoped ``backend`` fixture
+enters), turns plain data (lists of rows per partition, pandas frames, numpy arrays) into the
+engine's own collection, and turns what ``Cluster.inference`` gives back into plain Python and
+pandas. Tests take the ``engine`` fixture and never ask which engine it is: adding an engine to
+the suite is adding one class to ``ENGINES``. An engine that feeds "a list of partitions" like
+the in-process backend subclasses ``LocalEngine`` and only overrides ``start``.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Type, Union
+
+import psutil
+
+import duotf.backends
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+
+def poll_for(predicate, timeout: float, interval: float = 0.05, what: str = "condition"):
+    """Poll ``predicate`` until it is truthy; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout} s")
+        time.sleep(interval)
+
+
+Processes = Union[List[psutil.Process], Callable[[], List[psutil.Process]]]
+
+
+class Engine(abc.ABC):
+    """A running engine of the suite, with its duotf Backend.
+
+    ``handle`` is what a program passes to ``duotf.run`` for this engine (``None`` for the
+    embedded backend, a ``distributed.Client``, a ``SparkSession``).
+    """
+
+    #: how many engine processes run node tasks (duotf gives each node one of its own while it can)
+    executors = 1
+
+    def __init__(self, backend, handle=None):
+        self.backend = backend
+        self.handle = handle
+
+    @classmethod
+    @abc.abstractmethod
+    def start(cls, request) -> ContextManager["Engine"]:
+        """A context manager: the engine started with room for 2 nodes and for the tasks
+        feeding them, stopped on exit. ``request`` is the ``backend`` fixture's, for the session
+        fixtures an engine needs."""
+
+    # -- plain data in --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def rows(self, parts: List[list]):
+        """A collection whose partition i holds exactly the tuples ``parts[i]``."""
+
+    @abc.abstractmethod
+    def frame(self, frames: List[pd.DataFrame]):
+        """A DataFrame whose partition i holds the rows of ``frames[i]`` (all of one schema)."""
+
+    @abc.abstractmethod
+    def arrays(self, blocks: List[Dict[str, np.ndarray]]) -> Tuple[object, Optional[dict]]:
+        """Columns of numpy arrays (``blocks[i]`` is partition i; 2-D arrays are tensor
+        columns) as the engine holds them best. Returns ``(data, input_mapping)``: the mapping
+        to give ``get_data_feed`` so that a node sees the blocks' own column names."""
+
+    @abc.abstractmethod
+    def constant_features(self, rows: int, parts: int, width: int, chunk: int):
+        """``rows`` rows of ``"0"``: ``width`` float32 values 0.5, and ``"1"``: the row's id
+        modulo 10, made on the engine (they never sit in the driver's memory): ``parts``
+        partitions, or blocks of ``chunk`` rows where the engine holds arrays in blocks."""
+
+    # -- results out ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def partitions(self, out) -> List[list]:
+        """The rows of a collection that ``Cluster.inference`` returned, partition by partition."""
+
+    @abc.abstractmethod
+    def to_pandas(self, out) -> pd.DataFrame:
+        """A DataFrame that ``Cluster.inference`` returned, in order, with a fresh index."""
+
+    # -- processes ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def feeding_processes(self) -> Processes:
+        """The processes the engine's feeding tasks run in (a list, or a callable giving the
+        current list where they come and go)."""
+
+
+class LocalEngine(Engine):
+    """The in-process backend: a collection is a list of partitions."""
+
+    @classmethod
+    @contextlib.contextmanager
+    def start(cls, request):
+        yield cls(duotf.backends.LocalBackend(slots=4))
+
+    def rows(self, parts):
+        return [list(p) for p in parts]
+
+    def frame(self, frames):
+        return list(frames)
+
+    def arrays(self, blocks):
+        return [dict(b) for b in blocks], None
+
+    def constant_features(self, rows, parts, width, chunk):
+        import numpy as np
+
+        bounds = np.linspace(0, rows, parts + 1).astype(int)
+
+        def part(start, stop):
+            def chunks():
+                for a in range(start, stop, chunk):
+                    ids = np.arange(a, min(a + chunk, stop))
+                    yield {"0": np.full((len(ids), width), 0.5, dtype=np.float32), "1": ids % 10}
+            return chunks
+
+        return [part(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def partitions(self, out):
+        return [list(p) for p in out]
+
+    def to_pandas(self, out):
+        import pandas as pd
+
+        return pd.concat(out, ignore_index=True)
+
+    def feeding_processes(self):
+        return [psutil.Process()]  # the feeding threads run in this process
+
+
+class ProcessPoolEngine(LocalEngine):
+    """The test-only backend of tests/procpool_backend.py, known to duotf through nothing but its
+    entry point: node agents and feeding tasks run in the processes of a pool; a collection is
+    a list of partitions, as for the local backend."""
+
+    executors = 4  # each node's agent runs in a pool process of its own
+
+    @classmethod
+    @contextlib.contextmanager
+    def start(cls, request):
+        backend = duotf.backends.resolve_backend("procpool")[0]  # by name: registry, entry point
+        try:
+            yield cls(backend)
+        finally:
+            backend.close()
+
+    def feeding_processes(self):
+        return lambda: self.backend.pool.processes  # the pool's workers, nodes' agents included
+
+
+class DaskEngine(Engine):
+    """A ``LocalCluster`` of 2 worker processes: Bags, DataFrames and Arrays through its Client."""
+
+    executors = 2
+
+    @classmethod
+    @contextlib.contextmanager
+    def start(cls, request):
+        from distributed import Client, LocalCluster
+
+        with LocalCluster(
+            n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None,
+            host="127.0.0.1",
+        ) as cluster, Client(cluster) as client:
+            yield cls(duotf.backends.resolve_backend(client)[0], client)
+
+    @property
+    def client(self):
+        return self.handle
+
+    def rows(self, parts):
+        import dask
+        import dask.bag as db
+
+        return db.from_delayed([dask.delayed(list)(p) for p in parts])
+
+    def frame(self, frames):
+        import dask
+        import dask.dataframe as dd
+
+        with dask.config.set({"dataframe.convert-string": False}):
+            return dd.from_delayed([dask.delayed(lambda f: f)(f) for f in frames], meta=frames[0].iloc[:0])
+
+    def arrays(self, blocks):
+        import dask.array as da
+
+        names = list(blocks[0])
+        columns = tuple(
+            da.concatenate([da.from_array(b[name], chunks=(max(len(b[name]), 1),) + b[name].shape[1:])
+                            for b in blocks])
+            for name in names
+        )
+        return columns, {str(i): name for i, name in enumerate(names)}
+
+    def constant_features(self, rows, parts, width, chunk):
+        import dask.array as da
+        import numpy as np
+
+        x = da.full((rows, width), 0.5, dtype=np.float32, chunks=(chunk, width))
+        y = da.arange(rows, chunks=chunk, dtype=np.int64) % 10
+        return (x, y)
+
+    def partitions(self, out):
+        return [list(p) for p in self.client.compute(out.to_delayed(), sync=True)]
+
+    def to_pandas(self, out):
+        return self.client.compute(out, sync=True).reset_index(drop=True)
+
+    def feeding_processes(self):
+        return [psutil.Process(pid) for pid in self.client.run(os.getpid).values()]
+
+
+def _spark_session(master: str, **conf):
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("duotf-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .config("spark.pyspark.python", sys.executable)
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+_SPARK_TYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long",
+                "bool": "boolean", "object": "string"}
+
+
+def _spark_schema(columns: Dict[str, np.dtype], tensors: Sequence[str] = ()) -> str:
+    """A DDL schema for numpy/pandas dtypes; the ``tensors`` columns are arrays of their dtype."""
+    fields = []
+    for name, dtype in columns.items():
+        kind = _SPARK_TYPES[str(dtype)]
+        fields.append(f"`{name}` " + (f"array<{kind}>" if name in tensors else kind))
+    return ", ".join(fields)
+
+
+class SparkEngine(Engine):
+    """A Spark session: RDDs of rows and DataFrames. Subclasses say where it runs."""
+
+    #: the task slots Spark has once every executor registered
+    slots = 0
+
+    @classmethod
+    def _session(cls, request):
+        raise NotImplementedError
+
+    @classmethod
+    @contextlib.contextmanager
+    def start(cls, request):
+        from duotf.backends.spark import SparkBackend
+
+        session = cls._session(request)
+        try:
+            backend = SparkBackend(session, slot_wait=3.0)
+            poll_for(lambda: backend.slots() >= cls.slots, 90, 0.2, "Spark executors")
+            yield cls(backend, session)
+        finally:
+            session.stop()
+
+    @property
+    def session(self):
+        return self.handle
+
+    def _rdd(self, parts: List[list]):
+        return self.session.sparkContext.parallelize(parts, len(parts)).flatMap(lambda part: part)
+
+    def rows(self, parts):
+        return self._rdd(parts)
+
+    def frame(self, frames):
+        parts = [list(zip(*(f[c].tolist() for c in f.columns))) for f in frames]
+        return self.session.createDataFrame(self._rdd(parts), _spark_schema(dict(frames[0].dtypes)))
+
+    def arrays(self, blocks, packed: bool = True):
+        """As ``Engine.arrays``; tensor columns are packed (``pack_tensors``) unless ``packed``
+        is false, which leaves them ``array<...>``."""
+        from duotf.spark import pack_tensors
+
+        first = blocks[0]
+        tensors = [name for name, a in first.items() if a.ndim == 2]
+        schema = _spark_schema({name: a.dtype for name, a in first.items()}, tensors)
+        parts = [list(zip(*(a.tolist() for a in b.values()))) for b in blocks]
+        df = self.session.createDataFrame(self._rdd(parts), schema)
+        for name in tensors if packed else ():
+            df = pack_tensors(df, name, dtype=str(first[name].dtype))
+        return df, None
+
+    def constant_features(self, rows, parts, width, chunk):
+        from pyspark.sql import functions as F
+
+        return self.session.range(0, rows, numPartitions=parts).select(
+            F.array_repeat(F.lit(0.5).cast("float"), width).alias("0"), (F.col("id") % 10).alias("1"))
+
+    def partitions(self, out):
+        return out.glom().collect()
+
+    def to_pandas(self, out):
+        return out.toPandas()
+
+    def feeding_processes(self):
+        def python_workers():
+            """Spark's Python workers under this process (they come and go with the tasks)."""
+            found = []
+            for proc in psutil.Process().children(recursive=True):
+                try:
+                    if "pyspark.daemon" in " ".join(proc.cmdline()):
+                        found.append(proc)
+                except psutil.Error:  # a worker that just exited
+                    pass
+            return found
+
+        return python_workers
+
+
+class SparkLocalEngine(SparkEngine):
+    """Spark ``local[3]``: 2 nodes and 1 slot to feed them, all in one executor."""
+
+    slots = 3
+
+    @classmethod
+    def _session(cls, request):
+        return _spark_session("local[3]")
+
+
+class SparkStandaloneEngine(SparkEngine):
+    """A real standalone master and 2 workers (``spark_standalone_master``): 2 executors of 2
+    cores, one for a node and one for the tasks that feed it."""
+
+    slots = 4
+    executors = 2
+
+    @classmethod
+    def _session(cls, request):
+        url = request.getfixturevalue("spark_standalone_master")
+        return _spark_session(url, **{"spark.executor.cores": "2", "spark.executor.memory": "1g"})
+
+
+#: the ``backend`` fixture's params, in the order the suite runs them
+ENGINES: Dict[str, Type[Engine]] = {
+    "local": LocalEngine,
+    "procpool": ProcessPoolEngine,
+    "dask": DaskEngine,
+    "spark-local": SparkLocalEngine,
+    "spark-standalone": SparkStandaloneEngine,
+}

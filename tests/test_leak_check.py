@@ -1,0 +1,61 @@
+"""The leak check after every test (conftest.no_leaks): new threads by comparing thread sets, and
+this session's node processes on every engine."""
+
+from __future__ import annotations
+
+import threading
+
+import duotf
+from tests import conftest
+from tests.suite import mains
+
+
+def _blocking(release: threading.Event, module: str):
+    """A thread target that waits for ``release``, as code of ``module`` would."""
+    def wait():
+        release.wait(60)
+    wait.__module__ = module
+    return wait
+
+
+def test_leak_check_flags_new_threads_named_or_not():
+    before = set(threading.enumerate())
+    release = threading.Event()
+    # node.py's stop thread is unnamed ("Thread-N (...)"): a name prefix never saw it
+    unnamed = threading.Thread(target=_blocking(release, "duotf.node"), daemon=True)
+    named = threading.Thread(target=release.wait, name="duotf-stopper", daemon=True)
+    engine = threading.Thread(target=_blocking(release, "py4j.clientserver"), daemon=True)
+    for thread in (unnamed, named, engine):
+        thread.start()
+    try:
+        leaked = conftest.leaked_threads(before, grace=0.3)
+        assert set(leaked) == {unnamed, named}  # an engine's own threads are not the test's
+        message = conftest.describe_threads(leaked)
+        assert message.startswith("2 thread(s) left running")
+        assert unnamed.name in message and "duotf.node" in message and "'duotf-stopper'" in message
+    finally:
+        release.set()
+        for thread in (unnamed, named, engine):
+            thread.join(10)
+    assert conftest.leaked_threads(before, grace=5) == []
+
+
+def test_leak_check_waits_for_a_thread_that_is_ending():
+    before = set(threading.enumerate())
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait, daemon=True)
+    thread.start()
+    threading.Timer(0.2, release.set).start()  # ends within the grace
+    assert conftest.leaked_threads(before, grace=10) == []
+    assert not thread.is_alive()
+
+
+def test_leak_check_sees_the_node_processes_of_every_engine(backend, tmp_path):
+    cluster = duotf.run(mains.block_main, {"release": str(tmp_path / "release")}, backend,
+                        duotf.ClusterSpec(workers=2))
+    try:
+        seen = {proc.pid for proc in conftest._node_processes()}
+        assert {node.pid for node in cluster.nodes} <= seen
+    finally:
+        (tmp_path / "release").touch()
+        cluster.shutdown()

@@ -1,0 +1,64 @@
+"""Spark-only feed acceleration: ``duotf.spark.feed_cache`` on Spark local and standalone.
+
+The tests take the shared suite's ``backend`` fixture, narrowed by the ``engines`` marker to
+its Spark kinds, so they run in the suite's own Spark sessions (one at a time).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import duotf
+from duotf.spark import feed_cache
+from tests.suite import mains
+from tests.suite.data import FED, SIZES, fed_every_epoch, tensor_blocks
+
+pytestmark = pytest.mark.engines("spark-local", "spark-standalone")
+
+
+@pytest.fixture
+def tensor_frame(engine):
+    """``tensor_blocks(SIZES, 6)`` as a Spark DataFrame with an ``array<float>`` column ``x``."""
+    df, _ = engine.arrays(tensor_blocks(SIZES, width=6), packed=False)
+    return df
+
+
+def test_feed_cache_trains_like_the_dataframe(backend, tensor_frame):
+    cache = feed_cache(tensor_frame, block_bytes=64)  # a few rows per frame: frames split between workers
+    try:
+        assert cache.counts == SIZES and cache.columns == ["x", "id"]
+        with duotf.run(mains.feed_tensor_main, {"batch": 4, "mapping": None}, backend,
+                       duotf.ClusterSpec(workers=2), env={"TF_CPP_MIN_LOG_LEVEL": "3"}) as cluster:
+            report = cluster.train(cache, epochs=3)
+            with pytest.raises(duotf.ConfigError, match="FeedCache is for training"):
+                cluster.inference(cache)
+            first, second = cluster.wait(timeout=120)
+    finally:
+        cache.unpersist()
+    assert report["rows_fed"] == 3 * 44 and report["rows_dropped_per_epoch"] == 1
+    for result in (first, second):
+        assert result["dtypes"] == ["float32"] and result["shapes"] == [(6,)]
+        assert result["wrong"] == 0 and len(result["ids"]) == 3 * 22
+    assert sorted(first["ids"] + second["ids"]) == sorted(FED * 3)
+
+
+def test_feed_cache_file_not_on_the_host_is_fed_from_the_dataframe(backend, tensor_frame):
+    cache = feed_cache(tensor_frame, block_bytes=64)
+    try:
+        assert all(os.path.exists(part.path) for part in cache.parts)
+        for part in cache.parts[::2]:  # as if partitions 0, 2 and 4 lay on a lost host
+            os.remove(part.path)
+        with duotf.run(mains.feed_tensor_main, {"batch": 4, "mapping": None}, backend,
+                       duotf.ClusterSpec(workers=2), env={"TF_CPP_MIN_LOG_LEVEL": "3"}) as cluster:
+            report = cluster.train(cache, epochs=2)
+            cache.unpersist()
+            assert not any(os.path.exists(part.path) for part in cache.parts)
+            with pytest.raises(duotf.ConfigError, match="unpersisted"):
+                cluster.train(cache)
+            first, second = cluster.wait(timeout=120)
+    finally:
+        cache.unpersist()
+    assert report["rows_fed"] == 2 * 44
+    assert fed_every_epoch(first["ids"] + second["ids"], 2)
