@@ -154,12 +154,14 @@ class ProcessPoolEngine(LocalEngine):
     def start(cls, request):
         backend = duotf.backends.resolve_backend("procpool")[0]  # by name: registry, entry point
         try:
+            # the pool's own threads start with its first task: here, not inside a test
+            backend.pool.submit(os.getpid).result(timeout=120)
             yield cls(backend)
         finally:
             backend.close()
 
     def feeding_processes(self):
-        return lambda: self.backend.pool.processes  # the pool's workers, nodes' agents included
+        return self.backend.pool.processes  # a callable: the pool's current workers, agents included
 
 
 class DaskEngine(Engine):

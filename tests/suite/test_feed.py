@@ -42,8 +42,6 @@ def test_inference_one_result_per_input_in_order(backend, engine):
     assert [x for part in parts for x in part] == [i / 10 * 2 + i for i in range(45)]
 
 
-@pytest.mark.xfail_on("dask", reason="issue 10, item 8: Dask inference gathers the outputs into "
-                      "the driver and splits them again evenly")
 def test_inference_output_partition_is_its_input_partition(backend, engine):
     parts = _infer_rows(backend, engine)
     assert parts == [[x * 2 + i for x, i in part] for part in row_parts()]
