@@ -382,11 +382,12 @@ def _cached_files(job):
     that is on another host."""
 
     def feed(part):
-        from ..feed.feeder import feed_train
+        from ..feed.feeder import feed_train, pass_turn
 
         opened = part.open()
-        if opened is None:
-            return part.pid, None, None
+        if opened is None:  # fed from the DataFrame once this job ends
+            _, error = _guarded(lambda: pass_turn(job, part.pid))
+            return part.pid, None, error
         f, frames = opened
         with f:
             sent, error = _guarded(lambda: feed_train(job, part.pid, frames))

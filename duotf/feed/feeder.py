@@ -176,6 +176,23 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
             conn.close(ok)
 
 
+def pass_turn(job: FeedJob, pid: int) -> None:
+    """Give up partition ``pid``'s places in its nodes' order without sending a row, so the
+    ranges after it are not held up (its rows come later, out of order: a feed_cache file lost
+    with its executor, fed again from the DataFrame)."""
+    for target, _, _, seq in job.plan.get(pid, []):
+        conn = None
+        try:
+            conn = _Target(job, target, seq)
+            conn.send(Frame.END, mode="train", partition=pid)
+            conn.reply(Frame.ACK, Frame.TERMINATED)
+        except (OSError, wire.FeedProtocolError) as exc:
+            raise _fail(job, pid, target, exc) from exc
+        finally:
+            if conn is not None:
+                conn.close(True)
+
+
 def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> Iterator[Tuple[Columns, Columns]]:
     """Send partition ``pid`` to its node; yield ``(input rows, their results)`` in input order."""
     target = pid % len(job.addresses)
