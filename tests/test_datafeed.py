@@ -432,3 +432,47 @@ def test_a_node_queues_its_ranges_in_plan_order_whichever_task_comes_first():
         second.join(30)
         server.close()
     assert seen == list(range(200))
+
+
+def test_a_range_waiting_longer_than_feed_timeout_for_its_turn_is_not_failed(monkeypatch):
+    """The node says it waits while an earlier range is still read: feed_timeout counts only a
+    node that says nothing (the earlier range here takes 2.5 s; feed_timeout is 1 s)."""
+    import threading
+
+    from duotf.feed import wire as feed_wire
+    from duotf.feed.feeder import FeedJob, feed_train
+
+    monkeypatch.setattr(feed_wire, "WAIT_S", 0.2)
+    server = FeedServer(SECRET, capacity=2)
+    job = FeedJob(SECRET, [("127.0.0.1", server.port)], ["node"], "train", 1.0,
+                  {0: [(0, 0, 100, 0)], 1: [(0, 0, 100, 1)]})
+    release = threading.Event()
+    errors = []
+
+    def slow_partition():
+        release.wait(30)  # the first range's rows are not there yet
+        yield _ids(0, 100)
+
+    def feed(pid, chunks):
+        try:
+            feed_train(job, pid, chunks)
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    second = threading.Thread(target=feed, args=(1, [_ids(100, 200)]))
+    second.start()
+    first = threading.Thread(target=feed, args=(0, slow_partition()))
+    first.start()
+    timer = threading.Timer(2.5, release.set)
+    timer.start()
+    feed_ = DataFeed(server, train=True, input_mapping={"id": "id"})
+    seen = []
+    try:
+        while len(seen) < 200 and not errors:
+            seen.extend(feed_.next_batch(25)["id"])
+    finally:
+        timer.join()
+        first.join(30)
+        second.join(30)
+        server.close()
+    assert not errors and seen == list(range(200))

@@ -17,6 +17,7 @@ import os
 import queue
 import socket
 import threading
+import time
 import weakref
 from typing import Dict, List, Optional
 
@@ -104,10 +105,16 @@ class _Order:
         self._next = 0
         self._terminated = terminated
 
-    def wait_turn(self, seq: int) -> None:
+    def wait_turn(self, seq: int, timeout: float) -> bool:
+        """True once it is ``seq``'s turn (or the feed was terminated); False after ``timeout``."""
+        deadline = time.monotonic() + timeout
         with self._cond:
             while self._next < seq and not self._terminated.is_set():
-                self._cond.wait()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
 
     def done(self, seq: int) -> None:
         with self._cond:
@@ -190,7 +197,9 @@ class FeedServer:
                     self._attach_ring(header, conn)
                 elif kind is Frame.ORDER:  # read no further until the earlier ranges are queued
                     seq = int(header["seq"])
-                    self._order.wait_turn(seq)
+                    while not self._order.wait_turn(seq, wire.WAIT_S):
+                        conn.send(Frame.WAIT)
+                    conn.send(Frame.TURN)
                 elif kind is _MARKER:
                     # From the driver, on the data path: it is queued after every batch already
                     # queued and before any later one, and acknowledged only then.

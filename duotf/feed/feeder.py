@@ -64,8 +64,12 @@ class _Target:
         self.job = job
         self.target = target
         self.sock = wire.connect(job.addresses[target], job.secret, job.timeout)
-        if seq is not None:  # the node reads this connection once its earlier ranges are queued
+        if seq is not None:
+            # The node reads this connection once its earlier ranges are queued; until then it
+            # says it waits (every WAIT_S), so feed_timeout counts only a node that says nothing.
             self.send(Frame.ORDER, seq=seq)
+            while self.reply(Frame.WAIT, Frame.TURN)["t"] == Frame.WAIT:
+                pass
         self.reads_files: Optional[bool] = None  # asked once, with the first whole cached frame
         self.ring: Optional[shm.Ring] = None
         self._ring_tried = False

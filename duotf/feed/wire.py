@@ -44,6 +44,10 @@ class FeedProtocolError(ConnectionError):
     """The peer is not an authenticated duotf feed endpoint, or sent a malformed frame."""
 
 
+#: seconds between a node's WAIT answers to a range waiting for its turn
+WAIT_S = 5.0
+
+
 class Frame(str, enum.Enum):
     """The kind of a feed frame (its header's ``"t"``)."""
 
@@ -56,6 +60,9 @@ class Frame(str, enum.Enum):
     MARKER = "marker"  # an epoch or end :class:`Marker`, queued after every batch before it
     END = "end"  # a feeding task's rows end
     ORDER = "order"  # a training task's range: its place in the node's order of the epoch
+    # node -> feeding task, answering ORDER
+    WAIT = "wait"  # the ranges before this one are still being read (sent every WAIT_S)
+    TURN = "turn"  # this range's turn: send
     # node -> feeding task (or driver)
     ACK = "ack"  # a marker queued, or (training) a task's rows queued
     TERMINATED = "terminated"  # main terminated its feed: no more data is wanted

@@ -11,15 +11,15 @@ from tests.suite import mains
 
 
 def test_a_node_that_takes_no_data_gives_a_typed_feed_error(backend, engine, tmp_path):
-    # 12 partitions a node, its queue holds 8 frames: a range finds no room, and its task
+    # 10 partitions a node, its queue holds 8 frames: a range finds no room, and its task
     # gives up after feed_timeout
-    parts = [[(float(i), i) for i in range(p * 50, (p + 1) * 50)] for p in range(24)]
+    parts = [[(float(i), i) for i in range(p * 50, (p + 1) * 50)] for p in range(20)]
     cluster = duotf.run(mains.block_main, {"release": str(tmp_path / "release")}, backend,
                         duotf.ClusterSpec(workers=2))
     try:
         t0 = time.monotonic()
         with pytest.raises(duotf.FeedError) as info:
-            cluster.train(engine.rows(parts), epochs=1, feed_timeout=2)
+            cluster.train(engine.rows(parts), epochs=1, feed_timeout=1)
         assert time.monotonic() - t0 < 90
     finally:
         (tmp_path / "release").touch()
@@ -28,8 +28,8 @@ def test_a_node_that_takes_no_data_gives_a_typed_feed_error(backend, engine, tmp
     first = str(err).splitlines()[0]
     # the task's own error, with its attributes, not an engine's traceback text
     assert first.startswith(f"feeding partition {err.partition} to worker:"), first
-    assert "feed_timeout=2" in first and "worker:" in err.node
-    assert isinstance(err.partition, int) and 0 <= err.partition < 24
+    assert "feed_timeout=1" in first and "worker:" in err.node
+    assert isinstance(err.partition, int) and 0 <= err.partition < 20
 
 
 def test_inference_of_empty_partitions_gives_empty_partitions(backend, engine):
