@@ -7,7 +7,7 @@ handed back as a collection of the input's kind with one output partition per in
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from ..errors import ConfigError
 from .base import EngineJob, FeedAdapter, ThreadJob
@@ -83,19 +83,61 @@ class DaskFeed(FeedAdapter):
         return ThreadJob(call, cancel=lambda: client.cancel(futures), name=name)
 
     def train(self, job) -> EngineJob:
-        import dask
+        """One epoch, each worker's partitions one after the other in plan order (a task is
+        submitted once the partitions before it on each of its workers are done), the workers'
+        chains side by side. A node takes its ranges in that order anyway, and Dask need not
+        start tasks in the order asked: a later task started first would hold a thread while
+        it waits for its turn, and enough of them would leave none for the earlier ones."""
+        from distributed import as_completed
 
         from ..feed.tasks import train_partition
 
-        tasks = [dask.delayed(train_partition)(job, i, p) for i, p in enumerate(self.parts)]
+        client = self.client
+        after: Dict[int, set] = {}  # pid -> the partitions that must be done before it
+        last: Dict[int, int] = {}  # target -> its latest partition so far
+        for pid in sorted(job.plan):
+            after[pid] = {last[t] for t, *_ in job.plan[pid] if t in last}
+            for t, *_ in job.plan[pid]:
+                last[t] = pid
+        futures: Dict[object, int] = {}
 
-        def finish(futures):
+        def call():
+            sent = [0] * len(self.parts)  # a partition with no range (empty, or left over) sends none
+            done: set = set()
+            pending = [pid for pid in sorted(after) if job.plan[pid]]
+            running = as_completed()
+
+            blocks: Dict[int, object] = {}  # pid -> its partition, computed ahead
+
+            def block(pid):
+                if pid not in blocks:
+                    blocks[pid] = client.compute(self.parts[pid], priority=len(self.parts) - pid)
+                return blocks[pid]
+
+            def submit_ready():
+                for pid in [q for q in pending if after[q] <= done]:
+                    pending.remove(pid)
+                    future = client.submit(train_partition, job, pid, block(pid), pure=False,
+                                           priority=len(self.parts) - pid)
+                    futures[future] = pid
+                    running.add(future)
+                # the partition each chain takes next is computed while the current one feeds
+                for q in [q for q in pending if len(after[q] - done) == 1][:len(job.addresses)]:
+                    block(q)
+
             try:
-                return list(self.client.gather(futures))
+                submit_ready()
+                for future in running:
+                    pid = futures[future]
+                    sent[pid] = future.result()  # raises the task's own error
+                    done.add(pid)
+                    blocks.pop(pid, None)  # released: the block is not kept
+                    submit_ready()
             finally:
-                self.client.cancel(futures)  # counts only: nothing to keep
+                client.cancel(list(futures) + list(blocks.values()))  # counts only: nothing to keep
+            return sent
 
-        return self._run(tasks, finish, "dask-feed")
+        return ThreadJob(call, cancel=lambda: client.cancel(list(futures)), name="dask-feed")
 
     def infer(self, job, keep, result_columns) -> EngineJob:
         import dask
