@@ -208,7 +208,11 @@ class Supervisor:
         stopped = lambda: stop_if is not None and stop_if()  # noqa: E731
         self.wait_for(lambda: job.done() or stopped() or self.status is ClusterStatus.CLOSED, None)
         if self.error is not None or self.status is ClusterStatus.CLOSED:
+            broken = job.exception() if job.done() else None
             job.cancel()
+            if broken is not None and self.error is not None:
+                self._error_delivered = True
+                raise self.error from broken
             self.raise_if_failed()
         if stopped():
             job.cancel()

@@ -90,9 +90,12 @@ def test_a_connection_closing_during_shutdown_is_no_failure():
     assert sup.status is ClusterStatus.CLOSED
 
 
-def test_a_node_failure_wins_over_the_job_it_broke():
+@pytest.mark.parametrize("order", ["node failure first", "job failure first"])
+def test_a_node_failure_wins_over_the_job_it_broke(order):
     sup = _supervisor()
     channel = _node(sup)
+    failed = {"type": Msg.FAILED, "node_id": 0, "kind": "exit", "exitcode": -9,
+              "message": "node process was killed by SIGKILL"}
     try:
         sup.mark_running()
 
@@ -101,10 +104,14 @@ def test_a_node_failure_wins_over_the_job_it_broke():
                 return True
 
             def exception(self):
+                if order == "job failure first" and not self.reads:
+                    self.reads = 1
+                    channel.send(failed)  # the node's failure arrives after the job's
                 return self.error
 
-        channel.send({"type": Msg.FAILED, "node_id": 0, "kind": "exit", "exitcode": -9,
-                      "message": "node process was killed by SIGKILL"})
+        if order == "node failure first":
+            channel.send(failed)
+            poll_for(lambda: sup.error is not None, 10, what="the node's failure recorded")
         with pytest.raises(duotf.NodeFailedError, match="SIGKILL") as info:
             sup.run_job(Failing(OSError("connection reset")))
         assert isinstance(info.value.__cause__, OSError)
