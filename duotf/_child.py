@@ -187,6 +187,7 @@ def main(argv) -> int:
     link.send(ChildMsg.RUNNING)
     try:
         value = user_main(user_args, ctx)
+        ctx._check_feeds()
     except SystemExit as exc:
         if exc.code not in (None, 0):
             link.send(ChildMsg.ERROR, _error_info(exc))

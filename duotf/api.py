@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, Optional
 from .backends import resolve_backend
 from .cluster import Cluster
 from .errors import ConfigError
+from .spec import seconds
 from .spec import ClusterSpec
 
 __all__ = ["run"]
@@ -16,12 +17,13 @@ __all__ = ["run"]
 def _setting(value, env_name: str, default: float) -> float:
     """Keyword argument beats environment variable beats default."""
     if value is not None:
-        return float(value)
+        return seconds(value, env_name[len("DUOTF_"):].lower())
     if env_name in os.environ:
         try:
-            return float(os.environ[env_name])
+            number = float(os.environ[env_name])
         except ValueError:
             raise ConfigError(f"{env_name}={os.environ[env_name]!r} is not a number of seconds")
+        return seconds(number, env_name)
     return default
 
 

@@ -14,10 +14,10 @@ import uuid
 import weakref
 from typing import Any, Callable, Dict, List, Optional
 
-from .errors import ClusterClosedError, NodesStoppedError
+from .errors import ClusterClosedError, ConfigError, NodesStoppedError
 from .node import NodeJob, default_workdir_root, run_node
 from .rendezvous import Msg
-from .spec import ClusterSpec
+from .spec import ClusterSpec, seconds
 from .supervisor import TERMINAL, ClusterStatus, NodeInfo, NodeState, Supervisor
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,16 @@ class Cluster:
         self.stop_timeout = stop_timeout
         self.startup_seconds: Optional[float] = None
         self._owns_backend = owns_backend
+        for name, value in (("main", main), ("args", args)):
+            try:
+                cloudpickle.dumps(value)
+            except Exception as exc:
+                raise ConfigError(
+                    f"{name} cannot be sent to the nodes: cloudpickle refused it "
+                    f"({type(exc).__name__}: {exc}). Pass {name} something picklable: create "
+                    "locks, sessions, clients and open files inside main instead.") from exc
         self._payload = cloudpickle.dumps((main, args))
+        self._stopped: Optional[NodesStoppedError] = None
         self._env = {str(k): str(v) for k, v in (env or {}).items()}
         self._default_fs = default_fs if default_fs is not None else backend.default_fs()
         self._heartbeat_interval = heartbeat_interval
@@ -147,6 +156,10 @@ class Cluster:
         """
         sup = self.supervisor
         deadline = None if timeout is None else time.monotonic() + timeout
+        if timeout is not None:
+            seconds(timeout, "timeout", zero=True)
+        if self._stopped is not None:
+            raise self._stopped
         live = (ClusterStatus.STARTING, ClusterStatus.RUNNING)
         if not sup.wait_for(lambda: self.status not in live, deadline):
             running = [x.describe() for x in self.nodes if x.state not in TERMINAL]
@@ -168,6 +181,7 @@ class Cluster:
         """
         from . import planner
 
+        _check_feed_args(epochs, feed_timeout)
         return planner.train(self.supervisor, self.backend, data, epochs, feed_timeout, balance)
 
     def inference(self, data, *, keep=None, result_columns=None, feed_timeout: float = 600.0):
@@ -181,6 +195,7 @@ class Cluster:
         """
         from . import planner
 
+        _check_feed_args(1, feed_timeout)
         return planner.inference(self.supervisor, self.backend, data, keep, result_columns,
                                  feed_timeout)
 
@@ -208,6 +223,7 @@ class Cluster:
         """
         if self._closed:
             return
+        seconds(grace_secs, "grace_secs", zero=True)
         self._closed = True
         sup = self.supervisor
         cut_off = sup.begin_shutdown(grace_secs)
@@ -217,18 +233,20 @@ class Cluster:
         if self._owns_backend:
             self.backend.close()
         logger.info("duotf: cluster %s shut down", self.job_id)
-        if not _raise:
-            return
-        if unraised is not None:
-            raise unraised
         if cut_off:
             names = [str(x.role) for x in cut_off]
-            raise NodesStoppedError(
+            self._stopped = NodesStoppedError(
                 f"shutdown stopped {', '.join(x.describe() for x in cut_off)}: main had not returned "
                 f"within grace_secs={grace_secs:g}. Its work may be incomplete (a model not saved); "
                 "call cluster.wait() first or raise grace_secs.",
                 stopped=names, grace_secs=grace_secs,
             )
+        if not _raise:
+            return
+        if unraised is not None:
+            raise unraised
+        if self._stopped is not None:
+            raise self._stopped
 
     def __enter__(self) -> "Cluster":
         return self
@@ -239,3 +257,9 @@ class Cluster:
         else:
             # Something already went wrong in the caller: stop at once and keep their error.
             self.shutdown(grace_secs=0, _raise=False)
+
+
+def _check_feed_args(epochs, feed_timeout) -> None:
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ConfigError(f"epochs={epochs!r}: give a whole number of epochs, 1 or more")
+    seconds(feed_timeout, "feed_timeout")

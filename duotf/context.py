@@ -77,6 +77,7 @@ class NodeContext:
         self.executor_id = executor_id
         self._notify = _notify
         self._feed_server = _feed_server
+        self._feeds: list = []
         self._server = None
 
     def __repr__(self) -> str:
@@ -118,7 +119,15 @@ class NodeContext:
 
         if self._feed_server is None:
             raise RuntimeError("this context has no data feed (it was not created by duotf.run)")
-        return DataFeed(self._feed_server, train=train, input_mapping=input_mapping)
+        feed = DataFeed(self._feed_server, train=train, input_mapping=input_mapping)
+        self._feeds.append(feed)
+        return feed
+
+    def _check_feeds(self) -> None:
+        """After ``main`` returned: no inference rows may be left without their results."""
+        for feed in self._feeds:
+            if not feed.train:
+                feed.check_answered("main returned")
 
     def start_server(self):
         """Start (once) and return this node's ``tf.distribute.Server`` with the spec's protocol.

@@ -105,3 +105,18 @@ class ClusterSpec:
 def parse_address(address: str) -> Tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+def seconds(value, name: str, *, zero: bool = False) -> float:
+    """``value`` as a number of seconds, or a :class:`ConfigError` naming ``name``: positive
+    (or zero where ``zero``), finite."""
+    import math
+
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={value!r} is not a number of seconds") from None
+    if math.isnan(number) or math.isinf(number) or number < 0 or (number == 0 and not zero):
+        least = "zero or more" if zero else "more than zero"
+        raise ConfigError(f"{name}={value!r}: give a finite number of seconds, {least}")
+    return number

@@ -107,6 +107,28 @@ def test_bad_run_arguments_fail_before_anything_starts():
         duotf.run(lambda a, c: None, heartbeat_interval=2, heartbeat_timeout=3)
     with pytest.raises(duotf.ConfigError, match="callable"):
         duotf.run("main.py")
+    for name in ("reservation_timeout", "heartbeat_interval", "heartbeat_timeout"):
+        with pytest.raises(duotf.ConfigError, match=f"{name}=-1: give a finite number of seconds"):
+            duotf.run(lambda a, c: None, **{name: -1})
+
+
+def test_a_bad_timeout_in_the_environment_names_the_variable(monkeypatch):
+    monkeypatch.setenv("DUOTF_RESERVATION_TIMEOUT", "-5")
+    with pytest.raises(duotf.ConfigError, match="DUOTF_RESERVATION_TIMEOUT=-5.0"):
+        duotf.run(lambda a, c: None)
+
+
+@pytest.mark.parametrize("which", ["main", "args"])
+def test_an_unpicklable_main_or_args_is_named(which):
+    import threading
+
+    lock = threading.Lock()
+    main = (lambda a, c: lock) if which == "main" else (lambda a, c: None)
+    args = {"lock": lock} if which == "args" else None
+    with pytest.raises(duotf.ConfigError) as info:
+        duotf.run(main, args, "local")
+    assert str(info.value).startswith(f"{which} cannot be sent to the nodes: cloudpickle refused it")
+    assert "lock" in str(info.value)
 
 
 def test_reserved_port_is_held_but_tf_style_reuse_can_bind():

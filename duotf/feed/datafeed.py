@@ -451,13 +451,35 @@ class DataFeed:
         k = min(max_rows, available) // batch_size * batch_size
         return self._mapped(self._consume(k))
 
+    @property
+    def unanswered(self) -> int:
+        """Inference: rows read whose results have not been sent by :meth:`batch_results`."""
+        return sum(rows for _, rows in self._owed)
+
+    def check_answered(self, what: str) -> None:
+        """Inference: raise :class:`~duotf.errors.FeedError` if rows read are still owed results.
+
+        The feeding task waits for the results of the rows it sent before it ends, so a read
+        (or a return of ``main``) that leaves results owed would otherwise hang until
+        ``feed_timeout``."""
+        missing = self.unanswered
+        if missing:
+            from ..errors import FeedError
+
+            raise FeedError(
+                f"{what} with {missing} rows read but not answered: inference needs "
+                f"feed.batch_results(...) with one result per row read (call it with the "
+                f"{missing} missing results first)", missing=missing)
+
     def next_batch(self, batch_size: int):
         """Up to ``batch_size`` rows: a dict of column arrays with ``input_mapping``, else a list
         of rows (tuples, or single values for one column).
 
         A batch never spans two epochs: the last batch of an epoch may be short (by the same
         amount on every worker, since ``train`` balances rows). In inference a batch is also cut
-        short when no more rows are queued, as the rows' results must go back first."""
+        short when no more rows are queued, as the rows' results must go back first, and reading
+        with rows still unanswered raises :class:`~duotf.errors.FeedError`."""
+        self.check_answered("next_batch() was called")
         cols = self._take(batch_size)
         if cols is None:
             return {} if self.input_mapping else []
@@ -469,7 +491,11 @@ class DataFeed:
         return list(zip(*values))
 
     def should_stop(self) -> bool:
-        """True once every row has been read (end of data) or the feed was terminated."""
+        """True once every row has been read (end of data) or the feed was terminated.
+
+        In inference, calling it with rows still unanswered raises
+        :class:`~duotf.errors.FeedError`."""
+        self.check_answered("should_stop() was called")
         status = self._fill()
         while status is _EPOCH:
             status = self._fill()
@@ -482,7 +508,10 @@ class DataFeed:
         start = 0
         while start < n:
             if not self._owed:
-                raise ValueError(f"batch_results got {n - start} more results than rows were read")
+                from ..errors import FeedError
+
+                raise FeedError(f"batch_results got {n - start} more results than rows were read "
+                                f"({n} results for {start} unanswered rows)", extra=n - start)
             conn, rows = self._owed[0]
             k = min(rows, n - start)
             conn.send(Frame.RESULT, slice_cols(cols, start, start + k))

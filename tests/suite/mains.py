@@ -271,3 +271,15 @@ def sgd_main(args, ctx):
         w = w - args["lr"] * (x.T @ err) / len(y)
         b = b - args["lr"] * float(err.mean())
     return {"w": w.tolist(), "b": b}
+
+
+def feed_infer_short_main(args, ctx):
+    """Inference that answers one result fewer than the rows of its first batch, then reads on
+    (``"read"``) or returns (``"return"``)."""
+    feed = ctx.get_data_feed(train=False)
+    batch = feed.next_batch(args["batch"])
+    feed.batch_results([0.0] * (len(batch) - 1))
+    if args["then"] == "read":
+        while not feed.should_stop():
+            feed.batch_results([0.0] * len(feed.next_batch(args["batch"])))
+    return len(batch)

@@ -147,6 +147,24 @@ def test_shutdown_says_loudly_when_it_stops_a_main(backend, tmp_path):
     assert info.value.stopped == ["worker:0", "worker:1"]
     assert "grace_secs=0.5" in str(info.value)
     cluster.shutdown()  # idempotent
+    with pytest.raises(duotf.NodesStoppedError, match="shutdown stopped"):
+        cluster.wait()  # not a None for each node that was stopped
+
+
+def test_bad_feed_and_wait_arguments_say_what_to_change(backend, engine, tmp_path):
+    with duotf.run(mains.feed_train_main, {"batch": 4}, backend, duotf.ClusterSpec(workers=2)) as cluster:
+        data = engine.rows([[(1.0, 1)], [(2.0, 2)]])
+        with pytest.raises(duotf.ConfigError, match="feed_timeout=-1: give a finite number"):
+            cluster.train(data, feed_timeout=-1)
+        with pytest.raises(duotf.ConfigError, match="epochs=0: give a whole number"):
+            cluster.train(data, epochs=0)
+        with pytest.raises(duotf.ConfigError, match="feed_timeout=0: give a finite number"):
+            cluster.inference(data, feed_timeout=0)
+        with pytest.raises(duotf.ConfigError, match="timeout=-2"):
+            cluster.wait(timeout=-2)
+        with pytest.raises(duotf.ConfigError, match="grace_secs=-1"):
+            cluster.shutdown(grace_secs=-1)
+        cluster.train(data)
 
 
 def test_shutdown_stops_ps_and_leaves_nothing(backend):

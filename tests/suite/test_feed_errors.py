@@ -37,3 +37,21 @@ def test_inference_of_empty_partitions_gives_empty_partitions(backend, engine):
         out = cluster.inference(engine.rows([[], [], []]))
         cluster.wait(timeout=60)
     assert engine.partitions(out) == [[], [], []]
+
+
+@pytest.mark.parametrize("then", ["read", "return"])
+def test_inference_with_results_missing_fails_at_once(backend, engine, then):
+    data = engine.rows([[(float(i), 1.0) for i in range(p * 10, (p + 1) * 10)] for p in range(2)])
+    cluster = duotf.run(mains.feed_infer_short_main, {"batch": 4, "then": then}, backend,
+                        duotf.ClusterSpec(workers=2))
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(duotf.NodeFailedError) as info:
+            cluster.inference(data, feed_timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        cluster.shutdown(grace_secs=0, _raise=False)
+    what = "should_stop() was called" if then == "read" else "main returned"
+    assert f"{what} with 1 rows read but not answered" in str(info.value)
+    assert info.value.remote_type.endswith("FeedError")
+    assert took < 60, f"took {took:.0f} s: the feed waited for results that could never come"
