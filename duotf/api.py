@@ -39,6 +39,7 @@ def run(
     env: Optional[Dict[str, str]] = None,
     default_fs: Optional[str] = None,
     driver_host: Optional[str] = None,
+    keep_workdir: bool = False,
 ) -> Cluster:
     """Run ``main(args, ctx)`` once per node of a TensorFlow cluster; return when all run.
 
@@ -68,6 +69,9 @@ def run(
         ``fs.defaultFS``, else ``file://``.
     driver_host:
         The driver's address as the executors reach it; default: the backend's own view.
+    keep_workdir:
+        Keep each node's working directory (``ctx.working_dir``) after its process ends; by
+        default it is removed with the node. Save what matters under paths you choose.
 
     Returns
     -------
@@ -99,6 +103,7 @@ def run(
             default_fs=default_fs,
             driver_host=driver_host,
             owns_backend=owns,
+            keep_workdir=keep_workdir,
         )
     except BaseException:
         if owns:

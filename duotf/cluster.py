@@ -58,6 +58,7 @@ class Cluster:
         driver_host: Optional[str],
         owns_backend: bool,
         stop_timeout: float = 5.0,
+        keep_workdir: bool = False,
     ):
         import cloudpickle
 
@@ -69,6 +70,7 @@ class Cluster:
         self.stop_timeout = stop_timeout
         self.startup_seconds: Optional[float] = None
         self._owns_backend = owns_backend
+        self._keep_workdir = bool(keep_workdir)
         for name, value in (("main", main), ("args", args)):
             try:
                 cloudpickle.dumps(value)
@@ -130,6 +132,7 @@ class Cluster:
             default_fs=self._default_fs,
             workdir_root=default_workdir_root(self.job_id),
             stop_timeout=self.stop_timeout,
+            keep_workdir=self._keep_workdir,
         )
         logger.info("duotf: starting %d nodes on %s (job %s)", n, self.backend.name, self.job_id)
         sup.watch(self.backend.start_nodes(functools.partial(run_node, job), n, self.job_id))

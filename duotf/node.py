@@ -80,6 +80,7 @@ class NodeJob:
     default_fs: str
     workdir_root: str
     stop_timeout: float = 5.0
+    keep_workdir: bool = False  # else each node's working directory goes with its process
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +189,7 @@ class _Agent:
         os.close(c_rx)
         os.close(c_tx)
         self.child_tx = Connection(a_tx, readable=False, writable=True)
-        workdir = os.path.join(job.workdir_root, f"node-{self.node_id}")
+        workdir = node_workdir(job.workdir_root, self.node_id)
         self._to_child(
             ChildMsg.INIT,
             {
@@ -251,6 +252,8 @@ class _Agent:
             if self.channel is not None:
                 self.channel.close()
             reservation.close()
+            if not job.keep_workdir:
+                remove_workdir(job.workdir_root, self.node_id)
             if self.child_tx is not None:
                 self.child_tx.close()
             for thread in self.threads:
@@ -352,3 +355,19 @@ def run_node(job: NodeJob, node_id: int, executor_id: str = "", attempt: int = 0
 def default_workdir_root(job_id: str) -> str:
     # Not "<tmp>/duotf": that directory would shadow the package for a program run from <tmp>.
     return os.path.join(tempfile.gettempdir(), f"duotf-{job_id}")
+
+
+def node_workdir(root: str, node_id: int) -> str:
+    return os.path.join(root, f"node-{node_id}")
+
+
+def remove_workdir(root: str, node_id: int) -> None:
+    """Remove a node's working directory once its process is gone, and the job's directory
+    with the last node's (several nodes share it where they share a host)."""
+    import shutil
+
+    shutil.rmtree(node_workdir(root, node_id), ignore_errors=True)
+    try:
+        os.rmdir(root)
+    except OSError:
+        pass  # another node's directory is still there, or it is gone already

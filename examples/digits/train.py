@@ -119,11 +119,15 @@ def engine_data(backend, data_path: str, partitions: int = 4):
 
 def make_backend(name: str, workers: int):
     if name == "spark":
-        from pyspark import SparkConf
         from pyspark.sql import SparkSession
 
         builder = SparkSession.builder.appName("duotf-digits")
-        if not SparkConf().contains("spark.master"):  # plain python: local, a slot to feed with
+        # spark-submit starts this driver with its JVM already running and the gateway's port in
+        # the environment; its --master (or spark-defaults.conf) then decides. A plain `python`
+        # run gets local mode with a slot to feed from. (SparkConf() cannot tell: before a
+        # SparkContext exists it holds none of spark-submit's settings.)
+        if "PYSPARK_GATEWAY_PORT" not in os.environ and "--master" not in os.environ.get(
+                "PYSPARK_SUBMIT_ARGS", ""):
             builder = builder.master(f"local[{workers + 1}]").config("spark.ui.enabled", "false")
         return builder.getOrCreate()
     if name == "dask":

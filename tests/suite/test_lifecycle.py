@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import os
-import signal
-import time
 
 import numpy as np
-import pytest
 
 import duotf
-from tests.conftest import QUIET_TF, poll_for
+from tests.conftest import QUIET_TF
 from tests.suite import mains
 
 
@@ -32,6 +29,9 @@ def test_results_context_and_tf_config(backend, engine, tmp_path):
         assert r["pid"] == cluster.nodes[i].pid
         assert (tmp_path / f"ran-{i}").exists()
     assert results[0]["working_dir"] != results[1]["working_dir"]
+    for r in results:  # removed with the node, unless asked for (see below)
+        assert not os.path.exists(r["working_dir"]), r["working_dir"]
+    assert not os.path.exists(os.path.dirname(results[0]["working_dir"]))
     assert len({r["port"] for r in results}) == 2
     # one node per executor, while there are executors enough
     assert len({r["executor_id"] for r in results}) == min(engine.executors, 2)
@@ -102,3 +102,16 @@ def test_nodes_read_their_share_of_tfrecord_files(backend, tmp_path):
     assert not set(first) & set(second)
     assert set(first) | set(second) == expected
     assert {r.split("-")[0] for r in first} == {"0", "2"}
+
+
+def test_keep_workdir_keeps_what_main_wrote(backend, tmp_path):
+    import shutil
+
+    spec = duotf.ClusterSpec(workers=1)
+    with duotf.run(mains.describe_main, {"marker": str(tmp_path)}, backend, spec,
+                   keep_workdir=True) as cluster:
+        (result,) = cluster.wait()
+    try:
+        assert os.path.isdir(result["working_dir"])
+    finally:
+        shutil.rmtree(os.path.dirname(result["working_dir"]), ignore_errors=True)
