@@ -75,11 +75,16 @@ def _stop_process_group(proc: subprocess.Popen) -> None:
         pass
 
 
+_master_logs: dict = {}
+
+
 @pytest.fixture(scope="session")
 def spark_standalone_master():
-    """A real standalone master and 2 workers of 2 cores on 127.0.0.1; yields the master URL.
+    """A real standalone master and 2 workers of 3 cores on 127.0.0.1; yields the master URL.
 
-    Each executor has 2 task slots: one for its node, one for the tasks that feed it.
+    The suite's application takes an executor of 2 cores on each worker (2 task slots: one for
+    its node, one for the tasks that feed it); 1 core a worker is left for a second application
+    (the README's spark-submit command).
     """
     root = tempfile.mkdtemp(prefix="duotf-spark-")
     env = dict(
@@ -109,18 +114,25 @@ def spark_standalone_master():
             log = os.path.join(root, f"worker{i}.log")
             procs.append(_start_java(
                 ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--port", "0",
-                 "--webui-port", "0", "--cores", "2", "--memory", "2g",
+                 "--webui-port", "0", "--cores", "3", "--memory", "2g",
                  "--work-dir", os.path.join(root, f"work{i}"), url], log, env,
             ))
         for i in range(2):
             log = os.path.join(root, f"worker{i}.log")
             poll_for(lambda: "Successfully registered with master" in _read(log), 90, 0.1,
                      f"Spark worker {i} registration")
+        _master_logs[url] = master_log
         yield url
     finally:
         for proc in reversed(procs):
             _stop_process_group(proc)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def spark_standalone_master_log(spark_standalone_master) -> str:
+    """The standalone master's log file (which applications registered)."""
+    return _master_logs[spark_standalone_master]
 
 
 # -- the shared-suite backends ------------------------------------------------------------------

@@ -1,0 +1,196 @@
+"""The README runs as written: every ```python and ```bash block is run here.
+
+A test fills in only data: the names a block reads but does not define (``spark``, ``df``,
+``records``, ``options``) and the data locations it names (``digits.npz``, ``s3://bucket``, a
+scheduler or master address), replaced as text. ``RUN_BY`` names, for every block, the test
+that runs it (by a line the block contains); a block that no test runs fails the first test.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import duotf
+import duotf.io.tfrecord
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+#: a line of each README code block -> the test below that runs the block
+RUN_BY = {
+    "python3 -m pip install -e": "test_quickstart_commands_are_what_ci_runs_and_the_example_trains",
+    "def main(args, ctx):                       # runs once per node": "test_your_program_trains_and_saves",
+    "def train_main(args, ctx):": "test_the_feeding_block_trains_and_scores_every_row",
+    "from duotf.spark import feed_cache, pack_tensors": "test_the_feed_cache_block_feeds_every_epoch",
+    "from duotf.io.tfrecord import": "test_the_io_block_round_trips_the_rows",
+    "spark-submit --master spark://master:7077": "test_the_spark_submit_command_runs_on_the_standalone_master",
+    'client = Client("tcp://scheduler:8786")': "test_the_dask_block_runs_the_program_above",
+}
+
+
+def code_blocks():
+    """``(language, line number, code)`` of every fenced block with a language."""
+    found, lines = [], README.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        opening = re.match(r"^```(\w+)\s*$", lines[i])
+        if lines[i].startswith("```"):
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+            if opening:
+                found.append((opening.group(1), i + 1, "\n".join(lines[i + 1:end]) + "\n"))
+            i = end
+        i += 1
+    return found
+
+
+def block(line: str, data: dict = None) -> str:
+    """The one code block containing ``line``, with data locations replaced as ``data`` says."""
+    (code,) = [code for _, _, code in code_blocks() if line in code]
+    for old, new in (data or {}).items():
+        assert old in code, f"the README block no longer names {old!r}"
+        code = code.replace(old, new)
+    return code
+
+
+def run_block(code: str, **names) -> dict:
+    """Run ``code`` as a script with ``names`` defined; its globals after the run.
+
+    The code is compiled from a file of its own, so that TensorFlow (AutoGraph) can read its
+    functions' source, under a module name no one can import, so that its functions travel to
+    the nodes by value as a script's would.
+    """
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix="_readme_block.py", delete=False) as f:
+        f.write(code)
+    namespace = dict(names, __name__="readme_block", __file__=f.name)
+    namespace.setdefault("duotf", duotf)  # the README's first block imports it for the others
+    try:
+        exec(compile(code, f.name, "exec"), namespace)
+        return namespace
+    finally:
+        os.unlink(f.name)
+
+
+def test_every_code_block_of_the_readme_is_run():
+    for language, line, code in code_blocks():
+        assert language in ("python", "bash"), f"README.md:{line}: a ```{language} block"
+        runs = [test for key, test in RUN_BY.items() if key in code]
+        assert len(runs) == 1, f"README.md:{line}: no test runs this block (add it to RUN_BY)"
+        assert callable(globals()[runs[0]])
+
+
+def test_quickstart_commands_are_what_ci_runs_and_the_example_trains():
+    code = block("python3 -m pip install -e")
+    install_and_example, test_command = code.strip().splitlines()
+    install, example = install_and_example.split(" && ")
+    quiet = {"-q", "--durations=15"}  # CI's output flags
+    ci = [" ".join(w for w in line.split() if w not in quiet)
+          for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert install in ci and test_command in ci
+    assert example == "python3 examples/digits/train.py"
+    out = subprocess.run([sys.executable] + example.split()[1:], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    accuracy = float(re.search(r"test accuracy=([\d.]+)", out.stdout).group(1))
+    assert accuracy > 0.9, out.stdout
+
+
+# -- the Spark blocks, on Spark local[3] ------------------------------------------------------
+def _digits_like(path: pathlib.Path) -> str:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 8)).astype("float32")
+    y = (x @ np.arange(1, 9, dtype="float32") / 10).astype("float32")
+    np.savez(path, x=x, y=y)
+    return str(path)
+
+
+def _frame(spark, rows: int = 400, width: int = 6, parts: int = 4):
+    data = [(i, [float(i % 7 + j) for j in range(width)], float(i % 2)) for i in range(rows)]
+    return spark.createDataFrame(data, "id long, features array<float>, label double").repartition(parts)
+
+
+@pytest.mark.engines("spark-local")
+def test_your_program_trains_and_saves(backend, engine, tmp_path):
+    code = block("def main(args, ctx):                       # runs once per node", {
+        '"/data/digits.npz"': repr(_digits_like(tmp_path / "digits.npz")),
+        '"/models/digits.keras"': repr(str(tmp_path / "digits.keras")),
+    })
+    ns = run_block(code, spark=engine.session)
+    losses = ns["results"]
+    assert len(losses) == 2 and all(isinstance(v, float) and math.isfinite(v) for v in losses)
+    assert (tmp_path / "digits.keras").stat().st_size > 0
+
+
+@pytest.mark.engines("spark-local")
+def test_the_feeding_block_trains_and_scores_every_row(backend, engine):
+    df = _frame(engine.session)
+    ns = run_block(block("def train_main(args, ctx):"), spark=engine.session, df=df)
+    assert sum(ns["rows"]) == 3 * 400 and ns["rows"][0] == ns["rows"][1]
+    out = ns["out"].toPandas()
+    assert sorted(out["id"]) == list(range(400))
+    expected = out["id"].map(lambda i: sum(float(i % 7 + j) for j in range(6)))
+    np.testing.assert_allclose(out["prediction"], expected)
+
+
+@pytest.mark.engines("spark-local")
+def test_the_feed_cache_block_feeds_every_epoch(backend, engine):
+    df = _frame(engine.session)
+    ns = run_block(block("from duotf.spark import feed_cache, pack_tensors"), spark=engine.session, df=df)
+    cached, packed = (sum(per_node) for per_node in zip(*ns["rows"]))
+    assert cached == packed == 10 * 400
+
+
+@pytest.mark.engines("spark-local")
+def test_the_io_block_round_trips_the_rows(backend, engine, tmp_path):
+    from pyspark.sql import functions as F
+
+    bucket = f"file://{tmp_path}/bucket"
+    df = _frame(engine.session).withColumn("name", F.lit(b"n"))
+    records = [b"record %d" % i for i in range(5)]
+    ns = run_block(block("from duotf.io.tfrecord import", {"s3://bucket": bucket}),
+                   spark=engine.session, df=df, records=records, options={})
+    assert list(duotf.io.tfrecord.read_records(f"{bucket}/x.tfrecord.gz")) == records
+    assert len(ns["files"]) == df.rdd.getNumPartitions()
+    assert ns["df2"].count() == 400 and dict(ns["df2"].dtypes)["name"] == "string"
+    assert len(ns["ddf"].compute()) == 400
+    assert len(list((tmp_path / "bucket" / "out").iterdir())) >= 1
+
+
+@pytest.mark.engines("dask")
+def test_the_dask_block_runs_the_program_above(backend, engine, tmp_path):
+    program = block("def main(args, ctx):                       # runs once per node", {
+        '"/data/digits.npz"': repr(_digits_like(tmp_path / "digits.npz")),
+        '"/models/digits.keras"': repr(str(tmp_path / "digits.keras")),
+    })
+    definitions = program[:program.index("spec = duotf.ClusterSpec")]
+    ns = run_block(definitions)
+    code = block('client = Client("tcp://scheduler:8786")',
+                 {"tcp://scheduler:8786": engine.handle.scheduler.address})
+    ns = run_block(code, **{k: ns[k] for k in ("main", "args", "duotf")})
+    try:
+        assert (tmp_path / "digits.keras").stat().st_size > 0
+    finally:
+        ns["client"].close()
+
+
+def test_the_spark_submit_command_runs_on_the_standalone_master(spark_standalone_master,
+                                                                 spark_standalone_master_log):
+    command = block("spark-submit --master spark://master:7077",
+                    {"spark://master:7077": spark_standalone_master}).replace("\\\n", " ")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    out = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "backend=spark workers=2" in out.stdout, out.stdout
+    assert float(re.search(r"test accuracy=([\d.]+)", out.stdout).group(1)) > 0.9
+    with open(spark_standalone_master_log) as f:
+        assert "Registering app duotf-digits" in f.read()
