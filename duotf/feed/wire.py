@@ -1,7 +1,8 @@
 """The data path between a feeding task and a node: columnar batches over a TCP connection.
 
 A connection is authenticated once with a challenge-response under the job's secret (HMAC of
-a random nonce), then carries frames::
+a random nonce) at the node's gate (:mod:`duotf.gate`: a bounded hello, a deadline, a bounded
+number of connections authenticating at once), then carries frames::
 
     4-byte big-endian header length | header (UTF-8 JSON, space-padded) | column buffers
 
@@ -21,18 +22,17 @@ per-frame MAC: the data path runs at memory speed and trusts the authenticated c
 from __future__ import annotations
 
 import enum
-import hashlib
-import hmac
 import json
-import os
 import socket
 import struct
 from typing import Dict, List, NamedTuple, Tuple
 
 import numpy as np
 
-_MAGIC = b"DFEED1"
-_NONCE = 16
+from .. import gate
+
+MAGIC = b"DFEED1"
+DOMAIN = b"duotf-feed"  # what a client's proof covers with the nonce (see duotf.gate)
 _LEN = struct.Struct(">I")
 MAX_HEADER = 1 << 20
 ALIGN = 64  # column buffers start at multiples of this in a frame (TF's own tensor alignment)
@@ -130,25 +130,11 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
-def _proof(secret: bytes, nonce: bytes) -> bytes:
-    return hmac.new(secret, b"duotf-feed" + nonce, hashlib.sha256).digest()
-
-
-def server_handshake(sock: socket.socket, secret: bytes) -> None:
-    nonce = os.urandom(_NONCE)
-    sock.sendall(_MAGIC + nonce)
-    if not hmac.compare_digest(recv_exact(sock, 32), _proof(secret, nonce)):
-        raise FeedProtocolError("feed client failed authentication")
-    sock.sendall(b"OK")
-
-
 def client_handshake(sock: socket.socket, secret: bytes) -> None:
-    greeting = recv_exact(sock, len(_MAGIC) + _NONCE)
-    if not greeting.startswith(_MAGIC):
-        raise FeedProtocolError("not a duotf feed endpoint")
-    sock.sendall(_proof(secret, greeting[len(_MAGIC):]))
-    if recv_exact(sock, 2) != b"OK":
-        raise FeedProtocolError("feed handshake refused")
+    try:
+        gate.client_hello(sock, secret, MAGIC, DOMAIN)
+    except gate.Refused as exc:
+        raise FeedProtocolError(f"not this job's duotf feed endpoint: {exc}") from None
 
 
 def connect(address: Tuple[str, int], secret: bytes, timeout: float) -> socket.socket:
