@@ -171,6 +171,9 @@ class Gate:
         self._on_admit = on_admit
         self.handshake_timeout = HANDSHAKE_TIMEOUT if handshake_timeout is None else handshake_timeout
         self.max_pending = MAX_PENDING if max_pending is None else max_pending
+        if self.max_pending < 1 or self.handshake_timeout <= 0:
+            listener.close()
+            raise ValueError("max_pending must be at least 1 and handshake_timeout positive")
         self._log = _RefusalLog(what, LOG_INTERVAL if log_interval is None else log_interval)
         # in accept order, which is deadline order: the oldest is first to expire or make room
         self._pending: "collections.OrderedDict[int, _Pending]" = collections.OrderedDict()

@@ -17,7 +17,7 @@ import numpy as np
 import psutil
 import pytest
 
-from duotf import rendezvous
+from duotf import gate, rendezvous
 from duotf.feed import wire
 from duotf.feed.datafeed import FeedServer
 from tests.engines import poll_for
@@ -201,12 +201,13 @@ def test_a_real_node_registers_while_the_gate_is_crowded():
             sock.close()
 
 
-def test_a_client_cut_off_during_the_handshake_retries(monkeypatch):
-    """rendezvous.connect tries again where the server closed the connection during the
-    handshake (crowded out), and raises at once where the secret was refused."""
-    target = Rendezvous()
+@pytest.mark.parametrize("kind", [Rendezvous, Feed], ids=["rendezvous", "feed"])
+def test_a_client_cut_off_during_the_handshake_retries(kind, monkeypatch):
+    """rendezvous.connect and wire.connect try again where the server closed the connection
+    during the handshake (crowded out), and raise at once where the secret was refused."""
+    target = kind()
     try:
-        real = rendezvous.gate.client_hello
+        real = gate.client_hello
         calls = []
 
         def cut_off_once(*args):
@@ -215,11 +216,15 @@ def test_a_client_cut_off_during_the_handshake_retries(monkeypatch):
                 raise ConnectionError("the server closed the connection during the handshake")
             return real(*args)
 
-        monkeypatch.setattr(rendezvous.gate, "client_hello", cut_off_once)
+        monkeypatch.setattr(gate, "client_hello", cut_off_once)
         target.real_client()
         assert len(calls) == 2
-        with pytest.raises(rendezvous.AuthenticationError, match="refused this job's secret"):
-            rendezvous.connect(target.address, b"x" * 32, timeout=10)
+        with pytest.raises(ConnectionError, match="refused this job's secret") as info:
+            if kind is Rendezvous:
+                rendezvous.connect(target.address, b"x" * 32, timeout=10)
+            else:
+                wire.connect(target.address, b"x" * 32, 10)
+        assert isinstance(info.value, (rendezvous.AuthenticationError, wire.FeedProtocolError))
         assert len(calls) == 3  # not retried
     finally:
         target.close()

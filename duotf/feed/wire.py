@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import enum
 import json
+import random
 import socket
 import struct
+import time
 from typing import Dict, List, NamedTuple, Tuple
 
 import numpy as np
@@ -138,12 +140,28 @@ def client_handshake(sock: socket.socket, secret: bytes) -> None:
 
 
 def connect(address: Tuple[str, int], secret: bytes, timeout: float) -> socket.socket:
-    sock = socket.create_connection(address, timeout=timeout)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
-    client_handshake(sock, secret)
-    return sock
+    """An authenticated connection to a node's feed port. Where the node's gate closes it during
+    the handshake (crowded by other connections), it is tried again with backoff within
+    ``timeout``; a node that refuses the secret, or is not listening, raises at once."""
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        sock = socket.create_connection(address, timeout=timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+                sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
+            client_handshake(sock, secret)
+            return sock
+        except FeedProtocolError:
+            sock.close()
+            raise
+        except OSError:
+            sock.close()
+            if time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay * (0.5 + random.random()))
+        delay = min(delay * 2, 1.0)
 
 
 def _encode_column(name: str, values) -> Tuple[list, list]:
