@@ -1,8 +1,14 @@
 """The authenticated channel between the driver and its nodes.
 
-Wire format, both directions, after the server's greeting::
+A connection first authenticates at the server's gate (:mod:`duotf.gate`)::
 
-    greeting (server -> client, once):  b"DUOTF1" + 16-byte random nonce
+    server -> client:  b"DUOTF2" + 16-byte random nonce
+    client -> server:  HMAC-SHA256(secret, b"duotf-rendezvous" | nonce)    (32 bytes)
+    server -> client:  b"OK" (or b"NO", and the connection is closed)
+
+Until then the server reads nothing else from it, gives it a few seconds, and holds only a
+bounded number of such connections (see :mod:`duotf.gate`). Then frames, both directions::
+
     frame:  4-byte big-endian body length | 32-byte HMAC-SHA256 | body (UTF-8 JSON object)
 
 The MAC covers ``nonce | direction | sequence number | body`` under a random per-job secret, so a
@@ -18,7 +24,6 @@ import hashlib
 import hmac
 import json
 import logging
-import os
 import random
 import secrets
 import socket
@@ -26,6 +31,8 @@ import struct
 import threading
 import time
 from typing import Callable, Dict, Optional, Tuple
+
+from . import gate
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +62,11 @@ class Msg(str, enum.Enum):
         return self.value
 
 
-_MAGIC = b"DUOTF1"
-_NONCE_LEN = 16
+_MAGIC = b"DUOTF2"
+_DOMAIN = b"duotf-rendezvous"
 _MAC_LEN = 32
 _HEADER = struct.Struct(">I")
-MAX_FRAME = 16 * 1024 * 1024
+MAX_FRAME = 16 * 1024 * 1024  # an authenticated peer's message; nothing is read before that
 
 
 def new_secret() -> bytes:
@@ -147,7 +154,9 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 def connect(
     address: Tuple[str, int], secret: bytes, timeout: float = 30.0
 ) -> Channel:
-    """Connect to a rendezvous server, retrying with jittered backoff until ``timeout``."""
+    """Connect to a rendezvous server and authenticate, retrying with jittered backoff until
+    ``timeout`` (a server that closes the connection during the handshake, crowded by other
+    connections, is tried again; one that refuses the secret is not)."""
     deadline = time.monotonic() + timeout
     delay = 0.05
     last_exc: Optional[BaseException] = None
@@ -157,11 +166,14 @@ def connect(
             remaining = max(deadline - time.monotonic(), 0.1)
             sock = socket.create_connection(address, timeout=min(remaining, 10.0))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            greeting = _recv_exact(sock, len(_MAGIC) + _NONCE_LEN)
-            if not greeting.startswith(_MAGIC):
-                raise AuthenticationError(f"{address} is not a duotf rendezvous server")
+            try:
+                nonce = gate.client_hello(sock, secret, _MAGIC, _DOMAIN)
+            except gate.Refused as exc:
+                raise AuthenticationError(
+                    f"{address[0]}:{address[1]} is not this job's duotf rendezvous server: {exc}"
+                ) from None
             sock.settimeout(None)
-            return Channel(sock, secret, greeting[len(_MAGIC) :], is_server=False)
+            return Channel(sock, secret, nonce, is_server=False)
         except AuthenticationError:
             if sock is not None:
                 sock.close()
@@ -184,11 +196,16 @@ def connect(
 class RendezvousServer:
     """A threaded server that hands every authenticated message to ``on_message``.
 
-    A message of an unknown type (:class:`ProtocolError`), like one that fails its check, is
-    never handed on: it closes its connection with a warning, and ``on_close`` is told why.
+    Connections authenticate at a :class:`duotf.gate.Gate` (one thread for all of them, a
+    deadline and a bounded number at once; refusals logged as counts); each authenticated one
+    gets a reader thread. A message of an unknown type (:class:`ProtocolError`), like one that
+    fails its check, is never handed on: it closes its connection with a warning, and
+    ``on_close`` is told why. A connection that never authenticated is no peer: ``on_close``
+    is not called for it.
 
     ``on_message(peer, message)`` and ``on_close(peer, exc)`` run on the connection's reader
     thread; ``peer`` is the :class:`Channel`, stable for the connection's life.
+    ``handshake_timeout`` and ``max_pending`` default to the gate's.
     """
 
     def __init__(
@@ -198,49 +215,40 @@ class RendezvousServer:
         on_close: Callable[[Channel, Optional[BaseException]], None],
         host: str = "127.0.0.1",
         bind_host: Optional[str] = None,
+        *,
+        handshake_timeout: Optional[float] = None,
+        max_pending: Optional[int] = None,
     ):
         self._secret = secret
         self._on_message = on_message
         self._on_close = on_close
-        self._listener = socket.create_server((bind_host or host, 0), backlog=128)
-        self.address: Tuple[str, int] = (host, self._listener.getsockname()[1])
+        listener = socket.create_server((bind_host or host, 0), backlog=1024)
+        self.address: Tuple[str, int] = (host, listener.getsockname()[1])
         self._peers: Dict[int, Channel] = {}
         self._threads: list = []
         self._lock = threading.Lock()
         self._closing = False
-        self._accept_thread = threading.Thread(
-            target=self._accept_loop, name="duotf-rendezvous-accept", daemon=True
+        self.gate = gate.Gate(
+            listener, secret, _MAGIC, _DOMAIN, self._admit,
+            what=f"the rendezvous server at {host}:{self.address[1]}", name="duotf-rendezvous-gate",
+            handshake_timeout=handshake_timeout, max_pending=max_pending,
         )
-        self._accept_thread.start()
 
-    def _accept_loop(self) -> None:
-        while not self._closing:
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                break
-            if self._closing:
-                sock.close()
-                break
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            thread = threading.Thread(
-                target=self._serve, args=(sock,), name="duotf-rendezvous-conn", daemon=True
-            )
-            with self._lock:
-                self._threads = [t for t in self._threads if t.is_alive()]
-                self._threads.append(thread)
-            thread.start()
-
-    def _serve(self, sock: socket.socket) -> None:
-        nonce = os.urandom(_NONCE_LEN)
-        try:
-            sock.sendall(_MAGIC + nonce)
-        except OSError:
-            sock.close()
-            return
+    def _admit(self, sock: socket.socket, nonce: bytes) -> None:
         peer = Channel(sock, self._secret, nonce, is_server=True)
+        thread = threading.Thread(
+            target=self._serve, args=(peer,), name="duotf-rendezvous-conn", daemon=True
+        )
         with self._lock:
+            if self._closing:
+                peer.close()
+                return
             self._peers[id(peer)] = peer
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._threads.append(thread)
+            thread.start()  # under the lock: close() joins only started threads
+
+    def _serve(self, peer: Channel) -> None:
         exc: Optional[BaseException] = None
         try:
             while True:
@@ -262,18 +270,14 @@ class RendezvousServer:
         """Stop accepting, close every connection and join the server's threads."""
         if self._closing:
             return
-        self._closing = True
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._listener.close()
+        with self._lock:
+            self._closing = True
+        self.gate.close()
         with self._lock:
             peers = list(self._peers.values())
             threads = list(self._threads)
         for peer in peers:
             peer.close()
-        self._accept_thread.join(5)
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(5)

@@ -37,14 +37,26 @@ def test_round_trip_both_ways(server):
     client.close()
 
 
-def test_wrong_secret_is_refused(server):
+def test_wrong_secret_is_refused(server, caplog):
+    """At the gate: the client is told, the server logs the refusal, and no peer ever existed."""
     srv, _, inbox, closed = server
-    client = rendezvous.connect(srv.address, rendezvous.new_secret(), timeout=5)
-    client.send({"type": "register"})
-    assert isinstance(closed.get(timeout=5), rendezvous.AuthenticationError)
-    assert inbox.empty()
-    with pytest.raises(ConnectionError):
-        client.recv()
+    with pytest.raises(rendezvous.AuthenticationError, match="refused this job's secret"):
+        rendezvous.connect(srv.address, rendezvous.new_secret(), timeout=5)
+    srv.close()  # flushes the gate's count of refusals
+    assert any("refused 1 connection(s)" in r.getMessage() and "failed authentication" in r.getMessage()
+               for r in caplog.records if r.name == "duotf.gate")
+    assert inbox.empty() and closed.empty()
+
+
+def test_a_server_of_another_kind_is_not_retried():
+    from duotf.feed.datafeed import FeedServer
+
+    feed = FeedServer(b"k" * 32)  # speaks the feed's handshake, not the rendezvous'
+    try:
+        with pytest.raises(rendezvous.AuthenticationError, match="does not speak this protocol"):
+            rendezvous.connect(("127.0.0.1", feed.port), b"k" * 32, timeout=5)
+    finally:
+        feed.close()
 
 
 def test_tampered_frame_is_refused(server):

@@ -23,6 +23,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from .. import gate
 from . import wire
 from .wire import Frame, Marker
 from .columns import Columns, concat_cols, num_rows, slice_cols
@@ -134,9 +135,15 @@ class _Order:
 
 
 class FeedServer:
-    """Accepts authenticated feeding connections and queues their batches."""
+    """Accepts authenticated feeding connections and queues their batches.
 
-    def __init__(self, secret: bytes, capacity: int = 8, on_terminate=None):
+    Connections authenticate at a :class:`duotf.gate.Gate` (one thread for all of them, a
+    deadline and a bounded number at once; refusals logged as counts); each authenticated one
+    gets a thread. ``handshake_timeout`` and ``max_pending`` default to the gate's.
+    """
+
+    def __init__(self, secret: bytes, capacity: int = 8, on_terminate=None, *,
+                 handshake_timeout: Optional[float] = None, max_pending: Optional[int] = None):
         self._secret = secret
         self._on_terminate = on_terminate
         self.queue: "queue.Queue" = queue.Queue(maxsize=capacity)
@@ -144,17 +151,16 @@ class FeedServer:
         self._order = _Order(self.terminated)
         self._rings: Dict[str, _SharedRing] = {}
         self._rings_lock = threading.RLock()  # a frame may be dropped while it is held
-        self._listener = socket.create_server(("0.0.0.0", 0), backlog=64)
-        self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, name="duotf-feed-accept", daemon=True).start()
+        listener = socket.create_server(("0.0.0.0", 0), backlog=1024)
+        self.port = listener.getsockname()[1]
+        self.gate = gate.Gate(
+            listener, secret, wire.MAGIC, wire.DOMAIN, self._admit,
+            what=f"the feed server on port {self.port}", name="duotf-feed-gate",
+            handshake_timeout=handshake_timeout, max_pending=max_pending,
+        )
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(sock,), name="duotf-feed-conn", daemon=True).start()
+    def _admit(self, sock: socket.socket, nonce: bytes) -> None:
+        threading.Thread(target=self._serve, args=(sock,), name="duotf-feed-conn", daemon=True).start()
 
     def _put(self, item) -> bool:
         while not self.terminated.is_set():
@@ -169,9 +175,7 @@ class FeedServer:
         files: Dict[str, tuple] = {}  # feed cache files opened by this connection
         conn = _Conn(sock)
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-            wire.server_handshake(sock, self._secret)
             rows = 0
             seq = None  # this connection's place in the epoch's order (training)
             while True:
@@ -333,11 +337,7 @@ class FeedServer:
 
     def close(self) -> None:
         """Stop accepting connections (a node process simply exits instead)."""
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._listener.close()
+        self.gate.close()
 
     def terminate(self) -> None:
         if not self.terminated.is_set() and self._on_terminate is not None:

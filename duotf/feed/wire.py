@@ -1,7 +1,8 @@
 """The data path between a feeding task and a node: columnar batches over a TCP connection.
 
 A connection is authenticated once with a challenge-response under the job's secret (HMAC of
-a random nonce), then carries frames::
+a random nonce) at the node's gate (:mod:`duotf.gate`: a bounded hello, a deadline, a bounded
+number of connections authenticating at once), then carries frames::
 
     4-byte big-endian header length | header (UTF-8 JSON, space-padded) | column buffers
 
@@ -21,18 +22,19 @@ per-frame MAC: the data path runs at memory speed and trusts the authenticated c
 from __future__ import annotations
 
 import enum
-import hashlib
-import hmac
 import json
-import os
+import random
 import socket
 import struct
+import time
 from typing import Dict, List, NamedTuple, Tuple
 
 import numpy as np
 
-_MAGIC = b"DFEED1"
-_NONCE = 16
+from .. import gate
+
+MAGIC = b"DFEED1"
+DOMAIN = b"duotf-feed"  # what a client's proof covers with the nonce (see duotf.gate)
 _LEN = struct.Struct(">I")
 MAX_HEADER = 1 << 20
 ALIGN = 64  # column buffers start at multiples of this in a frame (TF's own tensor alignment)
@@ -130,34 +132,36 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
-def _proof(secret: bytes, nonce: bytes) -> bytes:
-    return hmac.new(secret, b"duotf-feed" + nonce, hashlib.sha256).digest()
-
-
-def server_handshake(sock: socket.socket, secret: bytes) -> None:
-    nonce = os.urandom(_NONCE)
-    sock.sendall(_MAGIC + nonce)
-    if not hmac.compare_digest(recv_exact(sock, 32), _proof(secret, nonce)):
-        raise FeedProtocolError("feed client failed authentication")
-    sock.sendall(b"OK")
-
-
 def client_handshake(sock: socket.socket, secret: bytes) -> None:
-    greeting = recv_exact(sock, len(_MAGIC) + _NONCE)
-    if not greeting.startswith(_MAGIC):
-        raise FeedProtocolError("not a duotf feed endpoint")
-    sock.sendall(_proof(secret, greeting[len(_MAGIC):]))
-    if recv_exact(sock, 2) != b"OK":
-        raise FeedProtocolError("feed handshake refused")
+    try:
+        gate.client_hello(sock, secret, MAGIC, DOMAIN)
+    except gate.Refused as exc:
+        raise FeedProtocolError(f"not this job's duotf feed endpoint: {exc}") from None
 
 
 def connect(address: Tuple[str, int], secret: bytes, timeout: float) -> socket.socket:
-    sock = socket.create_connection(address, timeout=timeout)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
-    client_handshake(sock, secret)
-    return sock
+    """An authenticated connection to a node's feed port. Where the node's gate closes it during
+    the handshake (crowded by other connections), it is tried again with backoff within
+    ``timeout``; a node that refuses the secret, or is not listening, raises at once."""
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        sock = socket.create_connection(address, timeout=timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+                sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
+            client_handshake(sock, secret)
+            return sock
+        except FeedProtocolError:
+            sock.close()
+            raise
+        except OSError:
+            sock.close()
+            if time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay * (0.5 + random.random()))
+        delay = min(delay * 2, 1.0)
 
 
 def _encode_column(name: str, values) -> Tuple[list, list]:
