@@ -41,7 +41,7 @@ _MASK_DELTA = 0xA282EAD8
 _PACK_Q = struct.Struct("<Q").pack
 _PACK_I = struct.Struct("<I").pack
 _CHUNK = 1 << 20
-_IN_CHUNK = 1 << 18  # compressed bytes read at a time
+_IN_CHUNK = 1 << 20  # compressed bytes read at a time
 MAX_RECORD_BYTES = (1 << 31) - 1  # a tf.train.Example (a protobuf) cannot be larger
 _ZEROS4 = b"\0\0\0\0"
 
