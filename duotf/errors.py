@@ -12,7 +12,7 @@
     │   ├── NodeFailedError              main raised, or its process exited or was killed
     │   └── NodeUnresponsiveError        no heartbeat within heartbeat_timeout
     ├── FeedError                         the engine feed failed: a node died or stopped taking data
-    ├── TFRecordCorruptError (IOError)    a TFRecord is truncated or fails its CRC
+    ├── TFRecordCorruptError (IOError)    a TFRecord file is damaged (CRC, length, truncation, stream)
     ├── SchemaMismatchError (ValueError)  a value does not fit its column of a tf.train.Example
     ├── NodesStoppedError                 shutdown stopped a main that had not returned
     └── ClusterClosedError                the cluster is already shut down

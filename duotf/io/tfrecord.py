@@ -6,7 +6,12 @@ A record on disk is::
     length bytes of data          | uint32 masked CRC-32C of the data
 
 optionally inside a GZIP or ZLIB stream (TF's ``compression_type``). Both CRCs are checked on
-read. Files are read in chunks and never loaded whole.
+read. Files are read in chunks and never loaded whole: a length field is trusted only up to
+``max_record_bytes`` and, for an uncompressed file of known size, the bytes left in it.
+
+Damage never costs a good record before it: the reader delivers every record up to the damaged
+spot, then raises :class:`TFRecordCorruptError` (or, with ``skip_corrupt``, skips what cannot be
+framed and goes on; see :class:`TFRecordReader`). GZIP/ZLIB streams are decoded up to the damage.
 """
 
 from __future__ import annotations
