@@ -241,10 +241,10 @@ def test_dask_round_trips_keep_float_lists_nan_and_nulls(dask_client, tmp_path):
         "count": pd.array([1, None, 3, 4, None, 6, 7, 8], dtype="Int64"),
         "score": scores,
         "flag": np.array([True, False] * 4),
-        "word": ["a", None, "", "d", "e", "f", "g", "h"],
+        "word": [None, "b", "", "d", "e", "f", "g", "h"],
     })
-    assert pdf["word"].isna().tolist() == [False, True] + [False] * 6
-    words = ["a", None, "", "d", "e", "f", "g", "h"]  # pandas' str dtype holds None as NaN
+    assert pdf["word"].isna().tolist() == [True] + [False] * 7
+    words = [None, "b", "", "d", "e", "f", "g", "h"]  # pandas' str dtype holds None as NaN
     expected = _exact_rows(dict(r, flag=int(r["flag"]), word=words[r["id"]])
                            for r in pdf.to_dict("records"))
     assert expected[2]["score"] == "NaN" and expected[1]["score"] is None

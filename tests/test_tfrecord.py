@@ -335,3 +335,17 @@ def test_corrupt_error_pickles_with_its_attributes(tmp_path):
     assert isinstance(back, TFRecordCorruptError) and str(back) == str(error)
     assert (back.url, back.offset, back.record_offset, back.compressed_offset) == (
         path, error.offset, error.record_offset, os.path.getsize(path))
+
+
+def test_gzip_members_in_turn_and_zero_padding(tmp_path):
+    first, _ = _framed([b"one", b"two"])
+    second, _ = _framed([b"three"])
+    path = str(tmp_path / "m.tfrecord.gz")
+    with open(path, "wb") as f:
+        f.write(gzip.compress(first) + gzip.compress(second) + b"\0" * 10)
+    assert list(read_records(path, "infer")) == [b"one", b"two", b"three"]
+    with open(path, "ab") as f:
+        f.write(b"junk")  # not a gzip member: damage after every record was delivered
+    ours, error = _ours(path, "infer")
+    assert ours == [b"one", b"two", b"three"] and error.record_offset == len(first + second)
+    assert error.compressed_offset is not None and "GZIP stream is damaged" in error.reason

@@ -200,7 +200,8 @@ def _field_from_pandas(name: str, dtype, sample) -> Field:
     if pd.api.types.is_float_dtype(dtype):
         return Field(name, "float", nullable=True)
     if kind_char == "O" or pd.api.types.is_string_dtype(dtype):
-        values = [v for v in sample if not is_null(v)]
+        # a missing value: None, pd.NA, or NaN (how pandas' str dtype spells a missing string)
+        values = [v for v in sample if not is_null(v) and not (isinstance(v, float) and v != v)]
         first = values[0] if values else ""
         if isinstance(first, (bytes, bytearray)):
             return Field(name, "bytes")
