@@ -12,7 +12,7 @@
     │   ├── NodeFailedError              main raised, or its process exited or was killed
     │   └── NodeUnresponsiveError        no heartbeat within heartbeat_timeout
     ├── FeedError                         the engine feed failed: a node died or stopped taking data
-    ├── TFRecordCorruptError (IOError)    a TFRecord is truncated or fails its CRC
+    ├── TFRecordCorruptError (IOError)    a TFRecord file is damaged (CRC, length, truncation, stream)
     ├── SchemaMismatchError (ValueError)  a value does not fit its column of a tf.train.Example
     ├── NodesStoppedError                 shutdown stopped a main that had not returned
     └── ClusterClosedError                the cluster is already shut down
@@ -116,7 +116,15 @@ class FeedError(DuotfError):
 
 
 class TFRecordCorruptError(DuotfError, IOError):
-    """A record is truncated or fails its CRC. Attributes: ``url``, ``offset``, ``reason``."""
+    """A TFRecord file is damaged: a record fails its CRC, has an impossible length, is cut
+    short, or the GZIP/ZLIB stream around the records cannot be decoded.
+
+    Attributes: ``url``; ``offset``, where the damage is in the record stream (decompressed for
+    GZIP/ZLIB): the start of the bad record, or for a damaged compressed stream the number of
+    bytes decoded before it; ``record_offset``, the start of the first record not delivered
+    (every record before it was); ``compressed_offset``, the position in the compressed file
+    where the decompressor found the damage (``None`` where there is none); ``reason``.
+    """
 
 
 class SchemaMismatchError(DuotfError, ValueError):

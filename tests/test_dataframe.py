@@ -136,3 +136,146 @@ def test_unsupported_spark_column_type_is_named(spark, tmp_path):
     df = spark.createDataFrame([(Decimal("1.5"),)], "price decimal(10,2)")
     with pytest.raises(duotf.ConfigError, match="column 'price' has type decimal\\(10,2\\)"):
         dfio.spark_to_tfrecords(df, str(tmp_path / "d"))
+
+
+# -- values survive round trips: NaN, infinities, nulls, empty lists, every supported type -----
+def _exact(value):
+    """A value comparable with ==: NaN as "NaN", nulls as None, numpy values as Python ones."""
+    if value is None or type(value).__name__ == "NAType":
+        return None
+    if isinstance(value, (bytes, bytearray, str)):
+        return bytes(value) if isinstance(value, bytearray) else value
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_exact(v) for v in value]
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    return value
+
+
+def _exact_rows(rows):
+    return sorted(({k: _exact(v) for k, v in r.items()} for r in rows), key=lambda r: r["id"])
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _all_types_frame(spark):
+    from pyspark.sql import types as T
+
+    def array(t):
+        return T.ArrayType(t, containsNull=False)
+
+    struct = T.StructType([
+        T.StructField("id", T.LongType(), False),
+        T.StructField("flag", T.BooleanType(), True),
+        T.StructField("tiny", T.ByteType(), True),
+        T.StructField("small", T.ShortType(), True),
+        T.StructField("int", T.IntegerType(), True),
+        T.StructField("big", T.LongType(), True),
+        T.StructField("f32", T.FloatType(), True),
+        T.StructField("f64", T.DoubleType(), True),
+        T.StructField("text", T.StringType(), True),
+        T.StructField("blob", T.BinaryType(), True),
+        T.StructField("longs", array(T.LongType()), True),
+        T.StructField("doubles", array(T.DoubleType()), True),
+        T.StructField("texts", array(T.StringType()), True),
+        T.StructField("blobs", array(T.BinaryType()), True),
+        T.StructField("flags", array(T.BooleanType()), True),
+        T.StructField("never", array(T.IntegerType()), True),  # empty in every row
+    ])
+    floats = [0.5, NAN, INF, -INF, None, -2.25]  # all exact in float32, which TF stores
+    rows = []
+    for i in range(12):
+        def pick(values):
+            return values[i % len(values)]
+
+        rows.append((
+            i, pick([True, False, None]), pick([-128, 127, None]), pick([-32768, 7, None]),
+            pick([2**31 - 1, -5, None]), pick([2**62, -1, None]), pick(floats), pick(floats[::-1]),
+            pick(["héllo", "", None]), pick([b"\x00\xff", b"", None]),
+            pick([[], [1], None, [2**40, -3]]), pick([[], [NAN], [INF, -INF, 1.5], None]),
+            pick([[], ["a"], None]), pick([[b""], [], None, [b"x", b"\x00"]]),
+            pick([[True], [], [False, True], None]), [],
+        ))
+    return spark.createDataFrame(rows, struct).repartition(3), struct, rows
+
+
+def test_every_spark_type_round_trips_through_spark_and_dask(spark, dask_client, tmp_path):
+    df, struct, rows = _all_types_frame(spark)
+    original = _exact_rows(dict(zip(struct.names, r)) for r in rows)
+    out = str(tmp_path / "all_types")
+    dfio.spark_to_tfrecords(df, out, compression="ZLIB")
+
+    # with the Spark schema the files were written from: the same types and values, exactly
+    back = dfio.tfrecords_to_spark(spark, out, schema=struct)
+    assert back.schema == struct
+    assert _exact_rows(r.asDict() for r in back.collect()) == original
+
+    # inferred: booleans come back as 0/1 longs, every other value unchanged
+    def as_int(v):
+        return v if v is None else [int(x) for x in v] if isinstance(v, list) else int(v)
+
+    inferred = [dict(r, flag=as_int(r["flag"]), flags=as_int(r["flags"])) for r in original]
+    text = {"text": "string", "texts": "string"}
+    from_spark = dfio.tfrecords_to_spark(spark, out, bytes_as=text)
+    assert _exact_rows(r.asDict() for r in from_spark.collect()) == inferred
+    assert dict(from_spark.dtypes)["never"] == "array<bigint>"  # the kind its empty lists carry
+    from_dask = dfio.tfrecords_to_dask(out, bytes_as=text).compute()
+    assert _exact_rows(from_dask.to_dict("records")) == inferred
+    assert str(from_dask["f64"].dtype) == "Float32" and str(from_dask["flag"].dtype) == "Int64"
+
+
+def test_dask_round_trips_keep_float_lists_nan_and_nulls(dask_client, tmp_path):
+    import dask
+    import dask.dataframe as dd
+    import numpy as np
+    import pandas as pd
+
+    scores = pd.arrays.FloatingArray(np.array([0.5, 0, NAN, INF, -INF, 1.5, 0, 2], np.float32),
+                                     np.array([0, 1, 0, 0, 0, 0, 1, 0], bool))
+    pdf = pd.DataFrame({
+        "id": np.arange(8, dtype=np.int64),
+        "vec": [[2.0, 0.5], [], None, [NAN, INF, -INF], [1.0], [3.5], [], [0.0]],
+        "count": pd.array([1, None, 3, 4, None, 6, 7, 8], dtype="Int64"),
+        "score": scores,
+        "flag": np.array([True, False] * 4),
+        "word": [None, "b", "", "d", "e", "f", "g", "h"],
+    })
+    assert pdf["word"].isna().tolist() == [True] + [False] * 7
+    words = [None, "b", "", "d", "e", "f", "g", "h"]  # pandas' str dtype holds None as NaN
+    expected = _exact_rows(dict(r, flag=int(r["flag"]), word=words[r["id"]])
+                           for r in pdf.to_dict("records"))
+    assert expected[2]["score"] == "NaN" and expected[1]["score"] is None
+    with dask.config.set({"dataframe.convert-string": False}):
+        ddf = dd.from_pandas(pdf, npartitions=2)
+    dfio.dask_to_tfrecords(ddf, str(tmp_path / "one"))
+    first = dfio.tfrecords_to_dask(str(tmp_path / "one"), bytes_as="string")
+    assert _exact_rows(first.compute().to_dict("records")) == expected
+    # a frame read back writes again: its float lists hold Python floats such as 2.0
+    dfio.dask_to_tfrecords(first, str(tmp_path / "two"))
+    second = dfio.tfrecords_to_dask(str(tmp_path / "two"), bytes_as="string")
+    assert _exact_rows(second.compute().to_dict("records")) == expected
+
+
+def test_empty_list_and_null_rules_of_the_schema(tmp_path):
+    from duotf.io.example import _example_classes, example_to_row, row_to_example
+
+    kindless = _example_classes()()
+    kindless.features.feature["none"].SetInParent()  # a feature with no list at all
+    records = [encode_example({"i": ("int64", []), "f": ("float", []), "b": ("bytes", []),
+                               "s": ("bytes", [])}) + kindless.SerializeToString()] * 3
+    schema = infer_schema(records, bytes_as={"s": "string"})
+    assert [(f.name, f.kind, f.is_list) for f in schema] == [
+        ("b", "bytes", True), ("f", "float", True), ("i", "int64", True), ("none", "float", True),
+        ("s", "string", True)]
+    assert example_to_row(records[0], schema) == {"b": [], "f": [], "i": [], "none": [], "s": []}
+    # an empty list reads as an empty list of whatever kind the schema says
+    assert example_to_row(records[0], [Field("i", "string", is_list=True)]) == {"i": []}
+    floats = [Field("x", "float"), Field("v", "float", is_list=True)]
+    row = example_to_row(row_to_example({"x": NAN, "v": [INF, NAN, -INF]}, floats), floats)
+    assert math.isnan(row["x"]) and row["v"][0] == INF and math.isnan(row["v"][1])
+    assert example_to_row(row_to_example({"x": None, "v": None}, floats), floats) == {"x": None, "v": None}
+    with pytest.raises(SchemaMismatchError, match="column 'v'.*a null inside a list"):
+        row_to_example({"x": 1.0, "v": [1.0, None]}, floats)

@@ -12,6 +12,17 @@ float/double              float_list    float (TF stores float32)  float32 (Floa
 string                    bytes_list    string                     object (str)
 binary                    bytes_list    binary (or string)         object (bytes or str)
 ========================  ============  =========================  ==================
+
+Values keep their meaning both ways: a null (None, ``pd.NA``) is an absent feature and reads back
+as a null; NaN and +/-inf are float values and stay NaN and +/-inf (also in a nullable Float32
+column, where a null is ``pd.NA``); an empty list is an empty feature and reads back as an empty
+list. A null inside a list cannot be written. Doubles are stored as float32 (TF's only float).
+
+Reading types come from, in order: ``schema=`` (a list of :class:`Field`, or for
+:func:`tfrecords_to_spark` the Spark ``StructType`` the data was written from, which gives back
+its exact column types: int, boolean, double...), else inference over ``infer_limit`` records
+(see :func:`duotf.io.example.infer_schema`: a list column empty in every sampled record reads as
+the kind its empty lists were written with, float where they name none).
 """
 
 from __future__ import annotations
@@ -19,7 +30,8 @@ from __future__ import annotations
 from typing import Iterable, List, Optional
 
 from ..errors import ConfigError
-from .example import Field, Schema, example_to_row, infer_schema, row_to_example
+from .example import (Field, Schema, example_to_row, infer_schema, is_null, numpy_kind,
+                      row_to_example)
 from .files import expand, filesystem
 from .tfrecord import TFRecordReader, TFRecordWriter, resolve_compression
 
@@ -115,39 +127,67 @@ def spark_to_tfrecords(df, url: str, *, compression: Optional[str] = None, mode:
     schema = [_field_from_spark(f) for f in df.schema.fields]
     codec = resolve_compression(compression)
     _prepare_dir(url, mode, storage_options)
-    bools = {f.name for f in df.schema.fields if f.dataType.simpleString() == "boolean"}
 
-    def write(index, rows):
-        def as_dicts():
-            for row in rows:
-                d = row.asDict()
-                for name in bools:
-                    if d[name] is not None:
-                        d[name] = int(d[name])
-                yield d
-
-        yield write_partition(as_dicts(), url, index, schema, codec, storage_options)
+    def write(index, rows):  # booleans are written as int64 0/1
+        yield write_partition((row.asDict() for row in rows), url, index, schema, codec,
+                              storage_options)
 
     return sorted(df.rdd.mapPartitionsWithIndex(write).collect())
 
 
-def tfrecords_to_spark(spark, urls, *, schema: Optional[Schema] = None, bytes_as: str = "bytes",
+def _spark_converter(schema, struct):
+    """A function turning a read row (a dict) into a tuple of the types of ``struct``: booleans
+    come back from their int64 0/1; every other type takes the value as read."""
+    from pyspark.sql import types as T
+
+    def is_bool(dtype):
+        dtype = dtype.elementType if isinstance(dtype, T.ArrayType) else dtype
+        return isinstance(dtype, T.BooleanType)
+
+    names = [f.name for f in schema]
+    bools = {f.name for f in struct.fields if is_bool(f.dataType)}
+
+    def convert(row):
+        for name in bools:
+            value = row[name]
+            if isinstance(value, list):
+                row[name] = [bool(x) for x in value]
+            elif value is not None:
+                row[name] = bool(value)
+        return tuple(row[name] for name in names)
+
+    return convert
+
+
+def tfrecords_to_spark(spark, urls, *, schema=None, bytes_as: str = "bytes",
                        infer_limit: Optional[int] = 1000, compression: Optional[str] = "infer",
                        skip_corrupt: bool = False, storage_options: Optional[dict] = None):
-    """Read TFRecord files of Examples as a Spark DataFrame (one partition per file)."""
+    """Read TFRecord files of Examples as a Spark DataFrame (one partition per file).
+
+    ``schema``: a list of :class:`Field`, or a Spark ``StructType`` (such as the ``df.schema``
+    the files were written from): its columns come back with exactly those types.
+    """
     files = expand(urls, storage_options)
-    if schema is None:
+    from pyspark.sql import types as T
+
+    struct = None
+    if isinstance(schema, T.StructType):
+        struct, schema = schema, [_field_from_spark(f) for f in schema.fields]
+    elif schema is None:
         schema = infer_tfrecord_schema(files, infer_limit, bytes_as, compression, storage_options)
+    if struct is None:
+        struct = to_spark_schema(schema)
     sc = getattr(spark, "sparkContext", spark)
+    convert = _spark_converter(schema, struct)
 
     def read(url):
         return read_rows(url, schema, compression, skip_corrupt, storage_options)
 
-    rdd = sc.parallelize(files, len(files)).flatMap(read).map(lambda d: tuple(d[f.name] for f in schema))
+    rdd = sc.parallelize(files, len(files)).flatMap(read).map(convert)
     from pyspark.sql import SparkSession
 
     session = spark if isinstance(spark, SparkSession) else SparkSession(sc)
-    return session.createDataFrame(rdd, to_spark_schema(schema))
+    return session.createDataFrame(rdd, struct)
 
 
 # -- Dask -------------------------------------------------------------------------------------
@@ -160,7 +200,8 @@ def _field_from_pandas(name: str, dtype, sample) -> Field:
     if pd.api.types.is_float_dtype(dtype):
         return Field(name, "float", nullable=True)
     if kind_char == "O" or pd.api.types.is_string_dtype(dtype):
-        values = [v for v in sample if v is not None]
+        # a missing value: None, pd.NA, or NaN (how pandas' str dtype spells a missing string)
+        values = [v for v in sample if not is_null(v) and not (isinstance(v, float) and v != v)]
         first = values[0] if values else ""
         if isinstance(first, (bytes, bytearray)):
             return Field(name, "bytes")
@@ -168,14 +209,14 @@ def _field_from_pandas(name: str, dtype, sample) -> Field:
             return Field(name, "string")
         if hasattr(first, "__iter__"):
             inner = [x for v in values for x in v]
-            if all(isinstance(x, (int,)) or getattr(getattr(x, "dtype", None), "kind", "") in "iu"
-                   for x in inner) and inner:
+            # ints (bools too) only: a float 2.0 is not an int (nor is anything without a dtype)
+            if inner and all(isinstance(x, int) or numpy_kind(x) in ("i", "u", "b") for x in inner):
                 return Field(name, "int64", is_list=True)
             if inner and isinstance(inner[0], (bytes, bytearray)):
                 return Field(name, "bytes", is_list=True)
             if inner and isinstance(inner[0], str):
                 return Field(name, "string", is_list=True)
-            return Field(name, "float", is_list=True)
+            return Field(name, "float", is_list=True)  # floats, or lists empty in the sample
     raise ConfigError(f"column {name!r} has dtype {dtype}, which has no tf.train.Example feature")
 
 
@@ -189,8 +230,14 @@ def _pandas_frame(rows: List[dict], schema: Schema):
             data[f.name] = pd.Series(values, dtype=object)
         elif f.kind == "int64":
             data[f.name] = pd.Series(values, dtype="Int64" if f.nullable else "int64")
+        elif f.nullable:  # NaN is a value, a null is masked: pandas would turn NaN into NA
+            import numpy as np
+
+            mask = np.array([v is None for v in values], dtype=bool)
+            floats = np.array([0.0 if v is None else v for v in values], dtype=np.float32)
+            data[f.name] = pd.Series(pd.arrays.FloatingArray(floats, mask))
         else:
-            data[f.name] = pd.Series(values, dtype="Float32" if f.nullable else "float32")
+            data[f.name] = pd.Series(values, dtype="float32")
     return pd.DataFrame(data, columns=[f.name for f in schema])
 
 

@@ -9,19 +9,26 @@ A :class:`Schema` is a list of :class:`Field` (name, kind ``int64``/``float``/``
 
 - a feature that is int64 in some records and float in others becomes float;
 - a feature with a length other than 1 in any record is a list;
-- a feature missing from any record is nullable (a null in that row).
+- a feature missing from any record is nullable (a null in that row);
+- a feature with no value in any record (empty lists only) takes the kind its empty lists were
+  written with (TF and duotf write ``int64_list {}``, ``float_list {}``, ``bytes_list {}``), and
+  float where they name none or disagree; a ``bytes_as`` entry naming the column wins.
+
+Nulls and NaN: a null (None, ``pd.NA``) is an absent feature and an absent feature reads as a null.
+NaN and infinities are float values and stay so (a NaN in a string or bytes column is a null:
+pandas' ``str`` dtype spells a missing string that way). An empty list is a present, empty feature and
+reads as an empty list. A null inside a list has no TFRecord form and is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 from ..errors import SchemaMismatchError
 
 __all__ = ["Field", "Schema", "SchemaMismatchError", "encode_example", "decode_example",
-           "infer_schema", "row_to_example", "example_to_row"]
+           "infer_schema", "row_to_example", "example_to_row", "is_null", "numpy_kind"]
 
 KINDS = ("int64", "float", "bytes", "string")
 
@@ -94,14 +101,15 @@ _KIND_OF_LIST = {"int64_list": "int64", "float_list": "float", "bytes_list": "by
 
 
 def decode_example(data: bytes) -> Dict[str, tuple]:
-    """``{name: (kind, values)}`` of a serialized Example (kind: int64, float or bytes)."""
+    """``{name: (kind, values)}`` of a serialized Example (kind: int64, float or bytes; None for
+    a feature that holds no list at all)."""
     example = _example_classes()()
     example.ParseFromString(data)
     out = {}
     for name, feature in example.features.feature.items():
         which = feature.WhichOneof("kind")
         if which is None:
-            out[name] = ("bytes", [])
+            out[name] = (None, [])
         else:
             out[name] = (_KIND_OF_LIST[which], list(getattr(feature, which).value))
     return out
@@ -135,18 +143,25 @@ def _mismatch(field: Field, value, why: str) -> SchemaMismatchError:
     )
 
 
+def numpy_kind(v) -> str:
+    """The numpy kind letter of a numpy scalar ("i", "u", "f", "b"...), "" for anything else."""
+    return getattr(getattr(v, "dtype", None), "kind", None) or ""
+
+
 def _check_scalar(field: Field, v):
     kind = field.kind
+    if v is None or is_null(v):
+        raise _mismatch(field, v, "a null inside a list (a TFRecord list cannot hold one)")
     if kind == "int64":
-        if isinstance(v, bool) or not isinstance(v, int):
-            if hasattr(v, "dtype") and getattr(v.dtype, "kind", "") in "iu":
-                return int(v)
-            raise _mismatch(field, v, "expected an integer")
-        return v
+        if isinstance(v, int):  # bool included: True is 1, as Spark's boolean maps to int64
+            return int(v)
+        if numpy_kind(v) in ("i", "u", "b"):
+            return int(v)
+        raise _mismatch(field, v, "expected an integer")
     if kind == "float":
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return float(v)
-        if hasattr(v, "dtype") and getattr(v.dtype, "kind", "") in "iuf":
+        if numpy_kind(v) in ("i", "u", "f"):
             return float(v)
         raise _mismatch(field, v, "expected a number")
     if kind == "string":
@@ -158,8 +173,9 @@ def _check_scalar(field: Field, v):
     raise _mismatch(field, v, "expected bytes")
 
 
-def _is_null(v) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
+def is_null(v) -> bool:
+    """None, pandas' NA or NaT; not NaN, which is a float value (stored as NaN)."""
+    return v is None or type(v).__name__ in ("NAType", "NaTType")
 
 
 def row_to_example(row: Dict[str, Any], schema: Schema) -> bytes:
@@ -167,7 +183,8 @@ def row_to_example(row: Dict[str, Any], schema: Schema) -> bytes:
     features = {}
     for field in schema:
         v = row.get(field.name)
-        if not field.is_list and _is_null(v) or field.is_list and v is None:
+        if is_null(v) or field.kind in ("string", "bytes") and isinstance(v, float) and v != v:
+            # pandas' str dtype spells a missing string as NaN, which no text column can hold
             if not field.nullable:
                 raise _mismatch(field, v, "a null in a non-nullable column")
             continue
@@ -193,7 +210,9 @@ def example_to_row(data: bytes, schema: Schema) -> Dict[str, Any]:
             row[field.name] = None
             continue
         kind, values = got
-        if field.kind == "float" and kind == "int64":
+        if not values:
+            pass  # an empty list is an empty list of the field's kind, whatever it was written as
+        elif field.kind == "float" and kind == "int64":
             values = [float(x) for x in values]
         elif field.kind == "string" and kind == "bytes":
             values = [x.decode() for x in values]
@@ -227,9 +246,9 @@ def infer_schema(records: Iterable[bytes], limit: Optional[int] = 1000,
     for count, data in enumerate(records, 1):
         decoded = decode_example(data)
         for name, (kind, values) in decoded.items():
-            info = seen.setdefault(name, {"kinds": set(), "list": False, "present": 0})
-            if values:
-                info["kinds"].add(kind)
+            info = seen.setdefault(name, {"kinds": set(), "empty": set(), "list": False,
+                                          "present": 0})
+            info["kinds" if values else "empty"].add(kind)
             info["list"] = info["list"] or len(values) != 1
             info["present"] += 1
         if limit is not None and count >= limit:
@@ -242,8 +261,10 @@ def infer_schema(records: Iterable[bytes], limit: Optional[int] = 1000,
             kind = "int64"
         elif kinds <= {"int64", "float"} and kinds:
             kind = "float"  # int widened to float
-        elif kinds == {"bytes"} or not kinds:
+        elif kinds == {"bytes"} or not kinds and (name in per_column or info["empty"] == {"bytes"}):
             kind = per_column.get(name, default)
+        elif not kinds:  # empty lists only: the kind they were written with, else float
+            kind = next(iter(info["empty"])) if len(info["empty"]) == 1 and None not in info["empty"] else "float"
         else:
             raise SchemaMismatchError(
                 f"feature {name!r} holds {' and '.join(sorted(kinds))} values in different "

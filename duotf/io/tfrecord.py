@@ -6,7 +6,12 @@ A record on disk is::
     length bytes of data          | uint32 masked CRC-32C of the data
 
 optionally inside a GZIP or ZLIB stream (TF's ``compression_type``). Both CRCs are checked on
-read. Files are read in chunks and never loaded whole.
+read. Files are read in chunks and never loaded whole: a length field is trusted only up to
+``max_record_bytes`` and, for an uncompressed file of known size, the bytes left in it.
+
+Damage never costs a good record before it: the reader delivers every record up to the damaged
+spot, then raises :class:`TFRecordCorruptError` (or, with ``skip_corrupt``, skips what cannot be
+framed and goes on; see :class:`TFRecordReader`). GZIP/ZLIB streams are decoded up to the damage.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import gzip
 import io
 import logging
+import os
 import struct
 import zlib
 from typing import BinaryIO, Iterable, Iterator, List, Optional
@@ -40,6 +46,9 @@ _MASK_DELTA = 0xA282EAD8
 _PACK_Q = struct.Struct("<Q").pack
 _PACK_I = struct.Struct("<I").pack
 _CHUNK = 1 << 20
+_IN_CHUNK = 1 << 20  # compressed bytes read at a time
+MAX_RECORD_BYTES = (1 << 31) - 1  # a tf.train.Example (a protobuf) cannot be larger
+_ZEROS4 = b"\0\0\0\0"
 
 COMPRESSIONS = ("NONE", "GZIP", "ZLIB")
 
@@ -60,32 +69,121 @@ def resolve_compression(compression: Optional[str], url: str = "") -> str:
     return value
 
 
-class _ZlibReader(io.RawIOBase):
-    """A readable stream that inflates a zlib stream (TF's ZLIB) as it is read."""
+class _StreamDamage(Exception):
+    """The GZIP/ZLIB stream cannot be decoded past ``compressed_offset``."""
 
-    def __init__(self, raw: BinaryIO):
+    def __init__(self, reason: str, compressed_offset: int):
+        super().__init__(reason)
+        self.reason = reason
+        self.compressed_offset = compressed_offset
+
+
+class _Inflater:
+    """The decoded bytes of a GZIP (members in turn) or ZLIB stream, as far as it decodes.
+
+    zlib raises on damage and drops what the failing call had decoded, so that call is replayed
+    from a copy of the state before it, 4 KiB and then one byte at a time: every byte decoded
+    before the damage is returned, then :class:`_StreamDamage` is raised with the position in the
+    compressed file where zlib found it.
+    """
+
+    def __init__(self, raw: BinaryIO, codec: str):
         self._raw = raw
-        self._inflate = zlib.decompressobj()
-        self._buf = b""
+        self._codec = codec
+        self._wbits = 31 if codec == "GZIP" else 15
+        self._d = zlib.decompressobj(self._wbits)
+        self._in = b""  # compressed bytes not yet given to self._d
+        self._in_pos = 0  # position of self._in[0] in the compressed file
+        self._started = False
+        self._out: List[bytes] = []
+        self._out_len = 0
+        self._error: Optional[_StreamDamage] = None
+        self._done = False
 
-    def readable(self) -> bool:
-        return True
+    def read(self, n: int) -> bytes:
+        """At least one decoded byte (maybe more than ``n``), b"" at the end, or the damage."""
+        while self._out_len < n and not self._done and self._error is None:
+            self._step()
+        if self._out:
+            data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
+            self._out, self._out_len = [], 0
+            return data
+        if self._error is not None:
+            raise self._error
+        return b""
 
-    def readinto(self, b) -> int:
-        while not self._buf:
-            if self._inflate.eof:
-                return 0
-            chunk = self._raw.read(_CHUNK)
-            if not chunk:
-                self._buf = self._inflate.flush()
-                if not self._buf:
-                    return 0
-                break
-            self._buf = self._inflate.decompress(chunk)
-        n = min(len(b), len(self._buf))
-        b[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
-        return n
+    def _emit(self, data: bytes) -> None:
+        if data:
+            self._out.append(data)
+            self._out_len += len(data)
+
+    def _consumed(self, data: bytes, rest: bytes) -> None:
+        self._in_pos += len(data) - len(rest)
+        self._in = rest
+
+    def _step(self) -> None:
+        if self._d.eof:
+            if self._codec != "GZIP":
+                self._done = True  # a ZLIB stream is one stream; what follows it is not read
+                return
+            stripped = self._in.lstrip(b"\0")  # zero padding between members, as gzip allows
+            self._consumed(self._in, stripped)
+            if not self._in:
+                self._in = self._raw.read(_IN_CHUNK)
+                if not self._in:
+                    self._done = True
+                return
+            self._d = zlib.decompressobj(self._wbits)  # the next member
+        if not self._in:
+            self._in = self._raw.read(_IN_CHUNK)
+            if not self._in:
+                if not self._started:
+                    self._done = True  # an empty file holds no records
+                    return
+                self._emit(self._d.flush())
+                self._error = _StreamDamage(
+                    f"the {self._codec} stream ends before its end marker: truncated", self._in_pos)
+                return
+            self._started = True
+        data = self._in
+        before = self._d.copy()
+        try:
+            out = self._d.decompress(data, _CHUNK)
+        except zlib.error as exc:
+            self._d = before
+            self._salvage(data, exc)
+            return
+        self._consumed(data, self._d.unused_data if self._d.eof else self._d.unconsumed_tail)
+        self._emit(out)
+
+    def _salvage(self, data: bytes, exc: zlib.error) -> None:
+        pos = 0
+        while pos < len(data):
+            piece = data[pos : pos + 4096]
+            before = self._d.copy()
+            try:
+                self._emit(self._d.decompress(piece))
+                step = len(piece)
+            except zlib.error:
+                self._d = before
+                for i in range(len(piece)):
+                    try:
+                        self._emit(self._d.decompress(piece[i : i + 1]))
+                    except zlib.error as err:
+                        self._fail(err, self._in_pos + pos + i)
+                        return
+                    if self._d.eof:
+                        break
+                step = i + 1
+            if self._d.eof:  # a GZIP member ended before the damage
+                done = pos + step - len(self._d.unused_data)
+                self._consumed(data, data[done:])
+                return
+            pos += step
+        self._fail(exc, self._in_pos + len(data))
+
+    def _fail(self, exc: zlib.error, compressed_offset: int) -> None:
+        self._error = _StreamDamage(f"the {self._codec} stream is damaged ({exc})", compressed_offset)
 
 
 class _ZlibWriter(io.RawIOBase):
@@ -112,8 +210,22 @@ def _open(url: str, mode: str, storage_options: Optional[dict]):
     return open_url(url, mode, storage_options)
 
 
+def _size_of(raw) -> Optional[int]:
+    """The size of an open file where the filesystem knows it cheaply, else None."""
+    size = getattr(raw, "size", None)
+    if isinstance(size, int):
+        return size
+    try:
+        return os.fstat(raw.fileno()).st_size
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
+
+
 class TFRecordReader:
     """Iterate the records of one TFRecord file at ``url``.
+
+    Every good record before a damaged spot is delivered, in order. Then, by default,
+    :class:`TFRecordCorruptError` is raised, naming the file and where the damage is.
 
     Parameters
     ----------
@@ -122,20 +234,49 @@ class TFRecordReader:
     compression:
         "NONE", "GZIP", "ZLIB" or "infer" (from the suffix).
     skip_corrupt:
-        Skip records that fail their CRC (and a truncated tail) instead of raising;
-        :attr:`skipped` counts them and a warning reports them.
+        Skip what is damaged instead of raising, and go on. A record whose length field is
+        sound but whose data fails its CRC is skipped alone (counted in :attr:`skipped`). A
+        region that cannot be framed (a length that fails its CRC, is larger than
+        ``max_record_bytes`` or runs past the end of the file, a truncated tail) is skipped up
+        to the next offset where a whole record checks out (length and data CRCs); its size is
+        counted in :attr:`skipped_bytes`, as its record count is unknown. A GZIP/ZLIB stream
+        cannot be decoded past damage: the rest of the file is lost. :attr:`corruptions` keeps
+        one :class:`TFRecordCorruptError` per skipped spot, and a warning sums them up.
+    max_record_bytes:
+        A length field above this is damage, not an allocation (default 2 GiB - 1, the largest
+        protobuf). For an uncompressed file whose size the filesystem knows, a length running
+        past the end of the file is damage too.
     storage_options:
         Passed to fsspec (credentials, endpoint...).
+    check_crc:
+        False skips the CRC checks (faster; damage is then found only by impossible lengths,
+        and skipping cannot re-frame after it).
+
+    Attributes
+    ----------
+    skipped:
+        Records skipped whole (framed by a sound length field).
+    skipped_bytes:
+        Every byte of the record stream (decompressed) skipped: skipped records, regions that
+        could not be framed, and what a damaged compressed stream had decoded of a record.
+    corruptions:
+        The :class:`TFRecordCorruptError` of each damaged spot that was skipped.
     """
 
     def __init__(self, url: str, compression: Optional[str] = None, *, skip_corrupt: bool = False,
-                 storage_options: Optional[dict] = None, check_crc: bool = True):
+                 storage_options: Optional[dict] = None, check_crc: bool = True,
+                 max_record_bytes: int = MAX_RECORD_BYTES):
+        if not 0 < max_record_bytes <= MAX_RECORD_BYTES:
+            raise ValueError(f"max_record_bytes={max_record_bytes}: use 1 to {MAX_RECORD_BYTES}")
         self.url = url
         self.compression = resolve_compression(compression, url)
         self.skip_corrupt = skip_corrupt
         self.storage_options = storage_options
         self.check_crc = check_crc
+        self.max_record_bytes = max_record_bytes
         self.skipped = 0
+        self.skipped_bytes = 0
+        self.corruptions: List[TFRecordCorruptError] = []
 
     def __iter__(self) -> Iterator[bytes]:
         for batch in self.batches():
@@ -144,81 +285,127 @@ class TFRecordReader:
     def batches(self, max_bytes: int = _CHUNK) -> Iterator[List[bytes]]:
         """Yield lists of records, about ``max_bytes`` of input at a time (fewer Python calls)."""
         with _open(self.url, "rb", self.storage_options) as raw:
-            if self.compression == "GZIP":
-                stream = gzip.GzipFile(fileobj=raw, mode="rb")
-            elif self.compression == "ZLIB":
-                stream = io.BufferedReader(_ZlibReader(raw), _CHUNK)
+            if self.compression == "NONE":
+                stream, size = raw, _size_of(raw)
             else:
-                stream = raw
-            try:
-                yield from self._parse(stream, max_bytes)
-            except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-                self._corrupt(self._offset, f"the {self.compression} stream is damaged ({exc})")
-        if self.skipped:
-            logger.warning("%s: skipped %d corrupt record(s)", self.url, self.skipped)
+                stream, size = _Inflater(raw, self.compression), None
+            yield from self._parse(stream, max_bytes, size)
+        if self.corruptions:
+            logger.warning("%s: skipped %d damaged spot(s): %d whole record(s), %d byte(s) in all; "
+                           "the first: %s", self.url, len(self.corruptions), self.skipped,
+                           self.skipped_bytes, self.corruptions[0].reason)
 
-    def _corrupt(self, offset: int, reason: str) -> None:
-        if self.skip_corrupt:
-            self.skipped += 1
-            return
-        where = " (offset in the uncompressed stream)" if self.compression != "NONE" else ""
-        raise TFRecordCorruptError(
-            f"corrupt TFRecord in {self.url} at byte {offset}{where}: {reason}. "
-            "Pass skip_corrupt=True to skip corrupt records and count them.",
-            url=self.url, offset=offset, reason=reason,
+    def _damaged(self, offset: int, reason: str, *, record_offset: Optional[int] = None,
+                 compressed_offset: Optional[int] = None, records: int = 0, nbytes: int = 0) -> None:
+        """Raise the damage, or (skip_corrupt) count it and go on."""
+        record_offset = offset if record_offset is None else record_offset
+        where = f"at byte {offset}"
+        if self.compression != "NONE":
+            where += " of the decompressed stream"
+            if compressed_offset is not None:
+                where += f" (byte {compressed_offset} of the {self.compression} file)"
+        delivered = (f"; the records before byte {record_offset} were delivered"
+                     if record_offset != offset else "")
+        err = TFRecordCorruptError(
+            f"corrupt TFRecord in {self.url} {where}: {reason}{delivered}. Pass skip_corrupt=True "
+            "to skip what is damaged and count it (reader.skipped, reader.skipped_bytes).",
+            url=self.url, offset=offset, record_offset=record_offset,
+            compressed_offset=compressed_offset, reason=reason,
         )
+        if not self.skip_corrupt:
+            raise err
+        self.skipped += records
+        self.skipped_bytes += nbytes
+        self.corruptions.append(err)
 
-    def _parse(self, stream, max_bytes: int) -> Iterator[List[bytes]]:
+    def _parse(self, stream, max_bytes: int, size: Optional[int]) -> Iterator[List[bytes]]:
+        check = self.check_crc
+        limit = self.max_record_bytes
+        skip = self.skip_corrupt
+        unpack_header = _HEADER.unpack_from
+        unpack_footer = _FOOTER.unpack_from
         buf = b""
         pos = 0  # in buf
         base = 0  # stream offset of buf[0]
-        self._offset = 0
-        eof = False
-        check = self.check_crc
-        header_size = _HEADER.size
-        unpack_header = _HEADER.unpack_from
-        unpack_footer = _FOOTER.unpack_from
+        final = False  # nothing more will be read
+        damage: Optional[_StreamDamage] = None  # the compressed stream ended in damage
+        gap = None  # (offset, reason) of a damaged region being skipped that cannot be framed
+        need = 0
         while True:
-            if not eof:
-                size = max_bytes
-                if len(buf) - pos >= header_size:  # a record is waiting to be completed
-                    size = max(size, unpack_header(buf, pos)[0] + header_size + 4 - (len(buf) - pos))
-                chunk = stream.read(size)
+            if not final:
+                try:
+                    chunk = stream.read(max(max_bytes, need))
+                except _StreamDamage as exc:
+                    chunk, damage = b"", exc
                 if chunk:
                     buf = buf[pos:] + chunk if pos < len(buf) else chunk
                     base += pos
                     pos = 0
                 else:
-                    eof = True
+                    final = True
             out: List[bytes] = []
             end = len(buf)
-            while True:
-                if end - pos < header_size:
+            need = 0
+            while pos < end:
+                if gap is not None and not check:
+                    pos = end  # without CRCs nothing can be re-framed: the rest is skipped
                     break
-                length, length_crc = unpack_header(buf, pos)
-                if check and masked_crc(buf[pos : pos + 8]) != length_crc:
-                    self._offset = base + pos
-                    if out:
-                        yield out
-                    self._corrupt(base + pos, "the length field fails its CRC")
-                    return  # without a trustworthy length the rest cannot be framed
-                stop = pos + header_size + length + 4
-                if stop > end:
-                    break
-                data = buf[pos + header_size : stop - 4]
-                if check and masked_crc(data) != unpack_footer(buf, stop - 4)[0]:
-                    self._offset = base + pos
-                    self._corrupt(base + pos, f"the data of a {length}-byte record fails its CRC")
+                if end - pos < 12:
+                    if not final or damage:
+                        break
+                    problem = f"the file ends inside a record header ({end - pos} bytes): truncated"
                 else:
-                    out.append(data)
-                pos = stop
-            self._offset = base + pos
+                    length, length_crc = unpack_header(buf, pos)
+                    stop = pos + 16 + length
+                    if check and masked_crc(buf[pos : pos + 8]) != length_crc:
+                        problem = "the length field fails its CRC"
+                    elif length > limit:
+                        problem = (f"the length field says {length} bytes, more than "
+                                   f"max_record_bytes={limit}")
+                    elif size is not None and base + stop > size:
+                        problem = (f"a {length}-byte record runs past the end of the file "
+                                   f"({size - base - pos} bytes left): truncated")
+                    elif stop > end:
+                        if not final or damage:
+                            need = stop - end
+                            break
+                        problem = f"the file ends inside a {length}-byte record: truncated"
+                    elif check and masked_crc(buf[pos + 12 : stop - 4]) != unpack_footer(buf, stop - 4)[0]:
+                        if gap is None:  # the length is sound: skip this record alone
+                            if out and not skip:
+                                yield out
+                                out = []
+                            self._damaged(base + pos, f"the data of a {length}-byte record fails "
+                                          "its CRC", records=1, nbytes=stop - pos)
+                            pos = stop
+                            continue
+                        problem = "not a record"
+                    else:
+                        if gap is not None:  # re-framed: the damaged region ends here
+                            self._damaged(gap[0], gap[1], nbytes=base + pos - gap[0])
+                            gap = None
+                        out.append(buf[pos + 12 : stop - 4])
+                        pos = stop
+                        continue
+                if gap is None:
+                    if out and not skip:
+                        yield out
+                        out = []
+                    if not skip:
+                        self._damaged(base + pos, problem)
+                    gap = (base + pos, problem)
+                # look for the next offset that could hold a length field <= limit (< 2^32)
+                found = buf.find(_ZEROS4, pos + 5, end)
+                pos = found - 4 if found != -1 else max(pos + 1, end - 7)
             if out:
                 yield out
-            if eof:
-                if pos < len(buf):
-                    self._corrupt(base + pos, f"the file ends inside a record ({len(buf) - pos} "
-                                              "trailing bytes): truncated")
+            if final:
+                if gap is not None:
+                    self._damaged(gap[0], gap[1], nbytes=base + end - gap[0])
+                if damage is not None:
+                    self._damaged(base + end, damage.reason, record_offset=base + pos,
+                                  compressed_offset=damage.compressed_offset,
+                                  nbytes=0 if gap is not None else end - pos)
                 return
 
 
