@@ -151,17 +151,19 @@ def test_the_feed_cache_block_feeds_every_epoch(backend, engine):
 
 @pytest.mark.engines("spark-local")
 def test_the_io_block_round_trips_the_rows(backend, engine, tmp_path):
+    import dask
     from pyspark.sql import functions as F
 
     bucket = f"file://{tmp_path}/bucket"
     df = _frame(engine.session).withColumn("name", F.lit(b"n"))
     records = [b"record %d" % i for i in range(5)]
-    ns = run_block(block("from duotf.io.tfrecord import", {"s3://bucket": bucket}),
-                   spark=engine.session, df=df, records=records, options={})
-    assert list(duotf.io.tfrecord.read_records(f"{bucket}/x.tfrecord.gz")) == records
+    with dask.config.set(scheduler="synchronous"):  # no thread pool left behind by Dask
+        ns = run_block(block("from duotf.io.tfrecord import", {"s3://bucket": bucket}),
+                       spark=engine.session, df=df, records=records, options={})
+        assert len(ns["ddf"].compute()) == 400
+    assert list(duotf.io.tfrecord.read_records(f"{bucket}/x.tfrecord.gz", "infer")) == records
     assert len(ns["files"]) == df.rdd.getNumPartitions()
     assert ns["df2"].count() == 400 and dict(ns["df2"].dtypes)["name"] == "string"
-    assert len(ns["ddf"].compute()) == 400
     assert len(list((tmp_path / "bucket" / "out").iterdir())) >= 1
 
 
@@ -189,7 +191,8 @@ def test_the_spark_submit_command_runs_on_the_standalone_master(spark_standalone
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     out = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True,
                          env=env, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
+    problems = [line for line in out.stderr.splitlines() if " INFO " not in line]
+    assert out.returncode == 0, "\n".join(problems[-60:] + out.stdout.splitlines()[-60:])
     assert "backend=spark workers=2" in out.stdout, out.stdout
     assert float(re.search(r"test accuracy=([\d.]+)", out.stdout).group(1)) > 0.9
     with open(spark_standalone_master_log) as f:

@@ -40,7 +40,9 @@ class SparkBackend(Backend):
     spark:
         A ``SparkSession`` or ``SparkContext``.
     slot_wait:
-        Seconds to wait for executors still registering before giving up on capacity.
+        Seconds to wait for executors still registering before giving up on capacity (a
+        fresh ``spark-submit`` application's executors take seconds to start; the wait ends as
+        soon as there are slots enough, and local mode never waits).
     """
 
     name = "spark"
@@ -51,7 +53,7 @@ class SparkBackend(Backend):
         return type(obj).__module__.startswith("pyspark") and (
             hasattr(obj, "sparkContext") or hasattr(obj, "parallelize"))
 
-    def __init__(self, spark, slot_wait: float = 10.0):
+    def __init__(self, spark, slot_wait: float = 30.0):
         self.sc = getattr(spark, "sparkContext", spark)
         self.slot_wait = slot_wait
         self._created_session = None
