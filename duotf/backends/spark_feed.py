@@ -99,31 +99,24 @@ def pack_tensors(df, columns: Union[str, Sequence[str]], dtype: str = "float32")
     return packed
 
 
-def _blocker(tensors: Dict[str, tuple], block_bytes: int):
-    def make(batches):
-        import pyarrow as pa
+def _frames(batches, tensors: Dict[str, tuple], block_bytes: int):
+    """``(rows, packed frame)`` of about ``block_bytes`` each from a partition's Arrow batches."""
+    from ..feed import wire
+    from ..feed.columns import concat_cols, from_arrow, num_rows
 
-        from ..feed import wire
-        from ..feed.columns import concat_cols, from_arrow, num_rows
-
-        def frame(parts):
+    parts, size = [], 0
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        parts.append(from_arrow(batch, tensors))
+        size += batch.nbytes
+        if size >= block_bytes:
             cols = concat_cols(parts)
-            return pa.RecordBatch.from_pydict({"n": [num_rows(cols)], "frame": [wire.pack_frame(cols)]},
-                                              schema=pa.schema([("n", pa.int64()), ("frame", pa.binary())]))
-
-        parts, size = [], 0
-        for batch in batches:
-            if not batch.num_rows:
-                continue
-            parts.append(from_arrow(batch, tensors))
-            size += batch.nbytes
-            if size >= block_bytes:
-                yield frame(parts)
-                parts, size = [], 0
-        if parts:
-            yield frame(parts)
-
-    return make
+            yield num_rows(cols), wire.pack_frame(cols)
+            parts, size = [], 0
+    if parts:
+        cols = concat_cols(parts)
+        yield num_rows(cols), wire.pack_frame(cols)
 
 
 class CachedPartition:
@@ -164,31 +157,45 @@ class CachedPartition:
         return True
 
 
-def _spill(cache_id: str):
-    """Write a partition's packed frames to a file in the executor's local dir; return where."""
+_INDEX_SCHEMA = "pid long, host string, path string, frames string"
 
-    def run(pid, frames):
+
+def _spiller(cache_id: str, tensors: Dict[str, tuple], block_bytes: int):
+    """A ``mapInArrow`` task: convert the partition into packed frames and write them to a file
+    in the executor's local dir, right there; yield only where they lie (one small row), so no
+    frame passes through the JVM."""
+
+    def run(batches):
         import os
         import socket
         import tempfile
         import uuid
 
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        pid = TaskContext.get().partitionId()
         root = (os.environ.get("SPARK_LOCAL_DIRS") or tempfile.gettempdir()).split(",")[0]
         folder = os.path.join(root, f"duotf-feedcache-{cache_id}")
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"part-{pid:05d}-{uuid.uuid4().hex[:12]}")
         index, offset = [], 0
         with open(path, "wb") as f:
-            for n, frame in frames:
+            for n, frame in _frames(batches, tensors, block_bytes):
                 f.write(frame)
                 index.append((n, offset, len(frame)))
                 offset += len(frame)
                 pad = -offset % 4096  # each frame starts a page: a node maps it where it lies
                 f.write(bytes(pad))
                 offset += pad
-        yield CachedPartition(pid, socket.gethostname(), path, index)
+        yield pa.RecordBatch.from_pydict({"pid": [pid], "host": [socket.gethostname()],
+                                          "path": [path], "frames": [json.dumps(index)]})
 
     return run
+
+
+def _cached_partition(row) -> "CachedPartition":
+    return CachedPartition(row.pid, row.host, row.path, [tuple(f) for f in json.loads(row.frames)])
 
 
 def _remove_local(index, parts):
@@ -199,9 +206,9 @@ class FeedCache:
     """A Spark DataFrame turned into ready-to-send feed frames, held in files on the executors
     (see :func:`feed_cache`). Pass it to ``cluster.train`` instead of the DataFrame."""
 
-    def __init__(self, index, frames, parts: List[CachedPartition], columns: List[str]):
+    def __init__(self, index, df, parts: List[CachedPartition], columns: List[str]):
         self.index = index  # RDD: one CachedPartition per partition, kept in executor memory
-        self.frames = frames  # RDD of (rows, packed frame) computed from the DataFrame again
+        self.df = df  # what a partition whose file is on another host is fed from
         self.parts = parts
         self.columns = columns
 
@@ -252,13 +259,11 @@ def feed_cache(df, *, block_bytes: int = 4 << 20) -> FeedCache:
 
     from ..feed.columns import tensor_specs
 
-    tensors = tensor_specs(df.schema)
-    frames = (df.mapInArrow(_blocker(tensors, block_bytes), "n long, frame binary")
-              .rdd.map(lambda row: (row.n, bytes(row.frame))))
-    index = frames.mapPartitionsWithIndex(_spill(uuid.uuid4().hex[:16]))
+    spill = _spiller(uuid.uuid4().hex[:16], tensor_specs(df.schema), block_bytes)
+    index = df.mapInArrow(spill, _INDEX_SCHEMA).rdd.map(_cached_partition)
     index.persist(StorageLevel.MEMORY_ONLY)
     parts = sorted(index.collect(), key=lambda part: part.pid)
-    return FeedCache(index, frames, parts, list(df.columns))
+    return FeedCache(index, df, parts, list(df.columns))
 
 
 # -- the feed adapter ---------------------------------------------------------------------------
@@ -408,19 +413,6 @@ def _cached_files(job):
     return run
 
 
-def _frames_of_partition(job):
-    def run(items):
-        from pyspark import TaskContext
-
-        from ..feed.feeder import feed_train
-        from ..feed.wire import Packed
-
-        pid = TaskContext.get().partitionId()
-        yield _guarded(lambda: feed_train(job, pid, (Packed(n, frame) for n, frame in items)))
-
-    return run
-
-
 def _train_rdd(job):
     def run(index, rows):
         from ..feed.tasks import train_partition
@@ -550,10 +542,15 @@ class SparkFeed(FeedAdapter):
             if missed:
                 logger.info("duotf: %d cached partitions were on another host; feeding them "
                             "from the DataFrame", len(missed))
-                again = sc.runJob(cache.frames, _frames_of_partition(job), missed)
-                _raise_first(error for _, error in again)
-                for pid, (rows, _) in zip(missed, again):
-                    sent[pid] = rows
+                from ..feed.columns import tensor_specs
+
+                df = cache.df
+                fed = df.mapInArrow(_arrow_train(job, tensor_specs(df.schema)),
+                                    f"rows long, {_ERROR} string").rdd
+                again = sc.runJob(fed, lambda rows: rows, missed)
+                _raise_first(row[_ERROR] for row in again)
+                for pid, row in zip(missed, again):
+                    sent[pid] = row.rows
             return [sent[pid] for pid in sorted(sent)]
 
         return call
