@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from duotf.errors import ConfigError
+from duotf.errors import ConfigError, FeedSchemaError
 from duotf.feed import wire
 from duotf.feed.columns import TENSOR_KEY, decode_tensor, from_arrow, tensor_specs
 from duotf.feed.datafeed import DataFeed, FeedServer
@@ -69,10 +69,11 @@ def test_tensor_column_decodes_without_a_copy():
 
 def test_tensor_column_of_the_wrong_width_names_the_row():
     column = pa.array([b"\0" * 16, b"\0" * 16, b"\0" * 12], pa.binary())
-    with pytest.raises(ValueError, match=r"'x': row 2 holds 12 bytes but float32\[4\] needs 16"):
+    with pytest.raises(FeedSchemaError, match=r"'x': row 2 holds 12 bytes where float32\[4\] needs 16"):
         decode_tensor(column, "x", "float32", (4,))
-    with pytest.raises(ValueError, match="nulls"):
+    with pytest.raises(FeedSchemaError, match="'x': a null at row 1") as info:
         decode_tensor(pa.array([b"\0" * 16, None], pa.binary()), "x", "float32", (4,))
+    assert info.value.column == "x" and info.value.row == 1 and info.value.problem == "null"
 
 
 def test_pack_tensors_stores_raw_values_and_their_shape(spark):

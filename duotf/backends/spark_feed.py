@@ -269,7 +269,7 @@ _ERROR = "__duotf_feed_error"
 
 
 def _error_json(exc) -> str:
-    return json.dumps({"message": exc.message, "partition": exc.partition, "node": exc.node})
+    return json.dumps({"type": type(exc).__name__, "message": exc.message, **exc.attributes})
 
 
 def _guarded(call):
@@ -283,11 +283,16 @@ def _guarded(call):
 
 
 def _raise_first(errors) -> None:
-    from ..errors import FeedError
+    """Raise the first error record, as the FeedError (or subclass) that the task raised."""
+    from .. import errors as duotf_errors
 
     for error in errors:
         if error:
-            raise FeedError(**json.loads(error))
+            fields = json.loads(error)
+            cls = getattr(duotf_errors, fields.pop("type", "FeedError"), None)
+            if not (isinstance(cls, type) and issubclass(cls, duotf_errors.FeedError)):
+                cls = duotf_errors.FeedError
+            raise cls(**fields)
 
 
 def _arrow_counts(batches):
@@ -307,7 +312,8 @@ def _arrow_train(job, tensors):
         from ..feed.feeder import feed_train
 
         pid = TaskContext.get().partitionId()
-        sent, error = _guarded(lambda: feed_train(job, pid, (from_arrow(b, tensors) for b in batches)))
+        sent, error = _guarded(lambda: feed_train(job, pid, (from_arrow(b, tensors, job.ragged)
+                                                              for b in batches)))
         yield pa.RecordBatch.from_pydict({"rows": [sent or 0], _ERROR: [error]},
                                          schema=pa.schema([("rows", pa.int64()), (_ERROR, pa.string())]))
 
@@ -331,7 +337,7 @@ def _arrow_infer(job, keep_fields, result_fields, tensors):
         def remember(stream):
             for batch in stream:
                 inputs.append(batch)
-                yield from_arrow(batch, tensors)
+                yield from_arrow(batch, tensors, job.ragged)
 
         def take_inputs(n):
             parts = []

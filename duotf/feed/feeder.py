@@ -16,7 +16,9 @@ import socket
 import threading
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
-from ..errors import FeedError
+import numpy as np
+
+from ..errors import FeedError, FeedSchemaError, feed_schema_error
 from . import shm, wire
 from .wire import Frame
 from .columns import Columns, concat_cols, num_rows, slice_cols, split
@@ -32,6 +34,41 @@ class FeedJob:
     mode: str  # "train" or "infer"
     timeout: float
     plan: Optional[Dict[int, List[Tuple[int, int, int]]]] = None  # train: partition -> ranges
+    ragged: Tuple[str, ...] = ()  # columns declared ragged: delivered as RaggedColumn
+
+
+def validated(chunks: Iterable[Columns], pid: int) -> Iterator[Columns]:
+    """``chunks`` of partition ``pid`` as they come, once each fits the rows before it: an array
+    column keeps its row shape from chunk to chunk. A chunk refused while it was made (a
+    :class:`FeedSchemaError` of the conversion) is placed in the partition: its row is counted
+    from the partition's start."""
+    shapes: Dict[str, tuple] = {}
+    pos = 0
+    it = iter(chunks)
+    while True:
+        try:
+            cols = next(it)
+        except StopIteration:
+            return
+        except FeedSchemaError as exc:
+            raise exc.located(pid, pos) from exc
+        if isinstance(cols, (wire.Packed, wire.FileFrame)):
+            pos += cols.rows
+            yield cols
+            continue
+        for name, values in cols.items():
+            if isinstance(values, np.ndarray) and values.ndim > 1:
+                shape = shapes.setdefault(name, values.shape[1:])
+                if values.shape[1:] != shape:
+                    size, expected = int(np.prod(values.shape[1:])), int(np.prod(shape))
+                    raise feed_schema_error(
+                        name, 0, "ragged", f"rows of different lengths: {{where}} holds {size} "
+                        f"values where the rows before it hold {expected}",
+                        "a fixed-shape column needs one length in every row: filter or pad the "
+                        "rows to one length, or declare the column ragged: "
+                        f"cluster.train(..., ragged=[{name!r}])").located(pid, pos)
+        pos += num_rows(cols)
+        yield cols
 
 
 def _frames(chunks: Iterable[Columns]) -> Iterator[Columns]:
@@ -141,7 +178,7 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
     ok = False
     try:
         pos = 0
-        for cols in _frames(chunks):
+        for cols in _frames(validated(chunks, pid)):
             packed = cols if isinstance(cols, (wire.Packed, wire.FileFrame)) else None
             n = packed.rows if packed else num_rows(cols)
             for target, a, b, seq in ranges:
@@ -256,7 +293,7 @@ def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> Iterator[Tu
                             ConnectionError(kind))
 
     try:
-        for cols in _frames(chunks):
+        for cols in _frames(validated(chunks, pid)):
             wire.send_frame(sock, Frame.BATCH, cols)
             pending.append(cols)
             waiting += num_rows(cols)
