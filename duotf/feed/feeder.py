@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import queue
 import socket
 import threading
@@ -24,6 +25,8 @@ from .wire import Frame
 from .columns import Columns, concat_cols, num_rows, slice_cols, split
 
 FRAME_BYTES = 4 << 20
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,8 +174,11 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
             conns[target] = _Target(job, target, seq)
         return conns[target]
 
+    ended = set()  # the ranges whose END went out
+
     def end(target: int, seq: int) -> None:
         conn_for(target, seq).send(Frame.END, mode="train", partition=pid)
+        ended.add((target, seq))
 
     sent = 0
     ok = False
@@ -210,6 +216,18 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
             conn.reply(Frame.ACK, Frame.TERMINATED)  # terminated: the node wants no more data
         ok = True
         return sent
+    except FeedSchemaError:
+        # Rows this partition refused are not sent, nor any after them. Its places in its
+        # nodes' order are given up, so that the ranges after them are not held up waiting.
+        try:
+            for target, _, _, seq in ranges:
+                if (target, seq) not in ended:
+                    end(target, seq)
+            for conn in conns.values():
+                conn.reply(Frame.ACK, Frame.TERMINATED)
+        except (OSError, wire.FeedProtocolError) as exc:  # the node's own error tells why
+            logger.debug("partition %d: giving up its turns failed: %s", pid, exc)
+        raise
     except (OSError, wire.FeedProtocolError) as exc:
         raise _fail(job, pid, target, exc) from exc
     finally:

@@ -271,3 +271,21 @@ def sgd_main(args, ctx):
         w = w - args["lr"] * (x.T @ err) / len(y)
         b = b - args["lr"] * float(err.mean())
     return {"w": w.tolist(), "b": b}
+
+
+def feed_ragged_main(args, ctx):
+    """Read a column declared ragged, by next_batch (a RaggedColumn) or dataset() (a
+    tf.RaggedTensor); report every row's values by its id, and the type the column came as."""
+    feed = ctx.get_data_feed(train=True, input_mapping={args["id"]: "id", args["v"]: "v"})
+    rows, kinds = {}, set()
+    if args["reader"] == "dataset":
+        for batch in feed.dataset(args["batch"]):
+            kinds.add(type(batch["v"]).__name__)
+            rows.update(zip(batch["id"].numpy().tolist(), batch["v"].to_list()))
+    else:
+        while not feed.should_stop():
+            batch = feed.next_batch(args["batch"])
+            if batch:
+                kinds.add(type(batch["v"]).__name__)
+                rows.update(zip(batch["id"].tolist(), batch["v"].to_list()))
+    return {"rows": rows, "kinds": sorted(kinds)}
