@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from typing import Collection, Dict, Iterable, Iterator, List
@@ -260,6 +261,12 @@ def decode_tensor(column, name: str, dtype: str, shape: tuple) -> np.ndarray:
     return data.view(dt).reshape(n, *shape)
 
 
+@functools.lru_cache(maxsize=16)
+def _even_offsets(n: int, width: int, dtype: str) -> bytes:
+    """The offsets of ``n`` rows of ``width`` values each, as bytes (batches come in few sizes)."""
+    return (np.arange(n + 1, dtype=dtype) * width).tobytes()
+
+
 def _list_column(name: str, column, ragged: Collection[str]):
     """An Arrow list column as an ``(n, width)`` array, or a RaggedColumn when declared ragged;
     nulls (of rows or of values) and rows of different lengths are refused."""
@@ -270,25 +277,31 @@ def _list_column(name: str, column, ragged: Collection[str]):
         raise _null(name, _first_true(column.is_null().to_numpy(zero_copy_only=False)))
     flat = column.flatten()
     fixed = pa.types.is_fixed_size_list(column.type)
-    offsets = None if fixed else column.offsets.to_numpy()
+    offsets = None
+    if not fixed and n:
+        # the offsets buffer as it lies (the slice's n + 1 of them), without a pyarrow array
+        kind = np.int64 if pa.types.is_large_list(column.type) else np.int32
+        offsets = np.frombuffer(column.buffers()[1], kind)[column.offset:column.offset + n + 1]
     if flat.null_count:
         first = _first_true(flat.is_null().to_numpy(zero_copy_only=False))
-        width = column.type.list_size if fixed else None
-        row = first // max(width, 1) if fixed else int(
-            np.searchsorted(offsets - offsets[0], first, side="right") - 1)
+        row = (first // max(column.type.list_size, 1) if fixed else
+               int(np.searchsorted(offsets - offsets[0], first, side="right") - 1))
         raise _null(name, row, inside=True)
     values = flat.to_numpy(zero_copy_only=False)
     if fixed:
         return values.reshape(n, column.type.list_size)
-    if name in ragged:
-        return RaggedColumn(values, (offsets - offsets[0]).astype(np.int64, copy=False))
     if not n:
-        return values.reshape(0, 0)
-    sizes = np.diff(offsets)
-    bad = np.flatnonzero(sizes != sizes[0])
-    if bad.size:
-        raise _ragged(name, int(bad[0]), int(sizes[bad[0]]), int(sizes[0]))
-    return values.reshape(n, int(sizes[0]))
+        return RaggedColumn(values, np.zeros(1, np.int64)) if name in ragged else values.reshape(0, 0)
+    if name in ragged:
+        return RaggedColumn(values, (offsets - offsets[0]).astype(np.int64))
+    width = int(offsets[1] - offsets[0])
+    # one length in every row: the offsets are 0, w, 2w, ... (one memcmp against a cached copy)
+    even = offsets if offsets[0] == 0 else offsets - offsets[0]
+    if even.tobytes() != _even_offsets(n, width, offsets.dtype.str):
+        sizes = np.diff(offsets)
+        row = int(np.flatnonzero(sizes != width)[0])
+        raise _ragged(name, row, int(sizes[row]), width)
+    return values.reshape(n, width)
 
 
 def from_arrow(batch, tensors: Dict[str, tuple] = None, ragged: Collection[str] = ()) -> Columns:
