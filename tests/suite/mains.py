@@ -289,3 +289,13 @@ def feed_ragged_main(args, ctx):
                 kinds.add(type(batch["v"]).__name__)
                 rows.update(zip(batch["id"].tolist(), batch["v"].to_list()))
     return {"rows": rows, "kinds": sorted(kinds)}
+
+
+def ragged_infer_main(args, ctx):
+    """Inference over rows (id, values) whose values are declared ragged: 1000 * len + sum."""
+    feed = ctx.get_data_feed(train=False)
+    while not feed.should_stop():
+        batch = feed.next_batch(args["batch"])
+        if batch:
+            feed.batch_results([1000.0 * len(v) + float(np.sum(v)) for _, v in batch])
+    return ctx.task_index

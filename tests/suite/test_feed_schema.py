@@ -96,3 +96,29 @@ def test_a_column_declared_ragged_arrives_row_by_row(backend, engine, reader, sh
     assert len(first["rows"]) == len(second["rows"]) == 6
     got = {**first["rows"], **second["rows"]}
     assert got == {i: v for part in parts for i, v in part}
+
+
+def test_inference_refuses_a_null_and_names_it(backend, engine):
+    data = engine.table(_parts("x", None), SCHEMA)
+    # the node answers the other partitions (id * 2 + x); the one with the null never reaches it
+    cluster = duotf.run(mains.feed_infer_main, {"batch": 4}, backend, duotf.ClusterSpec(workers=1))
+    try:
+        with pytest.raises(duotf.FeedSchemaError) as info:
+            cluster.inference(data, keep=["id"], feed_timeout=60)
+    finally:
+        cluster.shutdown(grace_secs=0, _raise=False)
+    err = info.value
+    assert (err.column, err.partition, err.row, err.problem) == ("x", PART, ROW, "null")
+    assert str(err).splitlines()[0].startswith("column 'x': a null at row 2 of partition 1")
+
+
+def test_inference_takes_a_column_declared_ragged(backend, engine):
+    parts = [[(i, [i + k / 4 for k in range(i % 4)]) for i in range(p * 4, p * 4 + 4)] for p in range(3)]
+    data = engine.table(parts, {"id": "long", "v": "array<float>"})
+    with duotf.run(mains.ragged_infer_main, {"batch": 3}, backend, duotf.ClusterSpec(workers=2)) as cluster:
+        out = cluster.inference(data, keep=["id"], result_columns={"prediction": "double"},
+                                ragged=["v"])
+        cluster.wait(timeout=60)
+    pdf = engine.to_pandas(out)
+    assert pdf["id"].tolist() == list(range(12))
+    assert pdf["prediction"].tolist() == [1000.0 * len(v) + sum(v) for part in parts for _, v in part]
