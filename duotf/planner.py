@@ -16,6 +16,7 @@ from typing import Dict, List, Tuple
 
 from .errors import ConfigError, DuotfError, FeedError
 from .feed import wire
+from .feed.columns import ragged_columns
 from .feed.feeder import FeedJob
 from .supervisor import FeedTarget, JobStopped, Supervisor
 
@@ -84,18 +85,6 @@ def _sequenced(plan: Dict[int, List[Tuple[int, int, int]]]) -> Dict[int, List[Tu
             seqs[target] = seqs.get(target, 0) + 1
         out[pid] = ranges
     return out
-
-
-def ragged_columns(ragged) -> Tuple[str, ...]:
-    """The columns declared ragged, as names (a single name, or an iterable of names)."""
-    if ragged is None:
-        return ()
-    names = (ragged,) if isinstance(ragged, (str, int)) else tuple(ragged)
-    for name in names:
-        if not isinstance(name, (str, int)) or isinstance(name, bool):
-            raise ConfigError(f"ragged={ragged!r}: give column names (str; or int for row "
-                              "positions, which name the columns \"0\", \"1\", ...)")
-    return tuple(str(name) for name in names)
 
 
 def _job(sup: Supervisor, targets: List[FeedTarget], mode: str, timeout: float, plan=None,

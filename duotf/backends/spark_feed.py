@@ -99,27 +99,41 @@ def pack_tensors(df, columns: Union[str, Sequence[str]], dtype: str = "float32")
     return packed
 
 
-def _blocker(tensors: Dict[str, tuple], block_bytes: int):
+def _blocker(tensors: Dict[str, tuple], block_bytes: int, ragged: Sequence[str] = ()):
+    """The frames of a partition, as ``(n, frame)`` rows; a partition the feed refuses gives one
+    row ``(-1, error JSON)`` instead (see :func:`feed_cache`)."""
+
     def make(batches):
         import pyarrow as pa
+        from pyspark import TaskContext
 
+        from ..errors import FeedSchemaError
         from ..feed import wire
         from ..feed.columns import concat_cols, from_arrow, num_rows
+
+        schema = pa.schema([("n", pa.int64()), ("frame", pa.binary())])
 
         def frame(parts):
             cols = concat_cols(parts)
             return pa.RecordBatch.from_pydict({"n": [num_rows(cols)], "frame": [wire.pack_frame(cols)]},
-                                              schema=pa.schema([("n", pa.int64()), ("frame", pa.binary())]))
+                                              schema=schema)
 
-        parts, size = [], 0
-        for batch in batches:
-            if not batch.num_rows:
-                continue
-            parts.append(from_arrow(batch, tensors))
-            size += batch.nbytes
-            if size >= block_bytes:
-                yield frame(parts)
-                parts, size = [], 0
+        parts, size, pos = [], 0, 0
+        try:
+            for batch in batches:
+                if not batch.num_rows:
+                    continue
+                parts.append(from_arrow(batch, tensors, ragged))
+                pos += batch.num_rows
+                size += batch.nbytes
+                if size >= block_bytes:
+                    yield frame(parts)
+                    parts, size = [], 0
+        except FeedSchemaError as exc:
+            error = exc.located(TaskContext.get().partitionId(), pos)
+            yield pa.RecordBatch.from_pydict({"n": [-1], "frame": [_error_json(error).encode()]},
+                                             schema=schema)
+            return
         if parts:
             yield frame(parts)
 
@@ -180,6 +194,11 @@ def _spill(cache_id: str):
         index, offset = [], 0
         with open(path, "wb") as f:
             for n, frame in frames:
+                if n < 0:  # the partition was refused: its error, not a file
+                    f.close()
+                    os.remove(path)
+                    yield frame.decode()
+                    return
                 f.write(frame)
                 index.append((n, offset, len(frame)))
                 offset += len(frame)
@@ -192,7 +211,7 @@ def _spill(cache_id: str):
 
 
 def _remove_local(index, parts):
-    yield sum(part.remove() for part in parts)
+    yield sum(part.remove() for part in parts if isinstance(part, CachedPartition))
 
 
 class FeedCache:
@@ -231,7 +250,7 @@ class FeedCache:
                 f"columns={self.columns})")
 
 
-def feed_cache(df, *, block_bytes: int = 4 << 20) -> FeedCache:
+def feed_cache(df, *, block_bytes: int = 4 << 20, ragged: Sequence[str] = ()) -> FeedCache:
     """Convert ``df`` once into ready-to-send feed frames, kept in files on the executors, for
     training.
 
@@ -245,6 +264,10 @@ def feed_cache(df, *, block_bytes: int = 4 << 20) -> FeedCache:
     another host (the executor was busy or lost) is fed from the DataFrame instead. Costs about
     the DataFrame's size in local disk (in the page cache while memory lasts). Call
     ``unpersist()`` when done.
+
+    Data is checked as for ``cluster.train(df)``: a null, or an array column whose rows differ
+    in length and is not in ``ragged``, raises a :class:`~duotf.errors.FeedSchemaError` here
+    (and no file is kept); columns in ``ragged`` are cached as ragged columns.
     """
     import uuid
 
@@ -253,12 +276,21 @@ def feed_cache(df, *, block_bytes: int = 4 << 20) -> FeedCache:
     from ..feed.columns import tensor_specs
 
     tensors = tensor_specs(df.schema)
-    frames = (df.mapInArrow(_blocker(tensors, block_bytes), "n long, frame binary")
+    from ..feed.columns import ragged_columns
+
+    ragged = ragged_columns(ragged)
+    frames = (df.mapInArrow(_blocker(tensors, block_bytes, ragged), "n long, frame binary")
               .rdd.map(lambda row: (row.n, bytes(row.frame))))
     index = frames.mapPartitionsWithIndex(_spill(uuid.uuid4().hex[:16]))
     index.persist(StorageLevel.MEMORY_ONLY)
-    parts = sorted(index.collect(), key=lambda part: part.pid)
-    return FeedCache(index, frames, parts, list(df.columns))
+    collected = index.collect()
+    parts = sorted((p for p in collected if isinstance(p, CachedPartition)), key=lambda part: part.pid)
+    cache = FeedCache(index, frames, parts, list(df.columns))
+    errors = sorted((e for e in collected if isinstance(e, str)), key=lambda e: json.loads(e)["partition"])
+    if errors:
+        cache.unpersist()
+        _raise_first(errors)
+    return cache
 
 
 # -- the feed adapter ---------------------------------------------------------------------------

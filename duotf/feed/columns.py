@@ -5,11 +5,11 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-from typing import Collection, Dict, Iterable, Iterator, List
+from typing import Collection, Dict, Iterable, Iterator, List, Tuple
 
 import numpy as np
 
-from ..errors import FeedSchemaError, feed_schema_error
+from ..errors import ConfigError, FeedSchemaError, feed_schema_error
 
 Columns = Dict[str, object]
 
@@ -110,6 +110,18 @@ class RaggedColumn:
 
     def __repr__(self) -> str:
         return f"RaggedColumn({len(self)} rows, {self._splits[-1] - self._splits[0]} {self.dtype} values)"
+
+
+def ragged_columns(ragged) -> Tuple[str, ...]:
+    """The columns declared ragged, as names (a single name, or an iterable of names)."""
+    if ragged is None:
+        return ()
+    names = (ragged,) if isinstance(ragged, (str, int)) else tuple(ragged)
+    for name in names:
+        if not isinstance(name, (str, int)) or isinstance(name, bool):
+            raise ConfigError(f"ragged={ragged!r}: give column names (str; or int for row "
+                              "positions, which name the columns \"0\", \"1\", ...)")
+    return tuple(str(name) for name in names)
 
 
 # -- validation at the source: refuse what would otherwise change silently -----------------------
