@@ -128,9 +128,9 @@ class FeedSchemaError(FeedError):
 
     Raised by the feeding task, before the rows are sent. Attributes: ``column``,
     ``partition``, ``row`` (the first offending row, counted from 0 within the partition),
-    ``problem`` (``"null"`` or ``"ragged"``), ``node`` (None). The message's first line says
-    what is wrong and what to change (fill or drop nulls, filter or pad rows, or declare the
-    column with ``ragged=[...]``).
+    ``problem`` (``"null"`` or ``"ragged"``), ``hint`` (what to change: fill or drop nulls,
+    filter or pad rows, or declare the column with ``ragged=[...]``), ``node`` (None). The
+    message is one line: what is wrong, where, and the hint.
     """
 
     def located(self, partition, offset: int) -> "FeedSchemaError":
