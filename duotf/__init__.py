@@ -12,6 +12,7 @@ from .errors import (
     ConfigError,
     DuotfError,
     FeedError,
+    FeedSchemaError,
     InsufficientSlotsError,
     NodeError,
     NodeFailedError,
@@ -22,6 +23,7 @@ from .errors import (
     TFRecordCorruptError,
     UnsupportedProtocolError,
 )
+from .feed.columns import RaggedColumn
 from .spec import ClusterSpec, Role
 
 __version__ = "0.1.0"
@@ -46,6 +48,8 @@ __all__ = [
     "NodesStoppedError",
     "ClusterClosedError",
     "FeedError",
+    "FeedSchemaError",
+    "RaggedColumn",
     "TFRecordCorruptError",
     "SchemaMismatchError",
 ]

@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 import weakref
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .errors import ClusterClosedError, ConfigError, NodesStoppedError
 from .node import NodeJob, default_workdir_root, run_node
@@ -172,7 +172,7 @@ class Cluster:
         return self._collect()
 
     def train(self, data, epochs: int = 1, *, feed_timeout: float = 600.0,
-              balance: bool = True) -> dict:
+              balance: bool = True, ragged: Sequence[str] = ()) -> dict:
         """Push ``data`` into the chief and workers, ``epochs`` times; return when all is queued.
 
         ``data``: a Spark DataFrame or RDD, a Dask DataFrame, Bag or Array, or (local backend) a
@@ -181,26 +181,36 @@ class Cluster:
         so synchronous workers run the same number of steps. Raises the node's error within
         moments if a node dies, and :class:`~duotf.errors.FeedError` if a node takes no data for
         ``feed_timeout`` seconds. Returns counts: rows fed, rows per worker, rows left over.
+
+        Data the feed would otherwise change is refused with a
+        :class:`~duotf.errors.FeedSchemaError` naming the column, partition and row: a null
+        (fill or drop them first), or an array column whose rows differ in length. ``ragged``
+        names the array columns whose rows may differ in length (for rows without names, their
+        positions: ``"0"``, ``"1"``, ...): a node receives such a column as a
+        :class:`~duotf.feed.columns.RaggedColumn` (``values`` and ``row_splits``) from
+        ``next_batch``, and as a ``tf.RaggedTensor`` from ``dataset()``.
         """
         from . import planner
 
         _check_feed_args(epochs, feed_timeout)
-        return planner.train(self.supervisor, self.backend, data, epochs, feed_timeout, balance)
+        return planner.train(self.supervisor, self.backend, data, epochs, feed_timeout, balance,
+                             ragged)
 
-    def inference(self, data, *, keep=None, result_columns=None, feed_timeout: float = 600.0):
+    def inference(self, data, *, keep=None, result_columns=None, feed_timeout: float = 600.0,
+                  ragged: Sequence[str] = ()):
         """Push ``data`` through the nodes and return their results, one per input, in order.
 
         The result is a collection of the input's engine, materialized while the cluster runs:
         a DataFrame gives a DataFrame with the result columns beside the input columns in
         ``keep`` (default: all); an RDD, Bag or Array gives one result per element.
         ``result_columns`` (Spark DataFrames): ``{name: Spark SQL type}``, default
-        ``{"prediction": "double"}``.
+        ``{"prediction": "double"}``. Nulls and ``ragged`` columns: as in :meth:`train`.
         """
         from . import planner
 
         _check_feed_args(1, feed_timeout)
         return planner.inference(self.supervisor, self.backend, data, keep, result_columns,
-                                 feed_timeout)
+                                 feed_timeout, ragged)
 
     def _collect(self) -> List[Any]:
         if self._results is None:

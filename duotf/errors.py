@@ -12,6 +12,7 @@
     │   ├── NodeFailedError              main raised, or its process exited or was killed
     │   └── NodeUnresponsiveError        no heartbeat within heartbeat_timeout
     ├── FeedError                         the engine feed failed: a node died or stopped taking data
+    │   └── FeedSchemaError              a partition's data does not fit the feed (a null, a ragged column)
     ├── TFRecordCorruptError (IOError)    a TFRecord file is damaged (CRC, length, truncation, stream)
     ├── SchemaMismatchError (ValueError)  a value does not fit its column of a tf.train.Example
     ├── NodesStoppedError                 shutdown stopped a main that had not returned
@@ -36,6 +37,7 @@ __all__ = [
     "NodesStoppedError",
     "ClusterClosedError",
     "FeedError",
+    "FeedSchemaError",
     "TFRecordCorruptError",
     "SchemaMismatchError",
 ]
@@ -53,6 +55,11 @@ class DuotfError(Exception):
 
     def __reduce__(self):
         return (_rebuild, (type(self), self.message, self._attrs))
+
+    @property
+    def attributes(self) -> dict:
+        """The error's typed attributes (what it pickles with besides its message)."""
+        return dict(self._attrs)
 
     def __str__(self) -> str:
         return self.message
@@ -113,6 +120,39 @@ class FeedError(DuotfError):
 
     Attributes: ``partition``, ``node``.
     """
+
+
+class FeedSchemaError(FeedError):
+    """A partition holds data the feed refuses rather than change silently: a null in a column,
+    or rows of different lengths in an array column that was not declared ragged.
+
+    Raised by the feeding task, before the rows are sent. Attributes: ``column``,
+    ``partition``, ``row`` (the first offending row, counted from 0 within the partition),
+    ``problem`` (``"null"`` or ``"ragged"``), ``hint`` (what to change: fill or drop nulls,
+    filter or pad rows, or declare the column with ``ragged=[...]``), ``node`` (None). The
+    message is one line: what is wrong, where, and the hint.
+    """
+
+    def located(self, partition, offset: int) -> "FeedSchemaError":
+        """The same error, for the rows of ``partition`` that start at row ``offset``."""
+        attrs = self.attributes
+        attrs.update(partition=partition, row=attrs["row"] + offset)
+        return type(self)(schema_message(**attrs), **attrs)
+
+
+def schema_message(column, partition, row, problem, what, hint, node=None) -> str:
+    """The message of a :class:`FeedSchemaError` (first line: what is wrong, where)."""
+    where = f"row {row}" if partition is None else f"row {row} of partition {partition}"
+    return f"column {column!r}: {what.format(where=where)}; {hint}"
+
+
+def feed_schema_error(column: str, row: int, problem: str, what: str, hint: str) -> FeedSchemaError:
+    """A :class:`FeedSchemaError` for ``row`` of a chunk whose partition is not known yet (the
+    feeding task places it with :meth:`FeedSchemaError.located`). ``what`` may name the place
+    as ``{where}``."""
+    attrs = dict(column=column, partition=None, row=int(row), problem=problem, what=what,
+                 hint=hint, node=None)
+    return FeedSchemaError(schema_message(**attrs), **attrs)
 
 
 class TFRecordCorruptError(DuotfError, IOError):

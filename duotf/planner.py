@@ -16,6 +16,7 @@ from typing import Dict, List, Tuple
 
 from .errors import ConfigError, DuotfError, FeedError
 from .feed import wire
+from .feed.columns import ragged_columns
 from .feed.feeder import FeedJob
 from .supervisor import FeedTarget, JobStopped, Supervisor
 
@@ -86,7 +87,8 @@ def _sequenced(plan: Dict[int, List[Tuple[int, int, int]]]) -> Dict[int, List[Tu
     return out
 
 
-def _job(sup: Supervisor, targets: List[FeedTarget], mode: str, timeout: float, plan=None) -> FeedJob:
+def _job(sup: Supervisor, targets: List[FeedTarget], mode: str, timeout: float, plan=None,
+         ragged: Tuple[str, ...] = ()) -> FeedJob:
     return FeedJob(
         secret=sup.secret,
         addresses=[t.address for t in targets],
@@ -94,6 +96,7 @@ def _job(sup: Supervisor, targets: List[FeedTarget], mode: str, timeout: float, 
         mode=mode,
         timeout=timeout,
         plan=plan,
+        ragged=ragged,
     )
 
 
@@ -130,9 +133,11 @@ def _markers(sup: Supervisor, targets: List[FeedTarget], kind: wire.Marker, time
                             partition=None, node=target.label) from exc
 
 
-def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, balanced: bool) -> dict:
+def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, balanced: bool,
+          ragged=()) -> dict:
     if epochs < 1:
         raise ConfigError(f"epochs={epochs}: must be >= 1")
+    ragged = ragged_columns(ragged)
     adapter = backend.feed_adapter(data, len(sup.nodes))  # a ConfigError for bad data comes first
     sup.check_running("train")
     targets = sup.feed_targets()
@@ -142,7 +147,7 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
     if dropped:
         logger.warning("duotf: %d rows left over after giving each of %d workers %d rows are not "
                        "fed (balance=False feeds everything, unevenly)", dropped, len(targets), per)
-    job = _job(sup, targets, "train", feed_timeout, plan)
+    job = _job(sup, targets, "train", feed_timeout, plan, ragged)
     t0 = time.monotonic()
     fed, done = 0, 0
     for epoch in range(epochs):
@@ -162,12 +167,14 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
             "seconds": time.monotonic() - t0}
 
 
-def inference(sup: Supervisor, backend, data, keep, result_columns, feed_timeout: float):
+def inference(sup: Supervisor, backend, data, keep, result_columns, feed_timeout: float,
+              ragged=()):
+    ragged = ragged_columns(ragged)
     adapter = backend.feed_adapter(data, len(sup.nodes))
     sup.check_running("run inference")
     targets = sup.feed_targets()
     adapter.check_capacity(len(sup.nodes))
-    job = _job(sup, targets, "infer", feed_timeout)
+    job = _job(sup, targets, "infer", feed_timeout, ragged=ragged)
     output = _run(sup, adapter.infer(job, keep, result_columns), "inference", False)
     _markers(sup, targets, wire.Marker.END, feed_timeout)
     return output

@@ -72,6 +72,12 @@ class Engine(abc.ABC):
         """A DataFrame whose partition i holds the rows of ``frames[i]`` (all of one schema)."""
 
     @abc.abstractmethod
+    def table(self, parts: List[list], schema: Dict[str, str]):
+        """A DataFrame whose partition i holds the tuples ``parts[i]``, of the columns ``schema``
+        (name: "long", "double", "string" or "array<float>"; lists for arrays); ``None`` is a
+        null, as the engine holds one."""
+
+    @abc.abstractmethod
     def arrays(self, blocks: List[Dict[str, np.ndarray]]) -> Tuple[object, Optional[dict]]:
         """Columns of numpy arrays (``blocks[i]`` is partition i; 2-D arrays are tensor
         columns) as the engine holds them best. Returns ``(data, input_mapping)``: the mapping
@@ -99,6 +105,22 @@ class Engine(abc.ABC):
         current list where they come and go)."""
 
 
+#: how pandas holds each kind of column of ``Engine.table``, nulls included
+_PANDAS_DTYPES = {"long": "Int64", "double": "float64", "string": "object", "array<float>": "object"}
+
+
+def _pandas_frames(parts: List[list], schema: Dict[str, str]) -> list:
+    import pandas as pd
+
+    dtypes = {name: _PANDAS_DTYPES[kind] for name, kind in schema.items()}
+    frames = []
+    for part in parts:
+        frame = pd.DataFrame({name: pd.Series([row[i] for row in part], dtype=object)
+                              for i, name in enumerate(schema)})
+        frames.append(frame.astype(dtypes))
+    return frames
+
+
 class LocalEngine(Engine):
     """The in-process backend: a collection is a list of partitions."""
 
@@ -112,6 +134,9 @@ class LocalEngine(Engine):
 
     def frame(self, frames):
         return list(frames)
+
+    def table(self, parts, schema):
+        return _pandas_frames(parts, schema)
 
     def arrays(self, blocks):
         return [dict(b) for b in blocks], None
@@ -196,6 +221,9 @@ class DaskEngine(Engine):
 
         with dask.config.set({"dataframe.convert-string": False}):
             return dd.from_delayed([dask.delayed(lambda f: f)(f) for f in frames], meta=frames[0].iloc[:0])
+
+    def table(self, parts, schema):
+        return self.frame(_pandas_frames(parts, schema))
 
     def arrays(self, blocks):
         import dask.array as da
@@ -294,6 +322,10 @@ class SparkEngine(Engine):
     def frame(self, frames):
         parts = [list(zip(*(f[c].tolist() for c in f.columns))) for f in frames]
         return self.session.createDataFrame(self._rdd(parts), _spark_schema(dict(frames[0].dtypes)))
+
+    def table(self, parts, schema):
+        ddl = ", ".join(f"`{name}` {kind}" for name, kind in schema.items())
+        return self.session.createDataFrame(self._rdd([list(p) for p in parts]), ddl)
 
     def arrays(self, blocks, packed: bool = True):
         """As ``Engine.arrays``; tensor columns are packed (``pack_tensors``) unless ``packed``

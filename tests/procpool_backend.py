@@ -129,10 +129,9 @@ def _node_task(fn, node_id: int):
 
 
 def _count_rows(part) -> int:
-    from duotf.feed.columns import num_rows
-    from duotf.feed.tasks import chunks_of
+    from duotf.feed.tasks import count_rows
 
-    return sum(num_rows(c) for c in chunks_of(part))
+    return count_rows(part)
 
 
 class _ByValue:

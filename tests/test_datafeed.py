@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from duotf.errors import ConfigError
+from duotf.errors import ConfigError, FeedSchemaError
 from duotf.feed import wire
 from duotf.feed.columns import TENSOR_KEY, decode_tensor, from_arrow, tensor_specs
 from duotf.feed.datafeed import DataFeed, FeedServer
@@ -69,10 +69,11 @@ def test_tensor_column_decodes_without_a_copy():
 
 def test_tensor_column_of_the_wrong_width_names_the_row():
     column = pa.array([b"\0" * 16, b"\0" * 16, b"\0" * 12], pa.binary())
-    with pytest.raises(ValueError, match=r"'x': row 2 holds 12 bytes but float32\[4\] needs 16"):
+    with pytest.raises(FeedSchemaError, match=r"'x': row 2 holds 12 bytes where float32\[4\] needs 16"):
         decode_tensor(column, "x", "float32", (4,))
-    with pytest.raises(ValueError, match="nulls"):
+    with pytest.raises(FeedSchemaError, match="'x': a null at row 1") as info:
         decode_tensor(pa.array([b"\0" * 16, None], pa.binary()), "x", "float32", (4,))
+    assert info.value.column == "x" and info.value.row == 1 and info.value.problem == "null"
 
 
 def test_pack_tensors_stores_raw_values_and_their_shape(spark):
@@ -476,3 +477,101 @@ def test_a_range_waiting_longer_than_feed_timeout_for_its_turn_is_not_failed(mon
         second.join(30)
         server.close()
     assert not errors and seen == list(range(200))
+
+
+def test_from_arrow_refuses_nulls_and_ragged_rows_and_names_them():
+    def refused(batch, **kw):
+        with pytest.raises(FeedSchemaError) as info:
+            from_arrow(batch, **kw)
+        return info.value
+
+    list_f = pa.list_(pa.float32())
+    for column in (pa.array([1, 2, None], pa.int64()), pa.array([1.0, 2.0, None]),
+                   pa.array([True, False, None]), pa.array(["a", "b", None]),
+                   pa.array([[1.0], [2.0], None], list_f), pa.array([[1.0], [2.0], [None]], list_f)):
+        err = refused(pa.RecordBatch.from_arrays([column], ["c"]))
+        assert (err.column, err.row, err.problem, err.partition) == ("c", 2, "null", None), column.type
+        assert str(err).startswith("column 'c': a null") and "fillna" in str(err)
+    ragged = pa.array([[1.0, 2.0], [3.0, 4.0], [5.0], [6.0, 7.0, 8.0]], list_f)  # 8 values, 4 rows
+    err = refused(pa.RecordBatch.from_arrays([ragged], ["v"]))
+    assert (err.row, err.problem) == (2, "ragged")
+    assert "row 2 holds 1 values where the rows before it hold 2" in str(err)
+    assert "ragged=['v']" in str(err)
+    sliced = pa.RecordBatch.from_arrays([ragged], ["v"]).slice(2)  # rows of 1 and 3 values
+    assert refused(sliced).row == 1
+    declared = from_arrow(sliced, ragged=("v",))["v"]
+    assert declared.to_list() == [[5.0], [6.0, 7.0, 8.0]] and declared.row_splits.tolist() == [0, 1, 4]
+    even = pa.RecordBatch.from_arrays([ragged], ["v"]).slice(0, 2)
+    assert from_arrow(even)["v"].tolist() == [[1.0, 2.0], [3.0, 4.0]]
+
+
+def test_ragged_column_travels_in_frames_and_slices_without_copies():
+    from duotf import RaggedColumn
+    from duotf.feed.columns import concat_cols, from_rows
+
+    cols = from_rows([(0, [1.0]), (1, [2.0, 3.0]), (2, []), (3, [4.0, 5.0, 6.0])], ragged=("1",))
+    column = cols["1"]
+    assert isinstance(column, RaggedColumn) and len(column) == 4
+    assert column.row_lengths.tolist() == [1, 2, 0, 3] and column[3].tolist() == [4.0, 5.0, 6.0]
+    part = column[1:4]
+    assert np.shares_memory(part.values, column.values) and part.row_splits.tolist() == [0, 2, 2, 5]
+    _, back = wire.unpack_frame(wire.pack_frame({"0": cols["0"][1:4], "1": part}))
+    assert isinstance(back["1"], RaggedColumn) and back["1"].to_list() == [[2.0, 3.0], [], [4.0, 5.0, 6.0]]
+    assert back["0"].tolist() == [1, 2, 3]
+    joined = concat_cols([{"1": column[3:]}, {"1": column[:2]}])["1"]
+    assert joined.to_list() == [[4.0, 5.0, 6.0], [1.0], [2.0, 3.0]]
+    assert [r.tolist() for r in joined] == joined.to_list()
+
+
+def test_a_refusal_is_placed_in_its_partition_and_widths_hold_across_chunks():
+    import pickle
+
+    from duotf.feed.columns import from_rows
+    from duotf.feed.feeder import validated
+
+    def chunks():
+        yield from_rows([(0, [1.0, 2.0])] * 5)
+        yield from_rows([(1, [1.0, 2.0]), (2, None)])
+
+    with pytest.raises(FeedSchemaError) as info:
+        list(validated(chunks(), 7))
+    err = pickle.loads(pickle.dumps(info.value))  # as it crosses from an executor
+    assert (err.column, err.partition, err.row, err.problem) == ("1", 7, 6, "null")
+    assert str(err).startswith("column '1': a null at row 6 of partition 7")
+
+    def widths():
+        yield from_rows([(0, [1.0, 2.0])] * 3)
+        yield from_rows([(1, [1.0, 2.0, 3.0])])  # every row of this chunk alike, but not like before
+
+    with pytest.raises(FeedSchemaError, match="row 3 of partition 2 holds 3 values where the rows "
+                                              "before it hold 2"):
+        list(validated(widths(), 2))
+
+
+def test_pandas_nulls_are_what_pandas_calls_missing():
+    import pandas as pd
+
+    from duotf.feed.columns import from_pandas
+
+    for frame in (pd.DataFrame({"a": pd.array([1, None], "Int64")}), pd.DataFrame({"a": [1.0, np.nan]}),
+                  pd.DataFrame({"a": ["x", None]}), pd.DataFrame({"a": [[1.0], None]})):
+        with pytest.raises(FeedSchemaError, match="column 'a': a null at row 1"):
+            from_pandas(frame)
+    cols = from_pandas(pd.DataFrame({"a": pd.array([1, 2], "Int64"), "v": [[1.0, 2.0], [3.0, 4.0]]}))
+    assert cols["a"].dtype == np.int64 and cols["v"].shape == (2, 2)
+
+
+def test_a_feed_schema_error_record_comes_back_typed():
+    from duotf.backends.spark_feed import _error_json, _guarded, _raise_first
+    from duotf.errors import feed_schema_error
+
+    def refuse():
+        raise feed_schema_error("x", 4, "null", "a null at {where}", "fill it").located(3, 10)
+
+    _, record = _guarded(refuse)
+    with pytest.raises(FeedSchemaError) as info:
+        _raise_first([None, record])
+    err = info.value
+    assert (err.column, err.partition, err.row, err.problem) == ("x", 3, 14, "null")
+    assert str(err) == "column 'x': a null at row 14 of partition 3; fill it"
+    assert _error_json(err) == record

@@ -62,3 +62,26 @@ def test_feed_cache_file_not_on_the_host_is_fed_from_the_dataframe(backend, tens
         cache.unpersist()
     assert report["rows_fed"] == 2 * 44
     assert fed_every_epoch(first["ids"] + second["ids"], 2)
+
+
+def test_feed_cache_checks_its_data_and_caches_a_column_declared_ragged(backend, engine, tmp_path):
+    parts = [[(i, [i + k / 4 for k in range(i % 4)]) for i in range(p * 4, p * 4 + 4)] for p in range(3)]
+    df = engine.table(parts, {"id": "long", "v": "array<float>"})
+    with pytest.raises(duotf.FeedSchemaError) as info:
+        feed_cache(df)
+    err = info.value
+    assert (err.column, err.partition, err.row, err.problem) == ("v", 0, 1, "ragged")
+    assert str(err).startswith("column 'v': rows of different lengths: row 1 of partition 0 holds 1 values")
+    nulls = engine.table([[(0, [1.0])], [(1, [1.0]), (2, None)]], {"id": "long", "v": "array<float>"})
+    with pytest.raises(duotf.FeedSchemaError, match="column 'v': a null at row 1 of partition 1"):
+        feed_cache(nulls)
+    cache = feed_cache(df, ragged=["v"])
+    try:
+        args = {"batch": 3, "reader": "dataset", "id": "id", "v": "v"}
+        with duotf.run(mains.feed_ragged_main, args, backend, duotf.ClusterSpec(workers=2),
+                       env={"TF_CPP_MIN_LOG_LEVEL": "3"}) as cluster:
+            cluster.train(cache, epochs=1)
+            first, second = cluster.wait(timeout=120)
+    finally:
+        cache.unpersist()
+    assert {**first["rows"], **second["rows"]} == {i: v for part in parts for i, v in part}

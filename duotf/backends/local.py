@@ -91,10 +91,9 @@ class LocalFeed(FeedAdapter):
         self.parts = parts
 
     def counts(self) -> List[int]:
-        from ..feed.columns import num_rows
-        from ..feed.tasks import chunks_of
+        from ..feed.tasks import count_rows
 
-        return [sum(num_rows(c) for c in chunks_of(p)) for p in self.parts]
+        return [count_rows(p) for p in self.parts]
 
     def train(self, job) -> EngineJob:
         from ..feed import tasks

@@ -18,6 +18,8 @@ from .base import EngineJob, FeedAdapter, ThreadJob
 
 logger = logging.getLogger(__name__)
 
+_ERROR = "__duotf_feed_error"  # the column of a task's error record (see "the feed adapter")
+
 __all__ = ["SparkFeed", "pack_tensors", "FeedCache", "CachedPartition", "feed_cache"]
 
 _NUMERIC = {"float", "double", "byte", "short", "int", "bigint", "tinyint", "smallint", "long"}
@@ -99,16 +101,25 @@ def pack_tensors(df, columns: Union[str, Sequence[str]], dtype: str = "float32")
     return packed
 
 
-def _frames(batches, tensors: Dict[str, tuple], block_bytes: int):
-    """``(rows, packed frame)`` of about ``block_bytes`` each from a partition's Arrow batches."""
+def _frames(batches, tensors: Dict[str, tuple], block_bytes: int, ragged: Sequence[str] = ()):
+    """``(rows, packed frame)`` of about ``block_bytes`` each from a partition's Arrow batches;
+    a :class:`~duotf.errors.FeedSchemaError` placed at its row of the partition where the feed
+    refuses the data."""
+    from pyspark import TaskContext
+
+    from ..errors import FeedSchemaError
     from ..feed import wire
     from ..feed.columns import concat_cols, from_arrow, num_rows
 
-    parts, size = [], 0
+    parts, size, pos = [], 0, 0
     for batch in batches:
         if not batch.num_rows:
             continue
-        parts.append(from_arrow(batch, tensors))
+        try:
+            parts.append(from_arrow(batch, tensors, ragged))
+        except FeedSchemaError as exc:
+            raise exc.located(TaskContext.get().partitionId(), pos) from None
+        pos += batch.num_rows
         size += batch.nbytes
         if size >= block_bytes:
             cols = concat_cols(parts)
@@ -157,13 +168,14 @@ class CachedPartition:
         return True
 
 
-_INDEX_SCHEMA = "pid long, host string, path string, frames string"
+_INDEX_SCHEMA = f"pid long, host string, path string, frames string, {_ERROR} string"
 
 
-def _spiller(cache_id: str, tensors: Dict[str, tuple], block_bytes: int):
+def _spiller(cache_id: str, tensors: Dict[str, tuple], block_bytes: int, ragged: Sequence[str]):
     """A ``mapInArrow`` task: convert the partition into packed frames and write them to a file
     in the executor's local dir, right there; yield only where they lie (one small row), so no
-    frame passes through the JVM."""
+    frame passes through the JVM. A partition the feed refuses leaves no file: its row carries
+    the error instead."""
 
     def run(batches):
         import os
@@ -174,32 +186,42 @@ def _spiller(cache_id: str, tensors: Dict[str, tuple], block_bytes: int):
         import pyarrow as pa
         from pyspark import TaskContext
 
+        from ..errors import FeedSchemaError
+
         pid = TaskContext.get().partitionId()
         root = (os.environ.get("SPARK_LOCAL_DIRS") or tempfile.gettempdir()).split(",")[0]
         folder = os.path.join(root, f"duotf-feedcache-{cache_id}")
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"part-{pid:05d}-{uuid.uuid4().hex[:12]}")
-        index, offset = [], 0
-        with open(path, "wb") as f:
-            for n, frame in _frames(batches, tensors, block_bytes):
-                f.write(frame)
-                index.append((n, offset, len(frame)))
-                offset += len(frame)
-                pad = -offset % 4096  # each frame starts a page: a node maps it where it lies
-                f.write(bytes(pad))
-                offset += pad
+        index, offset, error = [], 0, None
+        try:
+            with open(path, "wb") as f:
+                for n, frame in _frames(batches, tensors, block_bytes, ragged):
+                    f.write(frame)
+                    index.append((n, offset, len(frame)))
+                    offset += len(frame)
+                    pad = -offset % 4096  # each frame starts a page: a node maps it where it lies
+                    f.write(bytes(pad))
+                    offset += pad
+        except FeedSchemaError as exc:
+            os.remove(path)
+            error = _error_json(exc)
         yield pa.RecordBatch.from_pydict({"pid": [pid], "host": [socket.gethostname()],
-                                          "path": [path], "frames": [json.dumps(index)]})
+                                          "path": [path], "frames": [json.dumps(index)],
+                                          _ERROR: [error]})
 
     return run
 
 
-def _cached_partition(row) -> "CachedPartition":
+def _cached_partition(row):
+    """The index entry of a partition: its CachedPartition, or its error JSON."""
+    if row[_ERROR]:
+        return row[_ERROR]
     return CachedPartition(row.pid, row.host, row.path, [tuple(f) for f in json.loads(row.frames)])
 
 
 def _remove_local(index, parts):
-    yield sum(part.remove() for part in parts)
+    yield sum(part.remove() for part in parts if isinstance(part, CachedPartition))
 
 
 class FeedCache:
@@ -238,7 +260,7 @@ class FeedCache:
                 f"columns={self.columns})")
 
 
-def feed_cache(df, *, block_bytes: int = 4 << 20) -> FeedCache:
+def feed_cache(df, *, block_bytes: int = 4 << 20, ragged: Sequence[str] = ()) -> FeedCache:
     """Convert ``df`` once into ready-to-send feed frames, kept in files on the executors, for
     training.
 
@@ -252,6 +274,10 @@ def feed_cache(df, *, block_bytes: int = 4 << 20) -> FeedCache:
     another host (the executor was busy or lost) is fed from the DataFrame instead. Costs about
     the DataFrame's size in local disk (in the page cache while memory lasts). Call
     ``unpersist()`` when done.
+
+    Data is checked as for ``cluster.train(df)``: a null, or an array column whose rows differ
+    in length and is not in ``ragged``, raises a :class:`~duotf.errors.FeedSchemaError` here
+    (and no file is kept); columns in ``ragged`` are cached as ragged columns.
     """
     import uuid
 
@@ -259,22 +285,30 @@ def feed_cache(df, *, block_bytes: int = 4 << 20) -> FeedCache:
 
     from ..feed.columns import tensor_specs
 
-    spill = _spiller(uuid.uuid4().hex[:16], tensor_specs(df.schema), block_bytes)
+    from ..feed.columns import ragged_columns
+
+    spill = _spiller(uuid.uuid4().hex[:16], tensor_specs(df.schema), block_bytes,
+                     ragged_columns(ragged))
     index = df.mapInArrow(spill, _INDEX_SCHEMA).rdd.map(_cached_partition)
     index.persist(StorageLevel.MEMORY_ONLY)
-    parts = sorted(index.collect(), key=lambda part: part.pid)
-    return FeedCache(index, df, parts, list(df.columns))
+    collected = index.collect()
+    parts = sorted((p for p in collected if isinstance(p, CachedPartition)), key=lambda part: part.pid)
+    cache = FeedCache(index, df, parts, list(df.columns))
+    errors = sorted((e for e in collected if isinstance(e, str)), key=lambda e: json.loads(e)["partition"])
+    if errors:
+        cache.unpersist()
+        _raise_first(errors)
+    return cache
 
 
 # -- the feed adapter ---------------------------------------------------------------------------
 # A feeding task never lets a FeedError escape as a task failure: Spark would hand it back as a
 # Py4JJavaError with the Python traceback as text. The task returns it as a record instead (a
-# JSON column of its one output row), and the driver raises it, typed, with its attributes.
-_ERROR = "__duotf_feed_error"
+# JSON column of its one output row, _ERROR), and the driver raises it, typed, with its attributes.
 
 
 def _error_json(exc) -> str:
-    return json.dumps({"message": exc.message, "partition": exc.partition, "node": exc.node})
+    return json.dumps({"type": type(exc).__name__, "message": exc.message, **exc.attributes})
 
 
 def _guarded(call):
@@ -288,11 +322,16 @@ def _guarded(call):
 
 
 def _raise_first(errors) -> None:
-    from ..errors import FeedError
+    """Raise the first error record, as the FeedError (or subclass) that the task raised."""
+    from .. import errors as duotf_errors
 
     for error in errors:
         if error:
-            raise FeedError(**json.loads(error))
+            fields = json.loads(error)
+            cls = getattr(duotf_errors, fields.pop("type", "FeedError"), None)
+            if not (isinstance(cls, type) and issubclass(cls, duotf_errors.FeedError)):
+                cls = duotf_errors.FeedError
+            raise cls(**fields)
 
 
 def _arrow_counts(batches):
@@ -312,7 +351,8 @@ def _arrow_train(job, tensors):
         from ..feed.feeder import feed_train
 
         pid = TaskContext.get().partitionId()
-        sent, error = _guarded(lambda: feed_train(job, pid, (from_arrow(b, tensors) for b in batches)))
+        sent, error = _guarded(lambda: feed_train(job, pid, (from_arrow(b, tensors, job.ragged)
+                                                              for b in batches)))
         yield pa.RecordBatch.from_pydict({"rows": [sent or 0], _ERROR: [error]},
                                          schema=pa.schema([("rows", pa.int64()), (_ERROR, pa.string())]))
 
@@ -336,7 +376,7 @@ def _arrow_infer(job, keep_fields, result_fields, tensors):
         def remember(stream):
             for batch in stream:
                 inputs.append(batch)
-                yield from_arrow(batch, tensors)
+                yield from_arrow(batch, tensors, job.ragged)
 
         def take_inputs(n):
             parts = []

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Iterator, List
+import functools
+import itertools
+import operator
+from typing import Collection, Dict, Iterable, Iterator, List, Tuple
 
 import numpy as np
+
+from ..errors import ConfigError, FeedSchemaError, feed_schema_error
 
 Columns = Dict[str, object]
 
@@ -23,42 +28,206 @@ def concat_cols(parts: List[Columns]) -> Columns:
     out = {}
     for key in parts[0]:
         values = [p[key] for p in parts]
-        out[key] = np.concatenate(values) if isinstance(values[0], np.ndarray) else sum(values, [])
+        if isinstance(values[0], np.ndarray):
+            out[key] = np.concatenate(values)
+        elif isinstance(values[0], RaggedColumn):
+            out[key] = RaggedColumn.concat(values)
+        else:
+            out[key] = sum(values, [])
     return out
 
 
-def _stack(values: list):
+class RaggedColumn:
+    """A column whose rows hold different numbers of values: how a node receives a column
+    declared with ``cluster.train(..., ragged=[name])``.
+
+    ``values`` holds every row's values end to end (1-D), ``row_splits`` (int64, one more
+    than the rows) where each row starts and ends: row ``i`` is
+    ``values[row_splits[i]:row_splits[i + 1]]``, as in ``tf.RaggedTensor.from_row_splits``.
+    ``len()`` is the number of rows; indexing a row gives its values (a numpy view), and
+    iterating gives every row's; a slice is a RaggedColumn of its rows (no copy).
+    :meth:`to_tensor` makes the ``tf.RaggedTensor``; ``feed.dataset()`` yields one.
+    """
+
+    __slots__ = ("_values", "_splits")
+
+    def __init__(self, values: np.ndarray, row_splits: np.ndarray):
+        self._values = values  # the slice's rows lie in values[_splits[0]:_splits[-1]]
+        self._splits = row_splits
+
+    @classmethod
+    def concat(cls, parts: List["RaggedColumn"]) -> "RaggedColumn":
+        values = np.concatenate([p.values for p in parts])
+        lengths = np.concatenate([p.row_lengths for p in parts])
+        splits = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=splits[1:])
+        return cls(values, splits)
+
+    @property
+    def values(self) -> np.ndarray:
+        return self._values[self._splits[0]:self._splits[-1]]
+
+    @property
+    def row_splits(self) -> np.ndarray:
+        return self._splits - self._splits[0]
+
+    @property
+    def row_lengths(self) -> np.ndarray:
+        return np.diff(self._splits)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._values.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._splits[-1] - self._splits[0]) * self._values.itemsize + self._splits.nbytes
+
+    def __len__(self) -> int:
+        return len(self._splits) - 1
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            start, stop, step = key.indices(len(self))
+            if step != 1:
+                raise ValueError("a RaggedColumn slices with step 1 only")
+            return RaggedColumn(self._values, self._splits[start:max(start, stop) + 1])
+        i = range(len(self))[key]
+        return self._values[self._splits[i]:self._splits[i + 1]]
+
+    def __iter__(self):
+        values, splits = self._values, self._splits
+        return (values[a:b] for a, b in zip(splits[:-1].tolist(), splits[1:].tolist()))
+
+    def to_list(self) -> list:
+        return [row.tolist() for row in self]
+
+    def to_tensor(self):
+        """The rows as a ``tf.RaggedTensor`` (``values`` and ``row_splits`` as its components)."""
+        import tensorflow as tf
+
+        return tf.RaggedTensor.from_row_splits(self.values, self.row_splits, validate=False)
+
+    def __repr__(self) -> str:
+        return f"RaggedColumn({len(self)} rows, {self._splits[-1] - self._splits[0]} {self.dtype} values)"
+
+
+def ragged_columns(ragged) -> Tuple[str, ...]:
+    """The columns declared ragged, as names (a single name, or an iterable of names)."""
+    if ragged is None:
+        return ()
+    names = (ragged,) if isinstance(ragged, (str, int)) else tuple(ragged)
+    for name in names:
+        if not isinstance(name, (str, int)) or isinstance(name, bool):
+            raise ConfigError(f"ragged={ragged!r}: give column names (str; or int for row "
+                              "positions, which name the columns \"0\", \"1\", ...)")
+    return tuple(str(name) for name in names)
+
+
+# -- validation at the source: refuse what would otherwise change silently -----------------------
+# Every check is one vectorised pass over a chunk's column (null counts, list offsets); the row
+# of a problem is looked for only once there is one. Rows are counted within the chunk; the
+# feeding task places the error in its partition (FeedSchemaError.located).
+
+def _null(name: str, row: int, inside: bool = False) -> FeedSchemaError:
+    what = ("a null value inside the array at {where}" if inside else "a null at {where}")
+    return feed_schema_error(
+        name, row, "null", what + ": nulls are refused rather than converted (to NaN, or an "
+        "integer column to float)",
+        f"fill or drop them before feeding: df.fillna({{{name!r}: ...}}) or "
+        f"df.dropna(subset=[{name!r}]) (Spark, pandas, Dask), or a filter")
+
+
+def _ragged(name: str, row: int, length: int, expected: int) -> FeedSchemaError:
+    return feed_schema_error(
+        name, row, "ragged", f"rows of different lengths: {{where}} holds {length} values where "
+        f"the rows before it hold {expected}",
+        "a fixed-shape column needs one length in every row: filter or pad the rows to one "
+        "length (duotf.spark.pack_tensors then feeds it fastest), or declare the column "
+        f"ragged: cluster.train(..., ragged=[{name!r}])")
+
+
+def _first_true(mask) -> int:
+    return int(np.argmax(np.asarray(mask, dtype=bool)))
+
+
+def _none_mask(values: list) -> list:
+    return list(map(operator.is_, values, itertools.repeat(None)))
+
+
+def _stack(name: str, values: list, ragged: Collection[str] = ()):
+    """One column of Python values: a numpy array, a list of str/bytes, or a RaggedColumn."""
+    if any(map(operator.is_, values, itertools.repeat(None))):
+        raise _null(name, _first_true(_none_mask(values)))
     first = values[0] if values else None
     if isinstance(first, (str, bytes, bytearray)):
         return list(values)
-    return np.asarray(values) if not isinstance(first, np.ndarray) else np.stack(values)
+    if isinstance(first, (list, tuple, np.ndarray)):
+        lengths = np.fromiter(map(len, values), np.int64, len(values))
+        if name in ragged:
+            splits = np.zeros(len(values) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=splits[1:])
+            flat = (np.concatenate(values) if isinstance(first, np.ndarray)
+                    else np.asarray(list(itertools.chain.from_iterable(values))))
+            if flat.dtype == object:
+                raise _null(name, int(np.searchsorted(splits, _first_true(_none_mask(list(flat))),
+                                                      side="right") - 1), inside=True)
+            return RaggedColumn(flat, splits)
+        bad = np.flatnonzero(lengths != lengths[0])
+        if bad.size:
+            raise _ragged(name, int(bad[0]), int(lengths[bad[0]]), int(lengths[0]))
+    arr = np.asarray(values) if not isinstance(first, np.ndarray) else np.stack(values)
+    if arr.dtype == object and arr.ndim > 1:  # a None among the values of an array
+        rows = [any(map(operator.is_, row, itertools.repeat(None))) for row in values]
+        raise _null(name, _first_true(rows), inside=True)
+    return arr
 
 
-def from_rows(rows: list) -> Columns:
-    """Rows as tuples/lists (columns "0", "1", ...), dicts (their keys) or scalars (column "0")."""
+def from_rows(rows: list, ragged: Collection[str] = ()) -> Columns:
+    """Rows as tuples/lists (columns "0", "1", ...), dicts (their keys) or scalars (column "0").
+
+    A None is refused (:class:`~duotf.errors.FeedSchemaError`), and so are the rows of an array
+    column of different lengths, unless the column is in ``ragged``."""
     if not rows:
         return {}
     first = rows[0]
     if isinstance(first, dict):
-        return {k: _stack([r[k] for r in rows]) for k in first}
+        return {k: _stack(k, [r[k] for r in rows], ragged) for k in first}
     if hasattr(first, "asDict"):  # a pyspark Row
-        return {k: _stack([r[i] for r in rows]) for i, k in enumerate(first.__fields__)}
+        return {k: _stack(k, [r[i] for r in rows], ragged) for i, k in enumerate(first.__fields__)}
     if isinstance(first, (tuple, list)) and not isinstance(first, (str, bytes)):
-        return {str(i): _stack([r[i] for r in rows]) for i in range(len(first))}
-    return {"0": _stack(rows)}
+        return {str(i): _stack(str(i), [r[i] for r in rows], ragged) for i in range(len(first))}
+    return {"0": _stack("0", rows, ragged)}
 
 
-def from_pandas(df) -> Columns:
+def from_pandas(df, ragged: Collection[str] = ()) -> Columns:
+    """A pandas frame's columns. What pandas calls missing (``isna``: None, NaN, NA) is a null,
+    and refused, as are ragged array columns not in ``ragged``."""
+    import pandas as pd
+
     cols = {}
     for name in df.columns:
+        key = str(name)
         series = df[name]
-        if series.dtype == object or str(series.dtype) in ("string", "str"):
-            values = series.tolist()
-            first = values[0] if values else None
-            cols[str(name)] = (np.stack([np.asarray(v) for v in values])
-                               if isinstance(first, (list, tuple, np.ndarray)) else values)
+        dtype = series.dtype
+        if dtype == object or pd.api.types.is_string_dtype(dtype):
+            missing = series.isna().to_numpy()
+            if missing.any():
+                raise _null(key, _first_true(missing))
+            cols[key] = _stack(key, series.tolist(), ragged)
+        elif isinstance(dtype, pd.api.extensions.ExtensionDtype):  # Int64, Float64, boolean...
+            missing = series.isna().to_numpy()
+            if missing.any():
+                raise _null(key, _first_true(missing))
+            numpy_dtype = getattr(dtype, "numpy_dtype", None)
+            cols[key] = series.to_numpy(dtype=numpy_dtype) if numpy_dtype is not None else series.to_numpy()
         else:
-            cols[str(name)] = series.to_numpy()
+            values = series.to_numpy()
+            if values.dtype.kind in "fc":
+                missing = np.isnan(values)
+                if missing.any():
+                    raise _null(key, _first_true(missing))
+            cols[key] = values
     return cols
 
 
@@ -86,8 +255,7 @@ def decode_tensor(column, name: str, dtype: str, shape: tuple) -> np.ndarray:
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     if column.null_count:
-        raise ValueError(f"tensor column {name!r} has {column.null_count} nulls; a tensor column "
-                         "needs a value in every row")
+        raise _null(name, _first_true(column.is_null().to_numpy(zero_copy_only=False)))
     if not n:
         return np.empty((0, *shape), dtype=dt)
     offsets_type = np.int64 if pa.types.is_large_binary(column.type) else np.int32
@@ -95,16 +263,62 @@ def decode_tensor(column, name: str, dtype: str, shape: tuple) -> np.ndarray:
     sizes = np.diff(offsets)
     bad = np.flatnonzero(sizes != width)
     if bad.size:
-        raise ValueError(f"tensor column {name!r}: row {int(bad[0])} holds {int(sizes[bad[0]])} bytes "
-                         f"but {dtype}{list(shape)} needs {width}; pack the column with "
-                         "duotf.spark.pack_tensors")
+        row = int(bad[0])
+        raise feed_schema_error(
+            name, row, "ragged", f"{{where}} holds {int(sizes[row])} bytes where {dtype}{list(shape)} "
+            f"needs {width}", "pack the column with duotf.spark.pack_tensors")
     data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[0] + n * width]
     if data.ctypes.data % dt.alignment:
         data = data.copy()
     return data.view(dt).reshape(n, *shape)
 
 
-def from_arrow(batch, tensors: Dict[str, tuple] = None) -> Columns:
+@functools.lru_cache(maxsize=16)
+def _even_offsets(n: int, width: int, dtype: str) -> bytes:
+    """The offsets of ``n`` rows of ``width`` values each, as bytes (batches come in few sizes)."""
+    return (np.arange(n + 1, dtype=dtype) * width).tobytes()
+
+
+def _list_column(name: str, column, ragged: Collection[str]):
+    """An Arrow list column as an ``(n, width)`` array, or a RaggedColumn when declared ragged;
+    nulls (of rows or of values) and rows of different lengths are refused."""
+    import pyarrow as pa
+
+    n = len(column)
+    if column.null_count:
+        raise _null(name, _first_true(column.is_null().to_numpy(zero_copy_only=False)))
+    flat = column.flatten()
+    fixed = pa.types.is_fixed_size_list(column.type)
+    offsets = None
+    if not fixed and n:
+        # the offsets buffer as it lies (the slice's n + 1 of them), without a pyarrow array
+        kind = np.int64 if pa.types.is_large_list(column.type) else np.int32
+        offsets = np.frombuffer(column.buffers()[1], kind)[column.offset:column.offset + n + 1]
+    if flat.null_count:
+        first = _first_true(flat.is_null().to_numpy(zero_copy_only=False))
+        row = (first // max(column.type.list_size, 1) if fixed else
+               int(np.searchsorted(offsets - offsets[0], first, side="right") - 1))
+        raise _null(name, row, inside=True)
+    values = flat.to_numpy(zero_copy_only=False)
+    if fixed:
+        return values.reshape(n, column.type.list_size)
+    if not n:
+        return RaggedColumn(values, np.zeros(1, np.int64)) if name in ragged else values.reshape(0, 0)
+    if name in ragged:
+        return RaggedColumn(values, (offsets - offsets[0]).astype(np.int64))
+    width = int(offsets[1] - offsets[0])
+    # one length in every row: the offsets are 0, w, 2w, ... (one memcmp against a cached copy)
+    even = offsets if offsets[0] == 0 else offsets - offsets[0]
+    if even.tobytes() != _even_offsets(n, width, offsets.dtype.str):
+        sizes = np.diff(offsets)
+        row = int(np.flatnonzero(sizes != width)[0])
+        raise _ragged(name, row, int(sizes[row]), width)
+    return values.reshape(n, width)
+
+
+def from_arrow(batch, tensors: Dict[str, tuple] = None, ragged: Collection[str] = ()) -> Columns:
+    """An Arrow record batch's columns: list columns as 2-D arrays (RaggedColumn for those in
+    ``ragged``), tensor columns (``tensors``) as their shape. Nulls are refused."""
     import pyarrow as pa
 
     cols = {}
@@ -113,37 +327,38 @@ def from_arrow(batch, tensors: Dict[str, tuple] = None) -> Columns:
         if tensors and name in tensors:
             cols[name] = decode_tensor(column, name, *tensors[name])
         elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            n = len(column)
-            flat = column.flatten().to_numpy(zero_copy_only=False)
-            cols[name] = flat.reshape(n, -1) if n else flat.reshape(0, 0)
-        elif pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t):
+            cols[name] = _list_column(name, column, ragged)
+        elif column.null_count:
+            raise _null(name, _first_true(column.is_null().to_numpy(zero_copy_only=False)))
+        elif (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+              or pa.types.is_large_binary(t)):
             cols[name] = column.to_pylist()
         else:
             cols[name] = column.to_numpy(zero_copy_only=False)
     return cols
 
 
-def to_columns(part) -> Columns:
+def to_columns(part, ragged: Collection[str] = ()) -> Columns:
     """One partition (or chunk) of any supported kind as columns."""
     if isinstance(part, np.ndarray):
         return {"0": part}
     if hasattr(part, "columns") and hasattr(part, "dtypes"):  # pandas
-        return from_pandas(part)
+        return from_pandas(part, ragged)
     if hasattr(part, "schema") and hasattr(part, "num_rows"):  # pyarrow RecordBatch
-        return from_arrow(part)
-    return from_rows(list(part))
+        return from_arrow(part, ragged=ragged)
+    return from_rows(list(part), ragged)
 
 
-def chunked(rows: Iterable, chunk_rows: int) -> Iterator[Columns]:
+def chunked(rows: Iterable, chunk_rows: int, ragged: Collection[str] = ()) -> Iterator[Columns]:
     """Columns of ``chunk_rows`` rows at a time from a row iterator (bounded memory)."""
     buf = []
     for row in rows:
         buf.append(row)
         if len(buf) >= chunk_rows:
-            yield from_rows(buf)
+            yield from_rows(buf, ragged)
             buf = []
     if buf:
-        yield from_rows(buf)
+        yield from_rows(buf, ragged)
 
 
 def split(cols: Columns, chunk_rows: int) -> Iterator[Columns]:

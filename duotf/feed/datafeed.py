@@ -26,7 +26,7 @@ import numpy as np
 from .. import gate
 from . import wire
 from .wire import Frame, Marker
-from .columns import Columns, concat_cols, num_rows, slice_cols
+from .columns import Columns, RaggedColumn, concat_cols, num_rows, slice_cols
 
 logger = logging.getLogger(__name__)
 
@@ -475,6 +475,10 @@ class DataFeed:
         """Up to ``batch_size`` rows: a dict of column arrays with ``input_mapping``, else a list
         of rows (tuples, or single values for one column).
 
+        A column declared ragged (``cluster.train(..., ragged=[name])``) is a
+        :class:`~duotf.feed.columns.RaggedColumn` in the dict (``values`` and ``row_splits``),
+        and in a row the row's own values, a 1-D numpy array.
+
         A batch never spans two epochs: the last batch of an epoch may be short (by the same
         amount on every worker, since ``train`` balances rows). In inference a batch is also cut
         short when no more rows are queued, as the rows' results must go back first, and reading
@@ -531,7 +535,8 @@ class DataFeed:
         Batches follow the same rules as :meth:`next_batch` (never across epochs). Rows move
         from Python to TF in blocks of whole batches (about ``block_bytes``), each a view of one
         received frame where possible, and TF splits them: there is no per-row and little
-        per-batch Python work.
+        per-batch Python work. A column declared ragged is a ``tf.RaggedTensor`` of shape
+        ``(rows, None)``.
         """
         import tensorflow as tf
 
@@ -542,6 +547,9 @@ class DataFeed:
         def spec(v):
             if isinstance(v, list):
                 return tf.TensorSpec((None, None), tf.string)
+            if isinstance(v, RaggedColumn):
+                return tf.RaggedTensorSpec((None, None, None), tf.as_dtype(v.dtype), ragged_rank=2,
+                                           row_splits_dtype=tf.int64)
             return tf.TensorSpec((None, None, *v.shape[1:]), tf.as_dtype(v.dtype))
 
         def stacked(cols, start, stop, k):
@@ -549,13 +557,17 @@ class DataFeed:
             out = {}
             for name, v in cols.items():
                 part = v[start:stop]
+                if isinstance(part, RaggedColumn):
+                    out[name] = tf.RaggedTensor.from_uniform_row_length(
+                        part.to_tensor(), (stop - start) // k, validate=False)
+                    continue
                 if isinstance(part, list):
                     part = np.asarray(part, dtype=object)
                 out[name] = part.reshape(k, (stop - start) // k, *part.shape[1:])
             return out
 
         signature = {k: spec(v) for k, v in first.items()}
-        row_bytes = sum(v.nbytes // max(len(v), 1) if isinstance(v, np.ndarray) else 64
+        row_bytes = sum(v.nbytes // max(len(v), 1) if isinstance(v, (np.ndarray, RaggedColumn)) else 64
                         for v in first.values())
         per_block = batch_size * max(1, block_bytes // max(row_bytes * batch_size, 1))
 

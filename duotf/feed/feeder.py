@@ -11,17 +11,22 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import queue
 import socket
 import threading
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
-from ..errors import FeedError
+import numpy as np
+
+from ..errors import FeedError, FeedSchemaError, feed_schema_error
 from . import shm, wire
 from .wire import Frame
 from .columns import Columns, concat_cols, num_rows, slice_cols, split
 
 FRAME_BYTES = 4 << 20
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +37,41 @@ class FeedJob:
     mode: str  # "train" or "infer"
     timeout: float
     plan: Optional[Dict[int, List[Tuple[int, int, int]]]] = None  # train: partition -> ranges
+    ragged: Tuple[str, ...] = ()  # columns declared ragged: delivered as RaggedColumn
+
+
+def validated(chunks: Iterable[Columns], pid: int) -> Iterator[Columns]:
+    """``chunks`` of partition ``pid`` as they come, once each fits the rows before it: an array
+    column keeps its row shape from chunk to chunk. A chunk refused while it was made (a
+    :class:`FeedSchemaError` of the conversion) is placed in the partition: its row is counted
+    from the partition's start."""
+    shapes: Dict[str, tuple] = {}
+    pos = 0
+    it = iter(chunks)
+    while True:
+        try:
+            cols = next(it)
+        except StopIteration:
+            return
+        except FeedSchemaError as exc:
+            raise exc.located(pid, pos) from exc
+        if isinstance(cols, (wire.Packed, wire.FileFrame)):
+            pos += cols.rows
+            yield cols
+            continue
+        for name, values in cols.items():
+            if isinstance(values, np.ndarray) and values.ndim > 1:
+                shape = shapes.setdefault(name, values.shape[1:])
+                if values.shape[1:] != shape:
+                    size, expected = int(np.prod(values.shape[1:])), int(np.prod(shape))
+                    raise feed_schema_error(
+                        name, 0, "ragged", f"rows of different lengths: {{where}} holds {size} "
+                        f"values where the rows before it hold {expected}",
+                        "a fixed-shape column needs one length in every row: filter or pad the "
+                        "rows to one length, or declare the column ragged: "
+                        f"cluster.train(..., ragged=[{name!r}])").located(pid, pos)
+        pos += num_rows(cols)
+        yield cols
 
 
 def _frames(chunks: Iterable[Columns]) -> Iterator[Columns]:
@@ -134,14 +174,17 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
             conns[target] = _Target(job, target, seq)
         return conns[target]
 
+    ended = set()  # the ranges whose END went out
+
     def end(target: int, seq: int) -> None:
         conn_for(target, seq).send(Frame.END, mode="train", partition=pid)
+        ended.add((target, seq))
 
     sent = 0
     ok = False
     try:
         pos = 0
-        for cols in _frames(chunks):
+        for cols in _frames(validated(chunks, pid)):
             packed = cols if isinstance(cols, (wire.Packed, wire.FileFrame)) else None
             n = packed.rows if packed else num_rows(cols)
             for target, a, b, seq in ranges:
@@ -173,6 +216,18 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
             conn.reply(Frame.ACK, Frame.TERMINATED)  # terminated: the node wants no more data
         ok = True
         return sent
+    except FeedSchemaError:
+        # Rows this partition refused are not sent, nor any after them. Its places in its
+        # nodes' order are given up, so that the ranges after them are not held up waiting.
+        try:
+            for target, _, _, seq in ranges:
+                if (target, seq) not in ended:
+                    end(target, seq)
+            for conn in conns.values():
+                conn.reply(Frame.ACK, Frame.TERMINATED)
+        except (OSError, wire.FeedProtocolError) as exc:  # the node's own error tells why
+            logger.debug("partition %d: giving up its turns failed: %s", pid, exc)
+        raise
     except (OSError, wire.FeedProtocolError) as exc:
         raise _fail(job, pid, target, exc) from exc
     finally:
@@ -256,7 +311,7 @@ def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> Iterator[Tu
                             ConnectionError(kind))
 
     try:
-        for cols in _frames(chunks):
+        for cols in _frames(validated(chunks, pid)):
             wire.send_frame(sock, Frame.BATCH, cols)
             pending.append(cols)
             waiting += num_rows(cols)

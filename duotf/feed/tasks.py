@@ -10,21 +10,24 @@ batches (:mod:`duotf.backends.spark_feed`).
 from __future__ import annotations
 
 import itertools
-from typing import Iterable, List, Optional
+from typing import Collection, Iterable, List, Optional
 
-from .columns import Columns, chunked, to_columns
+from .columns import Columns, chunked, num_rows, to_columns
 from .feeder import FeedJob, feed_infer, feed_train
 
-__all__ = ["chunks_of", "train_partition", "infer_partition", "assemble"]
+__all__ = ["chunks_of", "count_rows", "train_partition", "infer_partition", "assemble"]
 
 CHUNK_ROWS = 4096
 
 
-def chunks_of(part) -> Iterable[Columns]:
+def chunks_of(part, ragged: Collection[str] = ()) -> Iterable[Columns]:
     """A partition of any kind as columnar chunks, without materializing row iterators.
 
     A callable (local backend) is called for a fresh iterator of rows or of column dicts, so
-    the partition can be produced again for every epoch without being held in memory.
+    the partition can be produced again for every epoch without being held in memory. Rows are
+    checked as they become columns (:mod:`.columns`: nulls, ragged columns not in ``ragged``);
+    a list partition is converted when its chunk is taken, so that the feeding task places a
+    refusal in its partition (:func:`~duotf.feed.feeder.validated`).
     """
     if callable(part):
         it = iter(part())
@@ -33,17 +36,29 @@ def chunks_of(part) -> Iterable[Columns]:
             return []
         if isinstance(first, dict):
             return itertools.chain([first], it)
-        return chunked(itertools.chain([first], it), CHUNK_ROWS)
+        return chunked(itertools.chain([first], it), CHUNK_ROWS, ragged)
     if isinstance(part, dict):  # already columns
         return [part] if part and len(next(iter(part.values()))) else []
     if isinstance(part, (list, tuple)) or hasattr(part, "columns") or hasattr(part, "shape"):
-        return [to_columns(part)] if len(part) else []
-    return chunked(part, CHUNK_ROWS)
+        return (to_columns(p, ragged) for p in [part] if len(p))
+    return chunked(part, CHUNK_ROWS, ragged)
+
+
+def count_rows(part) -> int:
+    """The rows of a partition of any kind :func:`chunks_of` takes, counted without converting
+    (or checking) them."""
+    if callable(part):
+        return sum(num_rows(item) if isinstance(item, dict) else 1 for item in part())
+    if isinstance(part, dict):
+        return num_rows(part)
+    if isinstance(part, (list, tuple)) or hasattr(part, "columns") or hasattr(part, "shape"):
+        return len(part)
+    return sum(1 for _ in part)
 
 
 def train_partition(job: FeedJob, pid: int, part) -> int:
     """Feed one partition by the job's plan; return the rows the nodes accepted."""
-    return feed_train(job, pid, chunks_of(part))
+    return feed_train(job, pid, chunks_of(part, job.ragged))
 
 
 def assemble(part, pairs, keep: Optional[List[str]]):
@@ -77,4 +92,4 @@ def assemble(part, pairs, keep: Optional[List[str]]):
 
 def infer_partition(job: FeedJob, pid: int, part, keep: Optional[List[str]]):
     """Feed one partition to its node; return its results as :func:`assemble` makes them."""
-    return assemble(part, list(feed_infer(job, pid, chunks_of(part))), keep)
+    return assemble(part, list(feed_infer(job, pid, chunks_of(part, job.ragged))), keep)

@@ -9,7 +9,9 @@ number of connections authenticating at once), then carries frames::
 The header's ``"t"`` is the frame's kind, a :class:`Frame` (a frame of any other kind is a
 protocol error that closes its connection). The header lists each column as
 ``[name, kind, dtype, shape_tail, nbytes]``. ``kind`` "nd" is a numeric numpy array sent as its
-raw buffer; "bytes"/"str" columns are an int64 offsets array followed by the bytes. Every
+raw buffer; "bytes"/"str" columns are an int64 offsets array followed by the bytes; a "ragged"
+column (:class:`~duotf.feed.columns.RaggedColumn`) is its int64 row splits followed by its
+numeric values (``nbytes`` of ``dtype``). Every
 buffer starts at a multiple of :data:`ALIGN` bytes from the frame's start (zero padding after
 each buffer, spaces after the header), so that a frame received into, or mapped at, an aligned
 address gives arrays that TensorFlow takes without copying. A frame is sent with one gathering
@@ -32,6 +34,7 @@ from typing import Dict, List, NamedTuple, Tuple
 import numpy as np
 
 from .. import gate
+from .columns import RaggedColumn
 
 MAGIC = b"DFEED1"
 DOMAIN = b"duotf-feed"  # what a client's proof covers with the nonce (see duotf.gate)
@@ -165,6 +168,11 @@ def connect(address: Tuple[str, int], secret: bytes, timeout: float) -> socket.s
 
 
 def _encode_column(name: str, values) -> Tuple[list, list]:
+    if isinstance(values, RaggedColumn):
+        flat = np.ascontiguousarray(values.values)
+        if flat.dtype.kind not in "biuf":
+            raise TypeError(f"ragged column {name!r}: dtype {flat.dtype} cannot be fed; use numbers")
+        return [name, "ragged", flat.dtype.str, [], flat.nbytes], [values.row_splits, flat]
     arr = values if isinstance(values, np.ndarray) else None
     if arr is None or arr.dtype == object:
         seq = list(values)
@@ -322,9 +330,14 @@ def _layout(header: dict) -> Tuple[list, int]:
         if kind == "nd":
             layout.append((name, kind, _nd_dtype(name, dtype, rows, tail, nbytes), tail, nbytes, pos))
             pos += nbytes + _padding(nbytes)
-        elif kind in ("bytes", "str"):
+        elif kind in ("bytes", "str", "ragged"):
             offsets = 8 * (rows + 1)
-            layout.append((name, kind, None, tail, nbytes, pos))
+            dt = None
+            if kind == "ragged":
+                dt = np.dtype(dtype)
+                if dt.kind not in "biuf" or tail or nbytes % dt.itemsize:
+                    raise FeedProtocolError(f"ragged column {name!r}: {nbytes} bytes of {dtype}")
+            layout.append((name, kind, dt, tail, nbytes, pos))
             pos += offsets + _padding(offsets) + nbytes + _padding(nbytes)
         else:
             raise FeedProtocolError(f"column {name!r}: unknown kind {kind!r}")
@@ -342,8 +355,12 @@ def _columns(header: dict, layout: list, body) -> Dict[str, object]:
             continue
         offsets = np.frombuffer(body, np.int64, count=rows + 1, offset=pos)
         pos += offsets.nbytes + _padding(offsets.nbytes)
-        if offsets[0] != 0 or offsets[-1] != nbytes or np.any(np.diff(offsets) < 0):
+        size = nbytes // dt.itemsize if kind == "ragged" else nbytes
+        if offsets[0] != 0 or offsets[-1] != size or np.any(np.diff(offsets) < 0):
             raise FeedProtocolError(f"column {name!r}: offsets do not match its {nbytes} bytes")
+        if kind == "ragged":
+            columns[name] = RaggedColumn(np.frombuffer(body, dt, count=size, offset=pos), offsets)
+            continue
         blob = bytes(memoryview(body)[pos:pos + nbytes])
         items = [blob[offsets[i]:offsets[i + 1]] for i in range(rows)]
         columns[name] = [x.decode() for x in items] if kind == "str" else items

@@ -283,3 +283,31 @@ def feed_infer_short_main(args, ctx):
         while not feed.should_stop():
             feed.batch_results([0.0] * len(feed.next_batch(args["batch"])))
     return len(batch)
+
+
+def feed_ragged_main(args, ctx):
+    """Read a column declared ragged, by next_batch (a RaggedColumn) or dataset() (a
+    tf.RaggedTensor); report every row's values by its id, and the type the column came as."""
+    feed = ctx.get_data_feed(train=True, input_mapping={args["id"]: "id", args["v"]: "v"})
+    rows, kinds = {}, set()
+    if args["reader"] == "dataset":
+        for batch in feed.dataset(args["batch"]):
+            kinds.add(type(batch["v"]).__name__)
+            rows.update(zip(batch["id"].numpy().tolist(), batch["v"].to_list()))
+    else:
+        while not feed.should_stop():
+            batch = feed.next_batch(args["batch"])
+            if batch:
+                kinds.add(type(batch["v"]).__name__)
+                rows.update(zip(batch["id"].tolist(), batch["v"].to_list()))
+    return {"rows": rows, "kinds": sorted(kinds)}
+
+
+def ragged_infer_main(args, ctx):
+    """Inference over rows (id, values) whose values are declared ragged: 1000 * len + sum."""
+    feed = ctx.get_data_feed(train=False)
+    while not feed.should_stop():
+        batch = feed.next_batch(args["batch"])
+        if batch:
+            feed.batch_results([1000.0 * len(v) + float(np.sum(v)) for _, v in batch])
+    return ctx.task_index
