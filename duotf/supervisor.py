@@ -81,6 +81,9 @@ class NodeInfo:
     host: Optional[str] = None
     port: Optional[int] = None
     pid: Optional[int] = None
+    #: the process running the node's engine task (its agent): a Spark Python worker, a Dask
+    #: worker, the driver itself on the local backend
+    agent_pid: Optional[int] = None
     executor_id: str = ""
     feed_port: Optional[int] = None
     feed_terminated: bool = False
@@ -147,6 +150,7 @@ class Supervisor:
         self._error_delivered = False
         self._cond = threading.Condition()
         self._gang = None
+        self._disconnected: set = set()  # node ids whose agent's connection has ended
         self._threads: List[threading.Thread] = []
         self.server = rendezvous.RendezvousServer(self.secret, self._on_message, self._on_close,
                                                   host=driver_host)
@@ -295,6 +299,7 @@ class Supervisor:
             node.host = message["host"]
             node.port = message["port"]
             node.pid = message["pid"]
+            node.agent_pid = message.get("agent_pid")
             node.executor_id = message.get("executor_id", "")
             node.state = NodeState.REGISTERED
             node.last_seen = time.monotonic()
@@ -320,6 +325,7 @@ class Supervisor:
             return
         node = self.nodes[node_id]
         with self._cond:
+            self._disconnected.add(node_id)
             lost = node.state not in TERMINAL and self.status in _LIVE
             if lost:
                 node.state = NodeState.FAILED
@@ -421,13 +427,23 @@ class Supervisor:
                     continue
             if stale:
                 node = stale[0]
+                with self._cond:
+                    node.state = NodeState.FAILED
+                    self._cond.notify_all()
                 self.fail(NodeUnresponsiveError(
                     f"{node.describe()} sent no heartbeat for more than heartbeat_timeout="
                     f"{self.heartbeat_timeout:g} s (its executor may be lost or stalled). "
                     "Every other node was stopped.",
                     node_id=node.node_id, role=str(node.role), host=node.host, pid=node.pid,
                 ))
+                # Given up: an agent that wakes up finds its connection closed and ends (its
+                # node process ended itself already, when its agent fell silent).
+                if node.peer is not None:
+                    node.peer.close()
             elif gang_exc is not None:
+                # A node that died is usually why the engine job failed: its own error (over the
+                # rendezvous it takes milliseconds) says more than the engine's.
+                self.wait_for(lambda: False, time.monotonic() + 1.0)
                 err = BackendError(f"the {self.backend_name} job running the nodes failed: "
                                    f"{type(gang_exc).__name__}: {gang_exc}")
                 err.__cause__ = gang_exc
@@ -456,7 +472,11 @@ class Supervisor:
 
     # -- failure and stopping ---------------------------------------------------------------------
     def fail(self, error: DuotfError) -> None:
-        """Record the cluster's first failure and stop every node (in the background)."""
+        """Record the cluster's first failure and stop every node (in the background). The
+        rendezvous port is closed before the failure is recorded: nobody may join a failed
+        cluster, and its port is released by the time its error is raised."""
+        if self.status is not ClusterStatus.CLOSED:
+            self.server.stop_accepting()
         with self._cond:
             if self.error is not None or self.status in (ClusterStatus.CLOSED, ClusterStatus.STOPPING):
                 return
@@ -488,20 +508,35 @@ class Supervisor:
             self._cond.notify_all()
         return cut_off
 
+    def _agents_gone(self) -> bool:
+        """Every node has ended and every agent's connection is closed (an agent closes it on
+        its way out; a lost one's closed when it died or was given up): nothing more is to
+        come from the engine's tasks but their return."""
+        return all(x.state in TERMINAL and x.node_id in self._disconnected for x in self.nodes)
+
     def stop_nodes(self) -> None:
         """The one stop sequence (failure and shutdown): ask every node to stop, give the
         engine job ``stop_timeout`` (+5 s) to end, cancel it, and close the rendezvous server.
-        Idempotent; returns when done."""
+        Idempotent; returns when done.
+
+        After a failure the wait ends early once every agent is gone (:meth:`_agents_gone`):
+        the tasks get a moment to return, and a task that cannot (its worker died, its
+        executor is stopped) is cancelled instead of waited for."""
         for node in self.nodes:
             if node.state not in TERMINAL:
                 self.send(node, Msg.STOP, timeout=self.stop_timeout)
         gang = self._gang
         if gang is not None:
-            self.wait_for(gang.done, time.monotonic() + self.stop_timeout + 5, failure_ends=False)
+            self.wait_for(lambda: gang.done() or (self.error is not None and self._agents_gone()),
+                          time.monotonic() + self.stop_timeout + 5, failure_ends=False)
+            if not gang.done() and self.error is not None and self._agents_gone():
+                # A failed cluster: tasks whose agents returned end within milliseconds, and
+                # nothing is to be kept from them; a lost node's task may never end.
+                gang.join(0.2)
             if not gang.done():
                 logger.warning("duotf: engine tasks still running after stop; cancelling them")
             gang.cancel()
-            gang.join(10)
+            gang.join(5)
         # A failed cluster releases its port and threads by itself, shut down or not.
         self.server.close()
 
