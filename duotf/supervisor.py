@@ -529,14 +529,17 @@ class Supervisor:
         if gang is not None:
             self.wait_for(lambda: gang.done() or (self.error is not None and self._agents_gone()),
                           time.monotonic() + self.stop_timeout + 5, failure_ends=False)
-            if not gang.done() and self.error is not None and self._agents_gone():
+            given_up = not gang.done() and self.error is not None and self._agents_gone()
+            if given_up:
                 # A failed cluster: tasks whose agents returned end within milliseconds, and
                 # nothing is to be kept from them; a lost node's task may never end.
                 gang.join(0.2)
             if not gang.done():
                 logger.warning("duotf: engine tasks still running after stop; cancelling them")
             gang.cancel()
-            gang.join(5)
+            # An engine that cannot cancel a running task (a stopped process's) is not waited
+            # for long: every agent is gone, and a stalled one ends by itself when it resumes.
+            gang.join(1 if given_up else 5)
         # A failed cluster releases its port and threads by itself, shut down or not.
         self.server.close()
 
