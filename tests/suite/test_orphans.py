@@ -104,7 +104,8 @@ def test_a_stalled_engine_task_leaves_no_node_behind(backend, engine, tmp_path):
             except psutil.NoSuchProcess:
                 pass
         cluster.shutdown(grace_secs=0, _raise=False)
-    _figures(f"stalled task ({backend.name})", detected=detected, node_gone=gone,
+    kind = engine.__class__.__name__.replace("Engine", "")
+    _figures(f"stalled task ({kind})", detected=detected, node_gone=gone,
              shutdown=shutdown)
     assert detected < 3 + 5 and gone < 3 + 5 and shutdown < 5
 
@@ -116,7 +117,7 @@ def test_a_stalled_engine_task_leaves_no_node_behind(backend, engine, tmp_path):
         assert again.wait(timeout=120) == [0, 1]
 
 
-def test_a_failure_closes_the_rendezvous_port_before_it_is_raised(backend, tmp_path):
+def test_a_failure_closes_the_rendezvous_port_before_it_is_raised(backend, engine, tmp_path):
     cluster = duotf.run(mains.block_main, {"release": str(tmp_path / "never")}, backend,
                         duotf.ClusterSpec(workers=2))
     port = cluster.supervisor.server.address[1]
@@ -130,7 +131,7 @@ def test_a_failure_closes_the_rendezvous_port_before_it_is_raised(backend, tmp_p
         shutdown = time.monotonic() - t0
     finally:
         cluster.shutdown(grace_secs=0, _raise=False)
-    _figures(f"node killed ({backend.name})", shutdown=shutdown)
+    _figures(f"node killed ({engine.__class__.__name__.replace('Engine', '')})", shutdown=shutdown)
     assert shutdown < 5
 
 
