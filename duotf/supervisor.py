@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import os
+import signal
 import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple
@@ -32,7 +34,7 @@ from .spec import ClusterSpec, Role
 logger = logging.getLogger("duotf.cluster")
 
 __all__ = ["ClusterStatus", "NodeState", "NodeInfo", "FeedTarget", "JobStopped", "Supervisor",
-           "TERMINAL", "ENDED"]
+           "TERMINAL", "ENDED", "kill_node_process"]
 
 
 class ClusterStatus(str, enum.Enum):
@@ -115,6 +117,34 @@ class FeedTarget:
     address: Tuple[str, int]
 
 
+def kill_node_process(pid: int, job_id: str, node_id: int) -> bool:
+    """SIGKILL the process group of node ``node_id`` of job ``job_id`` if ``pid``, on this
+    host, is that node's process: its environment carries the tags its agent gave it
+    (``DUOTF_JOB_ID``, ``DUOTF_NODE_ID``), so a pid reused by another process is left alone.
+    The pid is pinned by a pidfd while it is checked. True when the signal was sent."""
+    pidfd = None
+    try:
+        if hasattr(os, "pidfd_open"):
+            pidfd = os.pidfd_open(pid)  # from here the number cannot name another process
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        if (env.get(b"DUOTF_JOB_ID") != job_id.encode()
+                or env.get(b"DUOTF_NODE_ID") != str(node_id).encode()):
+            return False
+        if os.getpgid(pid) == pid:  # its own session, as the agent starts it
+            os.killpg(pid, signal.SIGKILL)
+        elif pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+        return True
+    except OSError:  # gone already, another user's, or no /proc here
+        return False
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
 class JobStopped(Exception):
     """:meth:`Supervisor.run_job` cancelled the job because ``stop_if()`` became true."""
 
@@ -133,11 +163,17 @@ class Supervisor:
         before it is killed.
     driver_host:
         The address the rendezvous server announces to the nodes.
+    job_id:
+        The job's id (its nodes carry it in ``DUOTF_JOB_ID``): with it, an unresponsive node on
+        the driver's own host is killed by the driver too.
     """
 
     def __init__(self, spec: ClusterSpec, backend_name: str, *, reservation_timeout: float,
-                 heartbeat_timeout: float, stop_timeout: float, driver_host: str):
+                 heartbeat_timeout: float, stop_timeout: float, driver_host: str,
+                 job_id: Optional[str] = None):
         self.spec = spec
+        self.job_id = job_id
+        self._driver_host = driver_host
         self.reservation_timeout = reservation_timeout
         self.backend_name = backend_name
         self.heartbeat_timeout = heartbeat_timeout
@@ -436,10 +472,15 @@ class Supervisor:
                     "Every other node was stopped.",
                     node_id=node.node_id, role=str(node.role), host=node.host, pid=node.pid,
                 ))
-                # Given up: an agent that wakes up finds its connection closed and ends (its
-                # node process ended itself already, when its agent fell silent).
+                # Given up: an agent that wakes up finds its connection closed and ends. Its
+                # node process ends itself when its agent falls silent; on this host the
+                # driver need not count on that (a node stuck in C code holding its
+                # interpreter runs no watchdog).
                 if node.peer is not None:
                     node.peer.close()
+                if self.job_id and node.pid and node.host in ("127.0.0.1", self._driver_host):
+                    if kill_node_process(node.pid, self.job_id, node.node_id):
+                        logger.info("duotf: killed %s", node.describe())
             elif gang_exc is not None:
                 # A node that died is usually why the engine job failed: its own error (over the
                 # rendezvous it takes milliseconds) says more than the engine's.
