@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 import duotf
+import duotf.supervisor
 from tests.conftest import poll_for
 from tests.suite import mains
 
@@ -61,10 +62,18 @@ def _figures(name: str, **values: float) -> None:
 
 
 @pytest.mark.engines("procpool", "dask", "spark-local", "spark-standalone")
-def test_a_stalled_engine_task_leaves_no_node_behind(backend, engine, tmp_path):
+@pytest.mark.parametrize("ender", ["node", "driver"])
+def test_a_stalled_engine_task_leaves_no_node_behind(backend, engine, tmp_path, monkeypatch, ender):
     """SIGSTOP of the process running node 1's engine task (a pool worker, the Dask worker, the
-    Spark Python worker): the driver gives the node up, and the node process ends itself
-    within heartbeat_timeout; resumed, the task ends and starts nothing."""
+    Spark Python worker): the driver gives the node up, and the node process is gone within
+    heartbeat_timeout; resumed, the task ends and starts nothing.
+
+    ``ender="node"``: the node process ends itself (its agent's pings stopped), the driver's
+    kill of a node on its own host switched off, as for a node on another host.
+    ``ender="driver"``: the driver kills it too (every engine here runs on the driver's host).
+    """
+    if ender == "node":
+        monkeypatch.setattr(duotf.supervisor, "kill_node_process", lambda *args: False)
     cluster = duotf.run(mains.block_main, {"release": str(tmp_path / "never")}, backend,
                         duotf.ClusterSpec(workers=2), **HEARTBEAT)
     victim = cluster.nodes[1]
@@ -105,7 +114,7 @@ def test_a_stalled_engine_task_leaves_no_node_behind(backend, engine, tmp_path):
                 pass
         cluster.shutdown(grace_secs=0, _raise=False)
     kind = engine.__class__.__name__.replace("Engine", "")
-    _figures(f"stalled task ({kind})", detected=detected, node_gone=gone,
+    _figures(f"stalled task ({kind}, node ended by the {ender})", detected=detected, node_gone=gone,
              shutdown=shutdown)
     assert detected < 3 + 5 and gone < 3 + 5 and shutdown < 5
 
