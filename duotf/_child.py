@@ -11,8 +11,10 @@ the agent and its own child, never over a network socket. The process:
 5. after a return, keeps its TF server up until "release" (every node's main returned), then
    exits.
 
-It exits at once when the agent goes away (pipe closed), so no node outlives its task. The
-messages on the pipe are the :class:`duotf.node.ChildMsg` kinds.
+It exits at once when the agent goes away (pipe closed), and kills its own process group when
+the agent falls silent (no ping for ``heartbeat_timeout``: its engine task was stopped or
+stalled), so no node outlives its supervision. The messages on the pipe are the
+:class:`duotf.node.ChildMsg` kinds.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -48,16 +51,44 @@ def _heartbeat(link: _Link, interval: float) -> None:
         threading.Event().wait(interval)
 
 
-def _reader(link: _Link, inbox: list, arrived: threading.Condition) -> None:
+def _reader(link: _Link, inbox: list, arrived: threading.Condition, heard: list) -> None:
     while True:
         try:
             message = link.rx.recv()
         except (EOFError, OSError):
             # The agent is gone: nobody supervises this node any more.
             os._exit(1)
+        heard[0] = time.monotonic()
+        if message[0] is ChildMsg.PING:
+            continue
         with arrived:
             inbox.append(message)
             arrived.notify_all()
+
+
+def _watchdog(heard: list, timeout: float, tick: float) -> None:
+    """End this node (its whole process group) once the agent has said nothing for
+    ``timeout`` seconds: the engine task that supervises it is stopped or stalled, and the
+    driver has given the node up (it did after the same silence)."""
+    last_tick = time.monotonic()
+    while True:
+        threading.Event().wait(tick)
+        now = time.monotonic()
+        if now - last_tick > tick + timeout / 2:
+            # This process itself did not run for a while (stopped, or a C call held the
+            # interpreter): pings may wait unread in the pipe. Count the silence afresh.
+            heard[0] = now
+        last_tick = now
+        silent = now - heard[0]
+        if silent > timeout:
+            try:
+                os.write(2, f"duotf: node process {os.getpid()}: no word from its agent for "
+                            f"{silent:.1f} s (heartbeat_timeout={timeout:g}); exiting\n".encode())
+            except OSError:
+                pass
+            if os.getpgrp() == os.getpid():  # the agent started this node in a session of its own
+                os.killpg(os.getpid(), signal.SIGKILL)  # the node's own subprocesses too
+            os._exit(1)
 
 
 def _wait_for(inbox: list, arrived: threading.Condition, kind: ChildMsg):
@@ -144,7 +175,12 @@ def main(argv) -> int:
     from .feed.datafeed import FeedServer
 
     feed = FeedServer(job["secret"], on_terminate=lambda: link.send(ChildMsg.FEED_TERMINATED))
-    threading.Thread(target=_reader, args=(link, inbox, arrived), daemon=True).start()
+    heard = [time.monotonic()]
+    threading.Thread(target=_reader, args=(link, inbox, arrived, heard), daemon=True).start()
+    timeout = job.get("heartbeat_timeout")
+    if timeout:
+        tick = min(job["heartbeat_interval"], timeout / 4)
+        threading.Thread(target=_watchdog, args=(heard, timeout, tick), daemon=True).start()
     # A stop request turns into SystemExit in main, so `finally` blocks and context managers run.
     signal.signal(signal.SIGTERM, _on_sigterm)
 

@@ -89,7 +89,7 @@ class Cluster:
         self.supervisor = Supervisor(
             spec, backend.name, reservation_timeout=reservation_timeout,
             heartbeat_timeout=heartbeat_timeout, stop_timeout=stop_timeout,
-            driver_host=driver_host or backend.driver_host(),
+            driver_host=driver_host or backend.driver_host(), job_id=self.job_id,
         )
 
     @property

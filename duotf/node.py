@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import logging
 import os
 import queue
@@ -42,6 +41,8 @@ class ChildMsg(str, enum.Enum):
     INIT = "init"  # the job: payload, protocol, secret, heartbeat_interval, ...
     START = "start"  # the driver's start message: this node's role and the cluster's TF_CONFIG
     RELEASE = "release"  # every main returned: a node whose main returned may exit
+    PING = "ping"  # every heartbeat_interval: the agent lives; silence for heartbeat_timeout
+    #                ends the node process (its agent is lost or stalled)
     # node process -> agent
     HEARTBEAT = "hb"
     READY = "ready"  # {"feed_port": ...}: TensorFlow serves the protocol, the job loaded
@@ -121,15 +122,18 @@ class _Agent:
         self.result: Optional[bytes] = None
         self.reported_failure = False
         self.stop_requested = False
+        self.stopper: Optional[threading.Thread] = None
+        self.child_reader: Optional[threading.Thread] = None
         self.serving = False
         self.threads: list = []
 
     # -- plumbing -------------------------------------------------------------------------
-    def _thread(self, target, name):
+    def _thread(self, target, name) -> threading.Thread:
         """Start ``target`` on a thread of this agent's, joined before :meth:`run` returns."""
         thread = threading.Thread(target=target, name=f"duotf-agent-{name}", daemon=True)
         thread.start()
         self.threads.append(thread)
+        return thread
 
     def _read_child(self, rx: Connection) -> None:
         while True:
@@ -196,6 +200,7 @@ class _Agent:
                 "payload": job.payload,
                 "protocol": job.protocol,
                 "heartbeat_interval": job.heartbeat_interval,
+                "heartbeat_timeout": job.heartbeat_timeout,
                 "node_id": self.node_id,
                 "job_id": job.job_id,
                 "working_dir": workdir,
@@ -204,7 +209,8 @@ class _Agent:
                 "secret": job.secret,
             },
         )
-        self._thread(lambda: self._read_child(Connection(a_rx, readable=True, writable=False)), "child")
+        self.child_reader = self._thread(
+            lambda: self._read_child(Connection(a_rx, readable=True, writable=False)), "child")
 
     def _kill_child(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -226,6 +232,21 @@ class _Agent:
             self.proc.wait()
         else:
             self._kill_child(signal.SIGKILL)  # anything left in its process group
+
+    def _begin_stop(self, timeout: float) -> None:
+        """Stop the child on a thread of its own (once: a second SIGTERM would cut its
+        clean-up short), so that this loop keeps pinging it while it winds down."""
+        self.stop_requested = True
+        if self.stopper is None:
+            def stop():
+                self._stop_child(timeout)
+                # The child is gone. Its pipe's EOF normally says so first (after what the child
+                # wrote last); should a process it left hold the pipe open, this says it instead.
+                if self.child_reader is not None:
+                    self.child_reader.join(2)
+                self.events.put(("child-eof",))
+
+            self.stopper = self._thread(stop, "stop")
 
     def run(self) -> NodeOutcome:
         job = self.job
@@ -274,6 +295,12 @@ class _Agent:
             now = time.monotonic()
             if now >= next_beat:
                 self._send(Msg.HEARTBEAT)
+                # Sent by this loop, not by a thread of its own: a ping says that the agent
+                # still supervises its node. The node process ends itself when pings stop (the
+                # engine task stalled: a stopped or swapped-out executor), so no node outlives
+                # its supervision by more than heartbeat_timeout.
+                if child_open:
+                    self._to_child(ChildMsg.PING)
                 next_beat = now + interval
             if child_open and now - child_seen > job.heartbeat_timeout and not self.stop_requested:
                 self._fail(
@@ -305,6 +332,8 @@ class _Agent:
                     else:
                         self._fail(**event[2])
             elif kind == "child-eof":
+                if not child_open:
+                    continue
                 child_open = False
                 code = self.proc.wait()
                 if self.result is not None:  # main returned; how the process ended after is moot
@@ -323,18 +352,16 @@ class _Agent:
                 elif type_ == Msg.RELEASE:
                     self._to_child(ChildMsg.RELEASE)
                 elif type_ == Msg.STOP:
-                    self.stop_requested = True
-                    timeout = message.get("timeout", job.stop_timeout)
-                    self._thread(functools.partial(self._stop_child, timeout), "stop")
+                    self._begin_stop(message.get("timeout", job.stop_timeout))
                 elif type_ == Msg.REJECT:
                     logger.warning("node %d rejected by the driver: %s", self.node_id, message.get("reason"))
                     return NodeOutcome(self.node_id, "rejected")
             elif kind == "driver-eof":
-                # The driver is gone or closed the job: nothing may run unsupervised.
-                self.stop_requested = True
-                logger.info("node %d: driver connection closed; stopping the node", self.node_id)
-                self._stop_child(job.stop_timeout)
-                return NodeOutcome(self.node_id, "stopped")
+                # The driver is gone or closed the job: nothing may run unsupervised. The node
+                # ends through "child-eof" (reported as stopped; the driver hears no more).
+                if not self.stop_requested:
+                    logger.info("node %d: driver connection closed; stopping the node", self.node_id)
+                self._begin_stop(job.stop_timeout)
 
 
 def _describe_exit(code: int) -> str:

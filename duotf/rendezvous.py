@@ -266,6 +266,11 @@ class RendezvousServer:
             if not self._closing:
                 self._on_close(peer, exc)
 
+    def stop_accepting(self) -> None:
+        """Close the listening port (every later connection is refused); the connections
+        already made stay open. Idempotent."""
+        self.gate.close()
+
     def close(self) -> None:
         """Stop accepting, close every connection and join the server's threads."""
         if self._closing:

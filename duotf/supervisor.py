@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import os
+import signal
 import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple
@@ -32,7 +34,7 @@ from .spec import ClusterSpec, Role
 logger = logging.getLogger("duotf.cluster")
 
 __all__ = ["ClusterStatus", "NodeState", "NodeInfo", "FeedTarget", "JobStopped", "Supervisor",
-           "TERMINAL", "ENDED"]
+           "TERMINAL", "ENDED", "kill_node_process"]
 
 
 class ClusterStatus(str, enum.Enum):
@@ -81,6 +83,9 @@ class NodeInfo:
     host: Optional[str] = None
     port: Optional[int] = None
     pid: Optional[int] = None
+    #: the process running the node's engine task (its agent): a Spark Python worker, a Dask
+    #: worker, the driver itself on the local backend
+    agent_pid: Optional[int] = None
     executor_id: str = ""
     feed_port: Optional[int] = None
     feed_terminated: bool = False
@@ -112,6 +117,34 @@ class FeedTarget:
     address: Tuple[str, int]
 
 
+def kill_node_process(pid: int, job_id: str, node_id: int) -> bool:
+    """SIGKILL the process group of node ``node_id`` of job ``job_id`` if ``pid``, on this
+    host, is that node's process: its environment carries the tags its agent gave it
+    (``DUOTF_JOB_ID``, ``DUOTF_NODE_ID``), so a pid reused by another process is left alone.
+    The pid is pinned by a pidfd while it is checked. True when the signal was sent."""
+    pidfd = None
+    try:
+        if hasattr(os, "pidfd_open"):
+            pidfd = os.pidfd_open(pid)  # from here the number cannot name another process
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        if (env.get(b"DUOTF_JOB_ID") != job_id.encode()
+                or env.get(b"DUOTF_NODE_ID") != str(node_id).encode()):
+            return False
+        if os.getpgid(pid) == pid:  # its own session, as the agent starts it
+            os.killpg(pid, signal.SIGKILL)
+        elif pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+        return True
+    except OSError:  # gone already, another user's, or no /proc here
+        return False
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
 class JobStopped(Exception):
     """:meth:`Supervisor.run_job` cancelled the job because ``stop_if()`` became true."""
 
@@ -130,11 +163,17 @@ class Supervisor:
         before it is killed.
     driver_host:
         The address the rendezvous server announces to the nodes.
+    job_id:
+        The job's id (its nodes carry it in ``DUOTF_JOB_ID``): with it, an unresponsive node on
+        the driver's own host is killed by the driver too.
     """
 
     def __init__(self, spec: ClusterSpec, backend_name: str, *, reservation_timeout: float,
-                 heartbeat_timeout: float, stop_timeout: float, driver_host: str):
+                 heartbeat_timeout: float, stop_timeout: float, driver_host: str,
+                 job_id: Optional[str] = None):
         self.spec = spec
+        self.job_id = job_id
+        self._driver_host = driver_host
         self.reservation_timeout = reservation_timeout
         self.backend_name = backend_name
         self.heartbeat_timeout = heartbeat_timeout
@@ -147,6 +186,7 @@ class Supervisor:
         self._error_delivered = False
         self._cond = threading.Condition()
         self._gang = None
+        self._disconnected: set = set()  # node ids whose agent's connection has ended
         self._threads: List[threading.Thread] = []
         self.server = rendezvous.RendezvousServer(self.secret, self._on_message, self._on_close,
                                                   host=driver_host)
@@ -295,6 +335,7 @@ class Supervisor:
             node.host = message["host"]
             node.port = message["port"]
             node.pid = message["pid"]
+            node.agent_pid = message.get("agent_pid")
             node.executor_id = message.get("executor_id", "")
             node.state = NodeState.REGISTERED
             node.last_seen = time.monotonic()
@@ -320,6 +361,7 @@ class Supervisor:
             return
         node = self.nodes[node_id]
         with self._cond:
+            self._disconnected.add(node_id)
             lost = node.state not in TERMINAL and self.status in _LIVE
             if lost:
                 node.state = NodeState.FAILED
@@ -421,13 +463,28 @@ class Supervisor:
                     continue
             if stale:
                 node = stale[0]
+                with self._cond:
+                    node.state = NodeState.FAILED
+                    self._cond.notify_all()
                 self.fail(NodeUnresponsiveError(
                     f"{node.describe()} sent no heartbeat for more than heartbeat_timeout="
                     f"{self.heartbeat_timeout:g} s (its executor may be lost or stalled). "
                     "Every other node was stopped.",
                     node_id=node.node_id, role=str(node.role), host=node.host, pid=node.pid,
                 ))
+                # Given up: an agent that wakes up finds its connection closed and ends. Its
+                # node process ends itself when its agent falls silent; on this host the
+                # driver need not count on that (a node stuck in C code holding its
+                # interpreter runs no watchdog).
+                if node.peer is not None:
+                    node.peer.close()
+                if self.job_id and node.pid and node.host in ("127.0.0.1", self._driver_host):
+                    if kill_node_process(node.pid, self.job_id, node.node_id):
+                        logger.info("duotf: killed %s", node.describe())
             elif gang_exc is not None:
+                # A node that died is usually why the engine job failed: its own error (over the
+                # rendezvous it takes milliseconds) says more than the engine's.
+                self.wait_for(lambda: False, time.monotonic() + 1.0)
                 err = BackendError(f"the {self.backend_name} job running the nodes failed: "
                                    f"{type(gang_exc).__name__}: {gang_exc}")
                 err.__cause__ = gang_exc
@@ -456,7 +513,11 @@ class Supervisor:
 
     # -- failure and stopping ---------------------------------------------------------------------
     def fail(self, error: DuotfError) -> None:
-        """Record the cluster's first failure and stop every node (in the background)."""
+        """Record the cluster's first failure and stop every node (in the background). The
+        rendezvous port is closed before the failure is recorded: nobody may join a failed
+        cluster, and its port is released by the time its error is raised."""
+        if self.status is not ClusterStatus.CLOSED:
+            self.server.stop_accepting()
         with self._cond:
             if self.error is not None or self.status in (ClusterStatus.CLOSED, ClusterStatus.STOPPING):
                 return
@@ -488,20 +549,38 @@ class Supervisor:
             self._cond.notify_all()
         return cut_off
 
+    def _agents_gone(self) -> bool:
+        """Every node has ended and every agent's connection is closed (an agent closes it on
+        its way out; a lost one's closed when it died or was given up): nothing more is to
+        come from the engine's tasks but their return."""
+        return all(x.state in TERMINAL and x.node_id in self._disconnected for x in self.nodes)
+
     def stop_nodes(self) -> None:
         """The one stop sequence (failure and shutdown): ask every node to stop, give the
         engine job ``stop_timeout`` (+5 s) to end, cancel it, and close the rendezvous server.
-        Idempotent; returns when done."""
+        Idempotent; returns when done.
+
+        After a failure the wait ends early once every agent is gone (:meth:`_agents_gone`):
+        the tasks get a moment to return, and a task that cannot (its worker died, its
+        executor is stopped) is cancelled instead of waited for."""
         for node in self.nodes:
             if node.state not in TERMINAL:
                 self.send(node, Msg.STOP, timeout=self.stop_timeout)
         gang = self._gang
         if gang is not None:
-            self.wait_for(gang.done, time.monotonic() + self.stop_timeout + 5, failure_ends=False)
+            self.wait_for(lambda: gang.done() or (self.error is not None and self._agents_gone()),
+                          time.monotonic() + self.stop_timeout + 5, failure_ends=False)
+            given_up = not gang.done() and self.error is not None and self._agents_gone()
+            if given_up:
+                # A failed cluster: tasks whose agents returned end within milliseconds, and
+                # nothing is to be kept from them; a lost node's task may never end.
+                gang.join(0.2)
             if not gang.done():
                 logger.warning("duotf: engine tasks still running after stop; cancelling them")
             gang.cancel()
-            gang.join(10)
+            # An engine that cannot cancel a running task (a stopped process's) is not waited
+            # for long: every agent is gone, and a stalled one ends by itself when it resumes.
+            gang.join(1 if given_up else 5)
         # A failed cluster releases its port and threads by itself, shut down or not.
         self.server.close()
 

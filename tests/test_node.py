@@ -67,3 +67,29 @@ def test_a_node_whose_main_returned_waits_for_release_however_long(tmp_path):
         agent.child_tx.close()
         for thread in agent.threads:
             thread.join(5)
+
+
+def test_a_node_process_ends_itself_when_its_agent_falls_silent(tmp_path):
+    """Pinged, a node lives past heartbeat_timeout; once the pings stop (its agent stalled),
+    it kills its own process group within heartbeat_timeout, though its pipe is still open."""
+    import dataclasses
+    import time
+
+    job = dataclasses.replace(node_job(tmp_path), heartbeat_timeout=1.0)
+    agent = node._Agent(job, 0, "", 0)
+    agent._spawn()
+    try:
+        _next_from_child(agent, ChildMsg.READY)
+        until = time.monotonic() + 3 * job.heartbeat_timeout
+        while time.monotonic() < until:  # what the agent's loop does
+            agent._to_child(ChildMsg.PING)
+            assert agent.proc.poll() is None, "a pinged node ended"
+            threading.Event().wait(job.heartbeat_interval)
+        silent = time.monotonic()
+        assert agent.proc.wait(10) == -9  # SIGKILL of its own process group
+        assert time.monotonic() - silent < job.heartbeat_timeout + 1
+    finally:
+        agent._stop_child(1.0)
+        agent.child_tx.close()
+        for thread in agent.threads:
+            thread.join(5)

@@ -119,3 +119,31 @@ def test_a_node_failure_wins_over_the_job_it_broke(order):
         channel.close()
         sup.stop_nodes()
         sup.close()
+
+def test_the_driver_kills_only_a_process_tagged_as_the_node(tmp_path):
+    """An unresponsive node on the driver's host is killed by pid, never a pid reused by
+    another process: the node's environment tags are checked first."""
+    import os
+    import subprocess
+    import sys
+
+    from duotf.supervisor import kill_node_process
+
+    def start(job, node):
+        env = dict(os.environ, DUOTF_JOB_ID=job, DUOTF_NODE_ID=node)
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env,
+                                start_new_session=True)
+
+    other, node = start("another-job", "1"), start("the-job", "1")
+    try:
+        assert not kill_node_process(other.pid, "the-job", 1)
+        assert not kill_node_process(node.pid, "the-job", 0)
+        assert other.poll() is None and node.poll() is None
+        assert kill_node_process(node.pid, "the-job", 1)
+        assert node.wait(10) == -9
+        assert other.poll() is None
+        assert not kill_node_process(node.pid, "the-job", 1)  # reaped: nothing to kill
+    finally:
+        for proc in (other, node):
+            proc.kill()
+            proc.wait()

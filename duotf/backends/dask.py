@@ -4,16 +4,26 @@ Each node task is restricted to its worker (``workers=[addr], allow_other_worker
 never retried, so neither rescheduling nor work stealing can run a second copy; the driver also
 rejects a node that registers twice. The task secedes from the worker's thread pool, so the
 worker keeps its threads for other work while the node runs.
+
+The workers are listed by one call to the scheduler (``Client.nthreads``), never from the
+Client's cached ``scheduler_info``, which its own periodic refresh rewrites (with no workers
+in it) while a caller reads it. A node whose worker leaves ends the job at once: its task would
+otherwise wait for ever for a worker of that address.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from typing import List
 from urllib.parse import urlparse
 
+from ..errors import BackendError, InsufficientSlotsError
 from ..node import NodeOutcome
 from .base import Backend, EngineJob, NodeFunction, ThreadJob, routable_ip
+
+logger = logging.getLogger(__name__)
 
 
 def _dask_node(fn: NodeFunction, node_id: int) -> NodeOutcome:
@@ -34,8 +44,10 @@ class DaskBackend(Backend):
         """A ``distributed.Client``."""
         return type(obj).__module__.startswith("distributed") and hasattr(obj, "scheduler_info")
 
-    def __init__(self, client):
+    def __init__(self, client, slot_wait: float = 5.0):
         self.client = client
+        #: seconds to wait for workers (a nanny restarting one) before giving up on capacity
+        self.slot_wait = slot_wait
         self._owned_cluster = None
 
     def __repr__(self) -> str:
@@ -64,16 +76,39 @@ class DaskBackend(Backend):
             self._owned_cluster = None
 
     def _workers(self) -> List[str]:
-        return sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        """The scheduler's workers now, by address: one RPC, one consistent answer."""
+        return sorted(self.client.nthreads())
+
+    def _enough_workers(self, nodes: int) -> List[str]:
+        """One list of at least ``nodes`` workers, waiting up to ``slot_wait`` for them; raise
+        :class:`InsufficientSlotsError` with the last list seen."""
+        deadline = time.monotonic() + self.slot_wait
+        while True:
+            workers = self._workers()
+            if len(workers) >= nodes or time.monotonic() >= deadline:
+                break
+            logger.debug("dask: %d workers for %d nodes; waiting", len(workers), nodes)
+            time.sleep(0.1)  # a worker restarting or joining
+        if len(workers) < nodes:
+            raise InsufficientSlotsError(
+                f"the cluster needs {nodes} nodes running at once but the dask backend has "
+                f"{len(workers)} workers after waiting slot_wait={self.slot_wait:g} s "
+                f"({', '.join(workers) or 'none'}). {self.capacity_hint()}",
+                needed=nodes, available=len(workers), backend=self.name,
+            )
+        return workers
 
     def slots(self) -> int:
         return len(self._workers())
+
+    def check_capacity(self, nodes: int) -> None:
+        self._enough_workers(nodes)
 
     def capacity_hint(self) -> str:
         return "duotf runs one node per Dask worker: start more workers or ask for fewer nodes."
 
     def start_nodes(self, fn: NodeFunction, n: int, job_id: str) -> EngineJob:
-        workers = self._workers()[:n]
+        workers = self._enough_workers(n)[:n]  # placed on exactly the list that was counted
         futures = [
             self.client.submit(
                 _dask_node, fn, i,
@@ -88,8 +123,27 @@ class DaskBackend(Backend):
         client = self.client
 
         def call() -> List[NodeOutcome]:
+            from distributed import wait
+
+            mine = list(futures)  # cancel() empties the shared list from another thread
             try:
-                return client.gather(futures)
+                while True:
+                    try:
+                        wait(mine, timeout=0.25)
+                        break
+                    except TimeoutError:
+                        pass
+                    # A task pinned to a worker that left waits for ever ("no-worker"): give up
+                    # on it as soon as its worker is gone (a nanny's restart is a new address).
+                    alive = set(client.nthreads())
+                    gone = [i for i, f in enumerate(mine)
+                            if not f.done() and workers[i] not in alive]
+                    if gone:
+                        raise BackendError(
+                            "the Dask worker running " + ", ".join(
+                                f"node {i} ({workers[i]})" for i in gone)
+                            + " left the cluster (its process died or was restarted)")
+                return client.gather(mine)
             finally:
                 # Release the keys: a finished node must never be "recomputed elsewhere" when
                 # its worker leaves.
