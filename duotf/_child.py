@@ -143,7 +143,8 @@ def main(argv) -> int:
     threading.Thread(target=_heartbeat, args=(link, job["heartbeat_interval"]), daemon=True).start()
     from .feed.datafeed import FeedServer
 
-    feed = FeedServer(job["secret"], on_terminate=lambda: link.send(ChildMsg.FEED_TERMINATED))
+    feed = FeedServer(job["secret"], on_terminate=lambda: link.send(ChildMsg.FEED_TERMINATED),
+                      on_failure=lambda info: link.send(ChildMsg.FEED_FAILED, info))
     threading.Thread(target=_reader, args=(link, inbox, arrived), daemon=True).start()
     # A stop request turns into SystemExit in main, so `finally` blocks and context managers run.
     signal.signal(signal.SIGTERM, _on_sigterm)
