@@ -117,7 +117,7 @@ def test_a_range_that_broke_after_delivering_rows_fails_the_epoch_at_once():
     finally:
         server.close()
     assert reports == [{"why": reports[0]["why"], "epoch": 2, "partition": 0, "seq": 0, "rows": 30}]
-    assert "partition 0 of epoch 2 died after it delivered 30 rows" in reports[0]["why"]
+    assert "partition 0 of epoch 2 stopped after it delivered 30 rows" in reports[0]["why"]
     err = info.value
     first = str(err).splitlines()[0]
     assert first.startswith("feeding epoch 2 failed on worker:0: the engine retried the task "
@@ -125,7 +125,7 @@ def test_a_range_that_broke_after_delivering_rows_fails_the_epoch_at_once():
                             "delivered 30 rows"), first
     assert (err.epoch, err.partition, err.node) == (2, 0, "worker:0")
     assert not waiting.is_alive() and len(errors) == 1
-    assert "partition 0 of epoch 2 died after it delivered 30 rows" in str(errors[0])
+    assert "partition 0 of epoch 2 stopped after it delivered 30 rows" in str(errors[0])
 
 
 def test_a_fail_marker_ends_the_nodes_reads_and_refuses_waiting_ranges():

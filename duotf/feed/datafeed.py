@@ -172,8 +172,8 @@ class _Order:
                 if self.failure is None:
                     failure = self.failure = {
                         "why": f"the task feeding partition {partition} of epoch {self.epoch} "
-                               f"died after it delivered {rows} rows (its connection broke "
-                               f"before the partition's end): the engine's retry would send "
+                               f"stopped after it delivered {rows} rows, before the range's end "
+                               f"(its process died, or it failed): an engine's retry would send "
                                f"those rows again, so the epoch fails (each row reaches its "
                                f"node exactly once)",
                         "epoch": self.epoch, "partition": partition, "seq": seq, "rows": rows}
@@ -440,6 +440,10 @@ class FeedServer:
         self.terminated.set()
         self._order.release()
         self._drain()
+        try:  # wakes a read waiting for data: it raises the failure
+            self.queue.put_nowait((_MARKER, Marker.FAIL, None))
+        except queue.Full:
+            pass
 
     def terminate(self) -> None:
         if not self.terminated.is_set() and self._on_terminate is not None:
