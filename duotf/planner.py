@@ -111,6 +111,9 @@ def _cause(exc: BaseException) -> str:
         for line in lines:
             if "most recent failure:" in line:
                 return line.split("most recent failure:", 1)[1].strip()[:500]
+        for line in lines:
+            if "Exception: " in line:
+                return line.rsplit("Exception: ", 1)[1].strip()[:500]
     first = lines[0] if lines else ""
     return f"{type(exc).__name__}: {first[:500]}"
 
@@ -137,7 +140,10 @@ def _run(sup: Supervisor, job, what: str, stoppable: bool, targets: List[FeedTar
     def stop_if():
         return (stoppable and sup.feed_terminated()) or sup.feed_failure() is not None
 
+    ended_first = []  # the job had ended by itself when it was stopped: its error is a cause
+
     def release():  # tasks waiting for their turn on a node are refused at once
+        ended_first.append(job.done())
         failure = sup.feed_failure()
         if failure is not None and not sup.feed_terminated():
             _end_feeds(sup, targets, _failure_error(what, failure).message)
@@ -150,8 +156,11 @@ def _run(sup: Supervisor, job, what: str, stoppable: bool, targets: List[FeedTar
         broken = job.exception() if job.done() else None
         if isinstance(broken, FeedError):  # a task's own error is the more precise cause
             raise broken
-        raise _failure_error(what, sup.feed_failure(),
-                             _cause(broken) if broken is not None else None) from broken
+        # the job's own error, unless it is only our cancellation of it
+        cancelled = "cancel" in f"{type(broken).__name__} {broken}".lower()
+        cause = (_cause(broken) if broken is not None and (ended_first[:1] == [True] or not cancelled)
+                 else None)
+        raise _failure_error(what, sup.feed_failure(), cause) from broken
     except DuotfError:
         raise
     except Exception as exc:
