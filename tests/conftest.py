@@ -240,9 +240,10 @@ def _node_processes():
 # module whose code they run (py4j's connections and callback server, the Dask client's event
 # loop), or by name where their code is the standard library's: Dask's offload pool, fsspec's
 # IO loop ("fsspecIO", asyncio code) and that loop's default executor ("asyncio_N"; duotf uses
-# no asyncio).
+# no asyncio), and a multiprocessing queue's feeder ("QueueFeederThread": a Dask nanny that
+# restarts a killed worker process talks to the new one through such a queue, for its life).
 _ENGINE_MODULES = ("py4j.", "pyspark.", "distributed.", "dask.", "tornado.", "tensorflow.")
-_ENGINE_NAMES = ("Dask-Offload_", "fsspecIO", "asyncio_")
+_ENGINE_NAMES = ("Dask-Offload_", "fsspecIO", "asyncio_", "QueueFeederThread")
 
 
 def _code_of(thread: threading.Thread) -> str:
