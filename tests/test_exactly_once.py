@@ -153,3 +153,23 @@ def test_a_fail_marker_ends_the_nodes_reads_and_refuses_waiting_ranges():
     finally:
         server.close()
     assert not waiting.is_alive() and len(errors) == 1 and why in str(errors[0])
+
+
+def test_a_passed_turn_is_no_delivery_its_rows_come_late():
+    """Spark's feed cache: a task whose file is on another host passes its turn; the partition
+    is fed later from the DataFrame, on the same range, and delivered once."""
+    from duotf.feed.feeder import pass_turn
+
+    server = FeedServer(SECRET, capacity=64)
+    job = _job(server, {0: [(0, 0, 100, 0)], 1: [(0, 0, 100, 1)]})
+    try:
+        pass_turn(job, 0)
+        assert feed_train(job, 1, [_ids(100, 200)]) == 100
+        assert feed_train(job, 0, [_ids(0, 100)]) == 100  # late, out of order
+        assert feed_train(job, 0, [_ids(0, 100)]) == 100  # a retry of it: nothing sent
+        feed = DataFeed(server, train=True, input_mapping={"id": "id"})
+        seen = _read_all(feed, 200)
+        assert server.queue.empty()
+    finally:
+        server.close()
+    assert seen == list(range(100, 200)) + list(range(100))

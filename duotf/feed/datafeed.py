@@ -137,6 +137,8 @@ class _Order:
                 if self._next == seq and self._holder is None:
                     self._holder = seq
                     return self.TURN, None
+                if seq < self._next:  # its turn was passed (pass_turn): its rows come late
+                    return self.TURN, None
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return self.WAIT, None
@@ -151,9 +153,12 @@ class _Order:
                     f"fails (each row reaches its node exactly once)")
         return failure["why"]
 
-    def done(self, seq: int, rows: int) -> None:
+    def done(self, seq: int, rows: int, passed: bool = False) -> None:
+        """Range ``seq`` ended with ``rows`` rows; ``passed``: it gave its turn up without its
+        rows, which come later on another connection (not a delivery)."""
         with self._cond:
-            self._delivered[seq] = rows
+            if not passed:
+                self._delivered[seq] = self._delivered.get(seq, 0) + rows
             if self._holder == seq:
                 self._holder = None
             if seq == self._next:
@@ -301,7 +306,7 @@ class FeedServer:
                         conn.send(Frame.ACK)
                 elif kind is Frame.END:
                     if seq is not None:
-                        self._order.done(seq, rows)
+                        self._order.done(seq, rows, passed=bool(header.get("passed")))
                         seq = None
                     if self.terminated.is_set():
                         conn.send(Frame.TERMINATED)

@@ -206,8 +206,8 @@ def pass_turn(job: FeedJob, pid: int) -> None:
         conn = None
         try:
             conn = _Target(job, target, seq, pid)
-            if not conn.delivered:
-                conn.send(Frame.END, mode="train", partition=pid)
+            if not conn.delivered:  # "passed": the range's rows are still to come
+                conn.send(Frame.END, mode="train", partition=pid, passed=True)
                 conn.reply(Frame.ACK, Frame.TERMINATED)
         except (OSError, wire.FeedProtocolError) as exc:
             raise _fail(job, pid, target, exc) from exc
