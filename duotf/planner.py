@@ -186,6 +186,12 @@ def _end_feeds(sup: Supervisor, targets: List[FeedTarget], why: str) -> None:
             logger.debug("could not tell %s that the feed failed: %s", target.label, exc)
 
 
+def _end_feeds_for(sup: Supervisor, targets: List[FeedTarget], exc: BaseException) -> None:
+    """:func:`_end_feeds` for a failure while feeding; a ConfigError started nothing."""
+    if not isinstance(exc, ConfigError):
+        _end_feeds(sup, targets, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+
 def _markers(sup: Supervisor, targets: List[FeedTarget], kind: wire.Marker, timeout: float) -> None:
     """Queue an epoch/end marker on every target, on the data path, and wait for each ack."""
     for target in targets:
@@ -234,7 +240,7 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
         _markers(sup, targets, wire.Marker.END, feed_timeout)
     except BaseException as exc:
         # every node's feed ends with the error: its reads raise, cluster.wait() never hangs
-        _end_feeds(sup, targets, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        _end_feeds_for(sup, targets, exc)
         raise
     return {"epochs": done, "rows": sum(counts), "rows_fed": fed, "rows_per_worker": per,
             "rows_dropped_per_epoch": dropped, "terminated": sup.feed_terminated(),
@@ -251,6 +257,6 @@ def inference(sup: Supervisor, backend, data, keep, result_columns, feed_timeout
         output = _run(sup, adapter.infer(job, keep, result_columns), "inference", False, targets)
         _markers(sup, targets, wire.Marker.END, feed_timeout)
     except BaseException as exc:
-        _end_feeds(sup, targets, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        _end_feeds_for(sup, targets, exc)
         raise
     return output
