@@ -242,7 +242,10 @@ def _node_processes():
 # IO loop ("fsspecIO", asyncio code) and that loop's default executor ("asyncio_N"; duotf uses
 # no asyncio), and a multiprocessing queue's feeder ("QueueFeederThread": a Dask nanny that
 # restarts a killed worker process talks to the new one through such a queue, for its life).
-_ENGINE_MODULES = ("py4j.", "pyspark.", "distributed.", "dask.", "tornado.", "tensorflow.")
+# The test process pool's executor manager is the engine's too ("concurrent.futures.process":
+# duotf runs no process pool; the pool replaces an executor that a killed worker broke).
+_ENGINE_MODULES = ("py4j.", "pyspark.", "distributed.", "dask.", "tornado.", "tensorflow.",
+                   "concurrent.futures.process")
 _ENGINE_NAMES = ("Dask-Offload_", "fsspecIO", "asyncio_", "QueueFeederThread")
 
 
