@@ -68,7 +68,8 @@ def _check(cluster, outcome, since, tmp_path):
         t0 = time.monotonic()
         with pytest.raises(duotf.DuotfError):
             cluster.wait(timeout=60)
-        assert time.monotonic() - t0 < 15, "cluster.wait() waited for nodes whose feed had failed"
+        outcome["wait_s"] = time.monotonic() - t0
+        assert outcome["wait_s"] < 15, "cluster.wait() waited for nodes whose feed had failed"
         return "failed"
     results = cluster.wait(timeout=120)
     per = ROWS // 2
@@ -101,7 +102,8 @@ def test_a_feeding_process_killed_mid_epoch_never_duplicates_rows(backend, engin
         assert not trainer.is_alive(), "train() hung after a feeding process was killed"
         how = _check(cluster, outcome, killed, tmp_path)
         print(f"{engine.__class__.__name__}: {how}; train() ended {outcome['at'] - killed:.2f} s "
-              f"after the kill; {outcome.get('error') or outcome.get('report')}")
+              f"after the kill, wait() {outcome.get('wait_s', 0):.2f} s after that; "
+              f"{outcome.get('error') or outcome.get('report')}")
     finally:
         (tmp_path / "release").touch()
         cluster.shutdown(grace_secs=0, _raise=False)
