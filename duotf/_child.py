@@ -174,7 +174,8 @@ def main(argv) -> int:
     threading.Thread(target=_heartbeat, args=(link, job["heartbeat_interval"]), daemon=True).start()
     from .feed.datafeed import FeedServer
 
-    feed = FeedServer(job["secret"], on_terminate=lambda: link.send(ChildMsg.FEED_TERMINATED))
+    feed = FeedServer(job["secret"], on_terminate=lambda: link.send(ChildMsg.FEED_TERMINATED),
+                      on_failure=lambda info: link.send(ChildMsg.FEED_FAILED, info))
     heard = [time.monotonic()]
     threading.Thread(target=_reader, args=(link, inbox, arrived, heard), daemon=True).start()
     timeout = job.get("heartbeat_timeout")

@@ -49,6 +49,7 @@ class ChildMsg(str, enum.Enum):
     RUNNING = "running"
     SERVING = "serving"
     FEED_TERMINATED = "feed_terminated"
+    FEED_FAILED = "feed_failed"  # {"why", "epoch", "partition", "seq", "rows"}
     RESULT = "result"  # main's return value, cloudpickled
     ERROR = "error"  # {"kind", "remote_type", "message", "traceback", ...}
 
@@ -62,6 +63,7 @@ _RELAYED = {
     ChildMsg.RUNNING: Msg.RUNNING,
     ChildMsg.SERVING: Msg.SERVING,
     ChildMsg.FEED_TERMINATED: Msg.FEED_TERMINATED,
+    ChildMsg.FEED_FAILED: Msg.FEED_FAILED,
 }
 
 

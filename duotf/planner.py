@@ -11,8 +11,9 @@ but the cluster.
 from __future__ import annotations
 
 import logging
+import re
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .errors import ConfigError, DuotfError, FeedError
 from .feed import wire
@@ -100,19 +101,98 @@ def _job(sup: Supervisor, targets: List[FeedTarget], mode: str, timeout: float, 
     )
 
 
-def _run(sup: Supervisor, job, what: str, stoppable: bool):
+def _cause(exc: BaseException) -> str:
+    """An engine error in one line: for Spark's Py4JJavaError, the Python exception (the last
+    "...Error: ..." line of its PythonException text) or Spark's own reason, not "An error
+    occurred while calling o207.collectToPython"."""
+    text = str(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if "An error occurred while calling" in text or "SparkException" in text:
+        python = [line for line in lines if _PY_ERROR.match(line) and not line.startswith("at ")]
+        if python:
+            return python[-1][:500]
+        for line in lines:
+            if "most recent failure:" in line:
+                return line.split("most recent failure:", 1)[1].strip()[:500]
+        for line in lines:
+            if "Exception: " in line:
+                return line.rsplit("Exception: ", 1)[1].strip()[:500]
+    first = lines[0] if lines else ""
+    return f"{type(exc).__name__}: {first[:500]}"
+
+
+_PY_ERROR = re.compile(r"^(?!org\.|java\.|py4j\.|scala\.)[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
+
+
+def _failure_error(what: str, failure, cause: Optional[str] = None) -> FeedError:
+    """The FeedError for a node's report that a training range broke after delivering rows."""
+    label, info = failure
+    message = f"{what} failed on {label}: {info.get('why')}"
+    if cause:
+        message += f"; the feeding task's error: {cause}"
+    return FeedError(message, epoch=info.get("epoch"), partition=info.get("partition"),
+                     node=label, rows=info.get("rows"))
+
+
+def _run(sup: Supervisor, job, what: str, stoppable: bool, targets: List[FeedTarget]):
     """The engine job's result; None when a node terminated its feed (``stoppable``). A node's
-    failure and a :class:`FeedError` are raised as they are; any other failure of the job as
-    a FeedError whose first line says what failed."""
+    failure and a :class:`FeedError` are raised as they are; a training range that broke after
+    delivering rows (a node reports it at once) fails the job as a FeedError naming the epoch,
+    the partition and the node; any other failure of the job as a FeedError whose first line
+    says what failed and why."""
+    def stop_if():
+        return (stoppable and sup.feed_terminated()) or sup.feed_failure() is not None
+
+    ended_first = []  # the job had ended by itself when it was stopped: its error is a cause
+
+    def release():  # tasks waiting for their turn on a node are refused at once
+        ended_first.append(job.done())
+        failure = sup.feed_failure()
+        if failure is not None and not sup.feed_terminated():
+            _end_feeds(sup, targets, _failure_error(what, failure).message)
+
     try:
-        return sup.run_job(job, stop_if=sup.feed_terminated if stoppable else None)
+        return sup.run_job(job, stop_if=stop_if, on_stop=release)
     except JobStopped:
-        return None
+        if sup.feed_terminated():
+            return None
+        broken = job.exception() if job.done() else None
+        if isinstance(broken, FeedError):  # a task's own error is the more precise cause
+            raise broken
+        # the job's own error, unless it is only our cancellation of it
+        cancelled = "cancel" in f"{type(broken).__name__} {broken}".lower()
+        cause = (_cause(broken) if broken is not None and (ended_first[:1] == [True] or not cancelled)
+                 else None)
+        raise _failure_error(what, sup.feed_failure(), cause) from broken
     except DuotfError:
         raise
     except Exception as exc:
-        raise FeedError(f"{what} failed: {type(exc).__name__}: {str(exc)[:2000]}",
-                        partition=None, node=None) from exc
+        failure = sup.await_feed_failure(3.0)
+        if failure is not None:
+            raise _failure_error(what, failure, _cause(exc)) from exc
+        raise FeedError(f"{what} failed: {_cause(exc)}", partition=None, node=None) from exc
+
+
+def _end_feeds(sup: Supervisor, targets: List[FeedTarget], why: str) -> None:
+    """The feed failed: tell every node at once (a "fail" marker, not queued behind data), so
+    that its reads raise ``why`` and the tasks waiting on it are refused. Best effort: a node
+    that is gone needs nothing."""
+    for target in targets:
+        try:
+            sock = wire.connect(target.address, sup.secret, 5.0)
+            try:
+                wire.send_frame(sock, wire.Frame.MARKER, marker=wire.Marker.FAIL, why=why[:4000])
+                wire.recv_frame(sock)
+            finally:
+                sock.close()
+        except (OSError, wire.FeedProtocolError) as exc:
+            logger.debug("could not tell %s that the feed failed: %s", target.label, exc)
+
+
+def _end_feeds_for(sup: Supervisor, targets: List[FeedTarget], exc: BaseException) -> None:
+    """:func:`_end_feeds` for a failure while feeding; a ConfigError started nothing."""
+    if not isinstance(exc, ConfigError):
+        _end_feeds(sup, targets, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
 
 def _markers(sup: Supervisor, targets: List[FeedTarget], kind: wire.Marker, timeout: float) -> None:
@@ -150,18 +230,23 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
     job = _job(sup, targets, "train", feed_timeout, plan, ragged)
     t0 = time.monotonic()
     fed, done = 0, 0
-    for epoch in range(epochs):
-        t1 = time.monotonic()
-        sent = _run(sup, adapter.train(job), f"feeding epoch {epoch + 1}", True)
-        if sent is None:
-            break
-        fed += sum(sent)
-        done += 1
-        t2 = time.monotonic()
-        _markers(sup, targets, wire.Marker.EPOCH, feed_timeout)
-        logger.debug("duotf: epoch %d fed in %.3f s, its markers acknowledged in %.3f s",
-                     epoch + 1, t2 - t1, time.monotonic() - t2)
-    _markers(sup, targets, wire.Marker.END, feed_timeout)
+    try:
+        for epoch in range(epochs):
+            t1 = time.monotonic()
+            sent = _run(sup, adapter.train(job), f"feeding epoch {epoch + 1}", True, targets)
+            if sent is None:
+                break
+            fed += sum(sent)
+            done += 1
+            t2 = time.monotonic()
+            _markers(sup, targets, wire.Marker.EPOCH, feed_timeout)
+            logger.debug("duotf: epoch %d fed in %.3f s, its markers acknowledged in %.3f s",
+                         epoch + 1, t2 - t1, time.monotonic() - t2)
+        _markers(sup, targets, wire.Marker.END, feed_timeout)
+    except BaseException as exc:
+        # every node's feed ends with the error: its reads raise, cluster.wait() never hangs
+        _end_feeds_for(sup, targets, exc)
+        raise
     return {"epochs": done, "rows": sum(counts), "rows_fed": fed, "rows_per_worker": per,
             "rows_dropped_per_epoch": dropped, "terminated": sup.feed_terminated(),
             "seconds": time.monotonic() - t0}
@@ -175,6 +260,10 @@ def inference(sup: Supervisor, backend, data, keep, result_columns, feed_timeout
     targets = sup.feed_targets()
     adapter.check_capacity(len(sup.nodes))
     job = _job(sup, targets, "infer", feed_timeout, ragged=ragged)
-    output = _run(sup, adapter.infer(job, keep, result_columns), "inference", False)
-    _markers(sup, targets, wire.Marker.END, feed_timeout)
+    try:
+        output = _run(sup, adapter.infer(job, keep, result_columns), "inference", False, targets)
+        _markers(sup, targets, wire.Marker.END, feed_timeout)
+    except BaseException as exc:
+        _end_feeds_for(sup, targets, exc)
+        raise
     return output

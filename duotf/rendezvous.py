@@ -52,6 +52,7 @@ class Msg(str, enum.Enum):
     STOPPED = "stopped"
     FAILED = "failed"
     FEED_TERMINATED = "feed_terminated"
+    FEED_FAILED = "feed_failed"  # a training range broke after delivering rows (see FeedServer)
     # driver -> node agent
     START = "start"
     RELEASE = "release"

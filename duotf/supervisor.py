@@ -89,6 +89,7 @@ class NodeInfo:
     executor_id: str = ""
     feed_port: Optional[int] = None
     feed_terminated: bool = False
+    feed_failure: Optional[dict] = None  # what the node's feed server reported (FEED_FAILED)
     state: NodeState = NodeState.PENDING
     last_seen: float = 0.0
     peer: Any = dataclasses.field(default=None, repr=False, compare=False)
@@ -236,13 +237,15 @@ class Supervisor:
 
     # -- engine jobs --------------------------------------------------------------------------
     def run_job(self, job, *, stop_if: Optional[Callable[[], bool]] = None,
+                on_stop: Optional[Callable[[], None]] = None,
                 node_error_grace: float = 3.0) -> Any:
         """The result of an engine job run while the nodes run.
 
         A node failure wins: the job is cancelled and the node's error raised. When
         ``stop_if()`` becomes true the job is cancelled and :class:`JobStopped` raised. When the
         job itself fails, a node that died is usually why: its error is raised (chained) if it
-        arrives within ``node_error_grace`` seconds, else the job's own error.
+        arrives within ``node_error_grace`` seconds, else the job's own error. ``on_stop()`` is
+        called before a stopped job is cancelled (to release tasks that wait on the nodes).
         """
         job.add_done_callback(self.notify)
         stopped = lambda: stop_if is not None and stop_if()  # noqa: E731
@@ -255,6 +258,8 @@ class Supervisor:
                 raise self.error from broken
             self.raise_if_failed()
         if stopped():
+            if on_stop is not None:
+                on_stop()
             job.cancel()
             job.join(30)
             raise JobStopped()
@@ -279,6 +284,20 @@ class Supervisor:
     def feed_terminated(self) -> bool:
         """True once a node called ``feed.terminate()``."""
         return any(n.feed_terminated for n in self.nodes)
+
+    def feed_failure(self) -> Optional[Tuple[str, dict]]:
+        """``(node label, report)`` of the first node whose feed server saw a training range
+        break after it delivered rows (``why``, ``epoch``, ``partition``, ``rows``), else None."""
+        for node in self.nodes:
+            if node.feed_failure is not None:
+                return node.describe(), node.feed_failure
+        return None
+
+    def await_feed_failure(self, within: float) -> Optional[Tuple[str, dict]]:
+        """:meth:`feed_failure`, waiting up to ``within`` seconds for one to be reported."""
+        self.wait_for(lambda: self.feed_failure() is not None, time.monotonic() + within,
+                      failure_ends=False)
+        return self.feed_failure()
 
     def takes_no_feed(self, node_id: int) -> bool:
         """True when a node needs no more feed markers: its main ended or it terminated its feed."""
@@ -314,6 +333,10 @@ class Supervisor:
                 node.last_seen = time.monotonic()
                 if kind is Msg.FEED_TERMINATED:
                     node.feed_terminated = True
+                elif kind is Msg.FEED_FAILED:
+                    if node.feed_failure is None:
+                        node.feed_failure = {k: message.get(k) for k in
+                                             ("why", "epoch", "partition", "seq", "rows")}
                 elif kind in _REPORTED:
                     if node.state not in TERMINAL:
                         node.state = _REPORTED[kind]

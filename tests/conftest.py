@@ -240,9 +240,12 @@ def _node_processes():
 # module whose code they run (py4j's connections and callback server, the Dask client's event
 # loop), or by name where their code is the standard library's: Dask's offload pool, fsspec's
 # IO loop ("fsspecIO", asyncio code) and that loop's default executor ("asyncio_N"; duotf uses
-# no asyncio), and the feeder thread of a Dask nanny's multiprocessing queue ("QueueFeederThread":
-# a LocalCluster's nannies run in this process, and one that restarts a killed worker starts it).
-_ENGINE_MODULES = ("py4j.", "pyspark.", "distributed.", "dask.", "tornado.", "tensorflow.")
+# no asyncio), and a multiprocessing queue's feeder ("QueueFeederThread": a Dask nanny that
+# restarts a killed worker process talks to the new one through such a queue, for its life).
+# The test process pool's executor manager is the engine's too ("concurrent.futures.process":
+# duotf runs no process pool; the pool replaces an executor that a killed worker broke).
+_ENGINE_MODULES = ("py4j.", "pyspark.", "distributed.", "dask.", "tornado.", "tensorflow.",
+                   "concurrent.futures.process")
 _ENGINE_NAMES = ("Dask-Offload_", "fsspecIO", "asyncio_", "QueueFeederThread")
 
 

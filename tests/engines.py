@@ -84,10 +84,11 @@ class Engine(abc.ABC):
         to give ``get_data_feed`` so that a node sees the blocks' own column names."""
 
     @abc.abstractmethod
-    def constant_features(self, rows: int, parts: int, width: int, chunk: int):
+    def constant_features(self, rows: int, parts: int, width: int, chunk: int, ids: bool = False):
         """``rows`` rows of ``"0"``: ``width`` float32 values 0.5, and ``"1"``: the row's id
-        modulo 10, made on the engine (they never sit in the driver's memory): ``parts``
-        partitions, or blocks of ``chunk`` rows where the engine holds arrays in blocks."""
+        modulo 10 (with ``ids``, the id itself), made on the engine (they never sit in the
+        driver's memory): ``parts`` partitions, or blocks of ``chunk`` rows where the engine
+        holds arrays in blocks."""
 
     # -- results out ----------------------------------------------------------------------------
     @abc.abstractmethod
@@ -141,7 +142,7 @@ class LocalEngine(Engine):
     def arrays(self, blocks):
         return [dict(b) for b in blocks], None
 
-    def constant_features(self, rows, parts, width, chunk):
+    def constant_features(self, rows, parts, width, chunk, ids=False):
         import numpy as np
 
         bounds = np.linspace(0, rows, parts + 1).astype(int)
@@ -149,8 +150,9 @@ class LocalEngine(Engine):
         def part(start, stop):
             def chunks():
                 for a in range(start, stop, chunk):
-                    ids = np.arange(a, min(a + chunk, stop))
-                    yield {"0": np.full((len(ids), width), 0.5, dtype=np.float32), "1": ids % 10}
+                    row = np.arange(a, min(a + chunk, stop))
+                    yield {"0": np.full((len(row), width), 0.5, dtype=np.float32),
+                           "1": row if ids else row % 10}
             return chunks
 
         return [part(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
@@ -236,12 +238,12 @@ class DaskEngine(Engine):
         )
         return columns, {str(i): name for i, name in enumerate(names)}
 
-    def constant_features(self, rows, parts, width, chunk):
+    def constant_features(self, rows, parts, width, chunk, ids=False):
         import dask.array as da
         import numpy as np
 
         x = da.full((rows, width), 0.5, dtype=np.float32, chunks=(chunk, width))
-        y = da.arange(rows, chunks=chunk, dtype=np.int64) % 10
+        y = da.arange(rows, chunks=chunk, dtype=np.int64) % (rows if ids else 10)
         return (x, y)
 
     def partitions(self, out):
@@ -341,11 +343,12 @@ class SparkEngine(Engine):
             df = pack_tensors(df, name, dtype=str(first[name].dtype))
         return df, None
 
-    def constant_features(self, rows, parts, width, chunk):
+    def constant_features(self, rows, parts, width, chunk, ids=False):
         from pyspark.sql import functions as F
 
         return self.session.range(0, rows, numPartitions=parts).select(
-            F.array_repeat(F.lit(0.5).cast("float"), width).alias("0"), (F.col("id") % 10).alias("1"))
+            F.array_repeat(F.lit(0.5).cast("float"), width).alias("0"),
+            (F.col("id") % (rows if ids else 10)).alias("1"))
 
     def partitions(self, out):
         return out.glom().collect()

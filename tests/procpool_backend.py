@@ -20,6 +20,7 @@ that makes the partition's rows may be a closure.
 from __future__ import annotations
 
 import concurrent.futures
+import concurrent.futures.process
 import multiprocessing
 import os
 import socket
@@ -78,7 +79,15 @@ class ProcessPool:
             if self._executor is None:
                 self._executor = concurrent.futures.ProcessPoolExecutor(
                     self.max_workers, mp_context=self._context)
-            future = self._executor.submit(fn, *args)
+            try:
+                future = self._executor.submit(fn, *args)
+            except concurrent.futures.process.BrokenProcessPool:
+                # A worker died (a test killed it) and the executor ended every worker: the
+                # engine goes on with fresh ones, as Spark and Dask replace a lost one.
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._executor = concurrent.futures.ProcessPoolExecutor(
+                    self.max_workers, mp_context=self._context)
+                future = self._executor.submit(fn, *args)
             self._futures.append(future)
             return future
 

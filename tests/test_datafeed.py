@@ -158,7 +158,9 @@ def test_cached_file_frames_reach_the_node_read_there_or_sent(tmp_path, folder, 
 
     path, frames = _cache_file(str(tmp_path / folder), [40, 25, 35])
     server = FeedServer(SECRET, capacity=64)
-    plan = {0: [(0, 0, 50, 0), (1, 50, 100, 0)]}  # the second frame is split between two "nodes"
+    # the second frame is split between two "nodes" (one server here: its ranges are seq 0 and 1,
+    # as a node never has two ranges of one seq: a second is taken for a retry)
+    plan = {0: [(0, 0, 50, 0), (1, 50, 100, 1)]}
     job = FeedJob(SECRET, [("127.0.0.1", server.port)] * 2, ["a", "b"], "train", 30, plan)
     sent = []
     probes = []

@@ -99,34 +99,107 @@ class _SharedRing:
 class _Order:
     """A training epoch's ranges are queued in the order of the plan (``seq`` 0, 1, ... per node,
     see :func:`duotf.planner.balance`), whichever feeding task connects first: a connection
-    whose turn has not come is not read (its task waits, as TCP or its ring pushes back)."""
+    whose turn has not come is not read (its task waits, as TCP or its ring pushes back).
+
+    It also keeps every row of an epoch delivered at most once. It remembers which ranges of
+    the epoch delivered rows: a later connection for a range delivered whole (an engine's retry
+    of a task whose first attempt died after its rows were acknowledged) is told so and sends
+    nothing; a range whose connection broke after it delivered some rows (its task died) fails
+    the epoch on this node, since a retry would send those rows again. A range whose connection
+    broke before it delivered a row gives its turn back: a retry may take it.
+    """
+
+    TURN, WAIT, DELIVERED, REFUSED = "turn", "wait", "delivered", "refused"
 
     def __init__(self, terminated: threading.Event):
         self._cond = threading.Condition()
         self._next = 0
+        self._holder: Optional[int] = None  # the range being read now
+        self._delivered: Dict[int, int] = {}  # seq -> rows, for ranges delivered whole
+        self._partial: Dict[int, int] = {}  # seq -> rows, for ranges that broke after some rows
+        self.failure: Optional[dict] = None  # what failed the epoch here (see broken)
+        self.epoch = 1  # the epoch being fed, counted by the driver's epoch markers
         self._terminated = terminated
 
-    def wait_turn(self, seq: int, timeout: float) -> bool:
-        """True once it is ``seq``'s turn (or the feed was terminated); False after ``timeout``."""
+    def wait_turn(self, seq: int, timeout: float):
+        """``(TURN, None)`` once it is ``seq``'s turn (or the feed was terminated);
+        ``(DELIVERED, rows)`` for a range already delivered whole; ``(REFUSED, why)`` once the
+        epoch failed here; ``(WAIT, None)`` after ``timeout``."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._next < seq and not self._terminated.is_set():
+            while True:
+                if seq in self._delivered:
+                    return self.DELIVERED, self._delivered[seq]
+                if self.failure is not None:
+                    return self.REFUSED, self._refusal(seq)
+                if self._terminated.is_set():
+                    return self.TURN, None
+                if self._next == seq and self._holder is None:
+                    self._holder = seq
+                    return self.TURN, None
+                if seq < self._next:  # its turn was passed (pass_turn): its rows come late
+                    return self.TURN, None
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return False
+                    return self.WAIT, None
                 self._cond.wait(remaining)
-            return True
 
-    def done(self, seq: int) -> None:
+    def _refusal(self, seq: int) -> str:
+        failure = self.failure
+        if seq in self._partial:
+            return (f"the engine retried the task feeding partition {failure['partition']} of "
+                    f"epoch {failure['epoch']} after its first attempt died having delivered "
+                    f"{self._partial[seq]} rows: a retry would send them again, so the epoch "
+                    f"fails (each row reaches its node exactly once)")
+        return failure["why"]
+
+    def done(self, seq: int, rows: int, passed: bool = False) -> None:
+        """Range ``seq`` ended with ``rows`` rows; ``passed``: it gave its turn up without its
+        rows, which come later on another connection (not a delivery)."""
         with self._cond:
+            if not passed:
+                self._delivered[seq] = self._delivered.get(seq, 0) + rows
+            if self._holder == seq:
+                self._holder = None
             if seq == self._next:
                 self._next += 1
-                self._cond.notify_all()
+            self._cond.notify_all()
+
+    def broken(self, seq: int, rows: int, partition) -> Optional[dict]:
+        """A range's connection ended before its end: the epoch's failure (a dict) if it had
+        delivered rows, else None (its turn is given back)."""
+        with self._cond:
+            if self._holder == seq:
+                self._holder = None
+            failure = None
+            if rows and seq not in self._delivered and not self._terminated.is_set():
+                self._partial[seq] = rows
+                if self.failure is None:
+                    failure = self.failure = {
+                        "why": f"the task feeding partition {partition} of epoch {self.epoch} "
+                               f"stopped after it delivered {rows} rows, before the range's end "
+                               f"(its process died, or it failed): an engine's retry would send "
+                               f"those rows again, so the epoch fails (each row reaches its "
+                               f"node exactly once)",
+                        "epoch": self.epoch, "partition": partition, "seq": seq, "rows": rows}
+            self._cond.notify_all()
+            return failure
 
     def reset(self) -> None:
         """An epoch ended (every range of it was acknowledged): the next starts at 0."""
         with self._cond:
             self._next = 0
+            self._holder = None
+            self._delivered.clear()
+            self._partial.clear()
+            self.epoch += 1
+            self._cond.notify_all()
+
+    def fail(self, why: str) -> None:
+        """The driver failed the feed: every range still to come is refused with ``why``."""
+        with self._cond:
+            if self.failure is None:
+                self.failure = {"why": why, "epoch": self.epoch, "partition": None}
             self._cond.notify_all()
 
     def release(self) -> None:
@@ -143,9 +216,13 @@ class FeedServer:
     """
 
     def __init__(self, secret: bytes, capacity: int = 8, on_terminate=None, *,
-                 handshake_timeout: Optional[float] = None, max_pending: Optional[int] = None):
+                 on_failure=None, handshake_timeout: Optional[float] = None,
+                 max_pending: Optional[int] = None):
         self._secret = secret
         self._on_terminate = on_terminate
+        self._on_failure = on_failure  # told at once when a range breaks after delivering rows
+        #: why the driver failed the feed (a "fail" marker): the node's reads raise it
+        self.failure: Optional[str] = None
         self.queue: "queue.Queue" = queue.Queue(maxsize=capacity)
         self.terminated = threading.Event()
         self._order = _Order(self.terminated)
@@ -178,6 +255,7 @@ class FeedServer:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
             rows = 0
             seq = None  # this connection's place in the epoch's order (training)
+            partition = None
             while True:
                 header, cols = wire.recv_frame(sock)
                 kind = wire.frame_kind(header)
@@ -200,22 +278,35 @@ class FeedServer:
                 elif kind is Frame.RING:
                     self._attach_ring(header, conn)
                 elif kind is Frame.ORDER:  # read no further until the earlier ranges are queued
-                    seq = int(header["seq"])
-                    while not self._order.wait_turn(seq, wire.WAIT_S):
+                    seq, partition = int(header["seq"]), header.get("partition")
+                    status, detail = self._order.wait_turn(seq, wire.WAIT_S)
+                    while status == _Order.WAIT:
                         conn.send(Frame.WAIT)
-                    conn.send(Frame.TURN)
+                        status, detail = self._order.wait_turn(seq, wire.WAIT_S)
+                    if status == _Order.TURN:
+                        conn.send(Frame.TURN)
+                    else:  # delivered before, or refused: this connection sends nothing more
+                        seq = None
+                        if status == _Order.DELIVERED:
+                            conn.send(Frame.DELIVERED, rows=detail)
+                        else:
+                            conn.send(Frame.REFUSED, why=detail, epoch=self._order.epoch,
+                                      partition=(self._order.failure or {}).get("partition"))
                 elif kind is _MARKER:
                     # From the driver, on the data path: it is queued after every batch already
                     # queued and before any later one, and acknowledged only then.
                     marker = wire.marker_kind(header)
-                    if self.terminated.is_set() or not self._put((_MARKER, marker, None)):
+                    if marker is Marker.FAIL:  # at once: whatever is queued is dropped
+                        self.fail(str(header.get("why") or "the feed failed"))
+                        conn.send(Frame.ACK)
+                    elif self.terminated.is_set() or not self._put((_MARKER, marker, None)):
                         conn.send(Frame.TERMINATED)
                     else:
                         self._order.reset()
                         conn.send(Frame.ACK)
                 elif kind is Frame.END:
                     if seq is not None:
-                        self._order.done(seq)
+                        self._order.done(seq, rows, passed=bool(header.get("passed")))
                         seq = None
                     if self.terminated.is_set():
                         conn.send(Frame.TERMINATED)
@@ -230,6 +321,12 @@ class FeedServer:
             logger.debug("feed connection ended: %s", exc)
         finally:
             sock.close()
+            if seq is not None:  # a training range that never reached its end
+                failure = self._order.broken(seq, rows, partition)
+                if failure is not None:
+                    logger.warning("duotf: %s", failure["why"])
+                    if self._on_failure is not None:
+                        self._on_failure(failure)
             for fd, _ in files.values():
                 os.close(fd)
             with self._rings_lock:
@@ -339,11 +436,28 @@ class FeedServer:
         """Stop accepting connections (a node process simply exits instead)."""
         self.gate.close()
 
+    def fail(self, why: str) -> None:
+        """The driver failed the feed: every read of ``main`` raises ``why``, queued data is
+        dropped, and waiting feeding tasks are refused."""
+        if self.failure is None:
+            self.failure = why
+            self._order.fail(why)
+        self.terminated.set()
+        self._order.release()
+        self._drain()
+        try:  # wakes a read waiting for data: it raises the failure
+            self.queue.put_nowait((_MARKER, Marker.FAIL, None))
+        except queue.Full:
+            pass
+
     def terminate(self) -> None:
         if not self.terminated.is_set() and self._on_terminate is not None:
             self._on_terminate()  # the driver stops feeding and its train() returns
         self.terminated.set()
         self._order.release()
+        self._drain()
+
+    def _drain(self) -> None:
         while True:
             try:
                 self.queue.get_nowait()
@@ -386,6 +500,10 @@ class DataFeed:
         """Make a current batch available: True; False once the feed has ended (or, when not
         blocking, while nothing is queued); ``Marker.EPOCH`` when an epoch just ended."""
         while self._current is None or self._offset >= num_rows(self._current):
+            if self._server.failure is not None:
+                from ..errors import FeedError
+
+                raise FeedError(f"the driver ended the feed: {self._server.failure}")
             if self._ended or self._server.terminated.is_set():
                 return False
             try:

@@ -100,19 +100,32 @@ class _Target:
     """A feeding task's connection to one node, and how frames reach that node: by TCP, as a
     cached file the node reads itself, or through a shared memory ring (:mod:`.shm`)."""
 
-    def __init__(self, job: FeedJob, target: int, seq: Optional[int] = None):
+    def __init__(self, job: FeedJob, target: int, seq: Optional[int] = None,
+                 pid: Optional[int] = None):
         self.job = job
         self.target = target
+        self.reads_files: Optional[bool] = None  # asked once, with the first whole cached frame
+        self.ring: Optional[shm.Ring] = None
+        self._ring_tried = False
+        #: an earlier attempt of this task delivered the whole range: send none of it
+        self.delivered = False
         self.sock = wire.connect(job.addresses[target], job.secret, job.timeout)
         if seq is not None:
             # The node reads this connection once its earlier ranges are queued; until then it
             # says it waits (every WAIT_S), so feed_timeout counts only a node that says nothing.
-            self.send(Frame.ORDER, seq=seq)
-            while self.reply(Frame.WAIT, Frame.TURN)["t"] == Frame.WAIT:
-                pass
-        self.reads_files: Optional[bool] = None  # asked once, with the first whole cached frame
-        self.ring: Optional[shm.Ring] = None
-        self._ring_tried = False
+            self.send(Frame.ORDER, seq=seq, partition=pid)
+            while True:
+                header = self.reply(Frame.WAIT, Frame.TURN, Frame.DELIVERED, Frame.REFUSED)
+                if header["t"] == Frame.DELIVERED:
+                    self.delivered = True
+                elif header["t"] == Frame.REFUSED:
+                    self.sock.close()
+                    label = job.labels[target]
+                    raise FeedError(f"feeding epoch {header.get('epoch')} failed on {label}: "
+                                    f"{header.get('why')}", epoch=header.get("epoch"),
+                                    partition=header.get("partition", pid), node=label)
+                if header["t"] != Frame.WAIT:
+                    break
 
     def reply(self, *kinds: Frame) -> dict:
         """The node's next answer of one of ``kinds``; slots it frees meanwhile are noted."""
@@ -171,13 +184,15 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
 
     def conn_for(target: int, seq: int) -> _Target:
         if target not in conns:
-            conns[target] = _Target(job, target, seq)
+            conns[target] = _Target(job, target, seq, pid)
         return conns[target]
 
     ended = set()  # the ranges whose END went out
 
     def end(target: int, seq: int) -> None:
-        conn_for(target, seq).send(Frame.END, mode="train", partition=pid)
+        conn = conn_for(target, seq)
+        if not conn.delivered:
+            conn.send(Frame.END, mode="train", partition=pid)
         ended.add((target, seq))
 
     sent = 0
@@ -192,7 +207,9 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
                 if lo >= hi:
                     continue
                 conn = conn_for(target, seq)
-                if isinstance(packed, wire.FileFrame) and hi - lo == n:
+                if conn.delivered:  # by an earlier attempt of this task (the engine retried it)
+                    pass
+                elif isinstance(packed, wire.FileFrame) and hi - lo == n:
                     conn.send_file_frame(packed)  # whole, as cached
                 elif isinstance(packed, wire.Packed) and hi - lo == n:
                     conn.send_frame([memoryview(packed.data)], n)
@@ -213,7 +230,8 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
                 "data changed between the count and the feed (a non-deterministic source?); "
                 "cache() or persist() it first", partition=pid, node=job.labels[ranges[0][0]])
         for target, conn in conns.items():
-            conn.reply(Frame.ACK, Frame.TERMINATED)  # terminated: the node wants no more data
+            if not conn.delivered:  # terminated: the node wants no more data
+                conn.reply(Frame.ACK, Frame.TERMINATED)
         ok = True
         return sent
     except FeedSchemaError:
@@ -242,9 +260,10 @@ def pass_turn(job: FeedJob, pid: int) -> None:
     for target, _, _, seq in job.plan.get(pid, []):
         conn = None
         try:
-            conn = _Target(job, target, seq)
-            conn.send(Frame.END, mode="train", partition=pid)
-            conn.reply(Frame.ACK, Frame.TERMINATED)
+            conn = _Target(job, target, seq, pid)
+            if not conn.delivered:  # "passed": the range's rows are still to come
+                conn.send(Frame.END, mode="train", partition=pid, passed=True)
+                conn.reply(Frame.ACK, Frame.TERMINATED)
         except (OSError, wire.FeedProtocolError) as exc:
             raise _fail(job, pid, target, exc) from exc
         finally:

@@ -68,6 +68,8 @@ class Frame(str, enum.Enum):
     # node -> feeding task, answering ORDER
     WAIT = "wait"  # the ranges before this one are still being read (sent every WAIT_S)
     TURN = "turn"  # this range's turn: send
+    DELIVERED = "delivered"  # an earlier attempt delivered this whole range: send none of it
+    REFUSED = "refused"  # the epoch failed on this node (a range broke after delivering rows)
     # node -> feeding task (or driver)
     ACK = "ack"  # a marker queued, or (training) a task's rows queued
     TERMINATED = "terminated"  # main terminated its feed: no more data is wanted
@@ -83,6 +85,7 @@ class Marker(str, enum.Enum):
 
     EPOCH = "epoch"  # an epoch ends; more follow
     END = "end"  # the data ends
+    FAIL = "fail"  # the feed failed (its "why"): the node's reads raise at once, nothing queued
 
     def __str__(self) -> str:
         return self.value

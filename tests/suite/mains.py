@@ -311,3 +311,21 @@ def ragged_infer_main(args, ctx):
         if batch:
             feed.batch_results([1000.0 * len(v) + float(np.sum(v)) for _, v in batch])
     return ctx.task_index
+
+
+def feed_hold_main(args, ctx):
+    """Read the feed; after ``hold`` rows, create ``held``-<rank> and read on only once
+    ``release`` exists (a test kills a feeding process meanwhile). Report the ids read, by epoch."""
+    feed = ctx.get_data_feed(train=True, input_mapping={"0": "x", "1": "id"})
+    seen, rows = {}, 0
+    while not feed.should_stop():
+        epoch = feed.epoch
+        batch = feed.next_batch(args["batch"])
+        if not batch:
+            continue
+        seen.setdefault(epoch, []).append(np.asarray(batch["id"]).copy())
+        rows += len(batch["id"])
+        if rows >= args["hold"] and not os.path.exists(args["release"]):
+            open(f"{args['held']}-{ctx.task_index}", "w").close()
+            wait_for_file(args["release"])
+    return {"rank": ctx.task_index, "ids": {e: np.concatenate(v).tolist() for e, v in seen.items()}}

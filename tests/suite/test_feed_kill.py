@@ -1,0 +1,153 @@
+"""A feeding task lost mid-epoch: each row of an epoch reaches its node exactly once, or train()
+raises a typed error naming the epoch, the partition and the node within seconds; either way
+every node's feed ends and cluster.wait() returns or raises at once (issues 18 and 19)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psutil
+import pytest
+
+import duotf
+from tests.conftest import QUIET_TF, poll_for
+from tests.suite import mains
+
+ROWS = 48_000  # 4 partitions of 12,000 rows of 2 KiB: a range is 6 frames of 4 MiB
+PARTS = 4
+WIDTH = 512
+EPOCHS = 3
+HOLD = 1_000  # a node stops reading after this many rows until the test released it
+
+
+def _connections(proc):
+    get = getattr(proc, "net_connections", None) or proc.connections
+    return get(kind="tcp")
+
+
+def _feeding_process(engine, ports):
+    """A process of the engine's feeding tasks that holds a connection to a node's feed port."""
+    procs = engine.feeding_processes()
+    for proc in procs() if callable(procs) else procs:
+        try:
+            if any(c.raddr and c.raddr.port in ports and c.status == psutil.CONN_ESTABLISHED
+                   for c in _connections(proc)):
+                return proc
+        except psutil.Error:  # a worker that just exited
+            pass
+    return None
+
+
+def _run_train(cluster, data, outcome):
+    try:
+        outcome["report"] = cluster.train(data, epochs=EPOCHS, feed_timeout=120)
+    except duotf.DuotfError as exc:
+        outcome["error"] = exc
+    outcome["at"] = time.monotonic()
+
+
+def _check(cluster, outcome, since, tmp_path):
+    """Either train() raised a typed error within seconds and wait() raises at once, or every
+    node got every row of its share of every epoch exactly once."""
+    if "error" in outcome:
+        err = outcome["error"]
+        assert outcome["at"] - since < 20, f"train() raised {outcome['at'] - since:.1f} s after the fault"
+        first = str(err).splitlines()[0]
+        if isinstance(err, duotf.FeedError):
+            assert first.startswith("feeding epoch 1 failed on worker:"), first
+            assert f"partition {err.partition} of epoch 1" in first and err.node in first, first
+            assert err.epoch == 1 and isinstance(err.partition, int), (err.epoch, err.partition)
+            assert "delivered" in first and "exactly once" in first, first
+            assert "Py4JJavaError" not in first and "An error occurred while calling" not in first
+        else:
+            # On Dask the killed worker process also ran a node's task: the node is lost. A
+            # process pool ends every worker when one dies, the nodes' agents with them: the
+            # job running the nodes fails (BackendError) or the nodes are lost (NodeError).
+            assert isinstance(err, (duotf.NodeError, duotf.BackendError)), repr(err)
+        t0 = time.monotonic()
+        with pytest.raises(duotf.DuotfError):
+            cluster.wait(timeout=60)
+        outcome["wait_s"] = time.monotonic() - t0
+        assert outcome["wait_s"] < 15, "cluster.wait() waited for nodes whose feed had failed"
+        return "failed"
+    results = cluster.wait(timeout=120)
+    per = ROWS // 2
+    for epoch in range(EPOCHS):
+        got = [r["ids"].get(epoch, []) for r in results]
+        assert [len(ids) for ids in got] == [per, per], (epoch, [len(ids) for ids in got])
+        assert sorted(got[0] + got[1]) == list(range(ROWS)), f"epoch {epoch}: rows lost or repeated"
+    return "exactly once"
+
+
+@pytest.mark.slow
+@pytest.mark.engines("procpool", "dask", "spark-local", "spark-standalone")
+def test_a_feeding_process_killed_mid_epoch_never_duplicates_rows(backend, engine, tmp_path):
+    data = engine.constant_features(ROWS, PARTS, width=WIDTH, chunk=ROWS // PARTS, ids=True)
+    args = {"batch": 500, "hold": HOLD, "held": str(tmp_path / "held"),
+            "release": str(tmp_path / "release")}
+    cluster = duotf.run(mains.feed_hold_main, args, backend, duotf.ClusterSpec(workers=2),
+                        env=QUIET_TF)
+    outcome: dict = {}
+    trainer = threading.Thread(target=_run_train, args=(cluster, data, outcome))
+    try:
+        trainer.start()
+        poll_for(lambda: list(tmp_path.glob("held-*")), 180, what="a node reading slowly")
+        ports = {node.feed_port for node in cluster.nodes}
+        victim = poll_for(lambda: _feeding_process(engine, ports), 30, what="a feeding process")
+        victim.kill()  # SIGKILL, mid-range: the node holds its ring's slots, the task waits
+        killed = time.monotonic()
+        (tmp_path / "release").touch()
+        trainer.join(180)
+        assert not trainer.is_alive(), "train() hung after a feeding process was killed"
+        how = _check(cluster, outcome, killed, tmp_path)
+        print(f"{engine.__class__.__name__}: {how}; train() ended {outcome['at'] - killed:.2f} s "
+              f"after the kill, wait() {outcome.get('wait_s', 0):.2f} s after that; "
+              f"{outcome.get('error') or outcome.get('report')}")
+    finally:
+        (tmp_path / "release").touch()
+        cluster.shutdown(grace_secs=0, _raise=False)
+        trainer.join(60)
+
+
+@pytest.mark.engines("local")
+def test_a_feeding_task_failing_mid_epoch_fails_every_nodes_feed(backend, tmp_path):
+    """The local backend's feeding tasks are threads of this process: a partition's source
+    fails after its task delivered some of its rows."""
+    import numpy as np
+
+    fail = threading.Event()
+    bounds = np.linspace(0, ROWS, PARTS + 1).astype(int)
+
+    def part(pid, start, stop):
+        def chunks():
+            for a in range(start, stop, 1000):
+                if pid == 0 and a > start and fail.is_set():
+                    raise RuntimeError("injected: the source of partition 0 failed")
+                ids = np.arange(a, min(a + 1000, stop))
+                yield {"0": np.full((len(ids), WIDTH), 0.5, dtype=np.float32), "1": ids}
+        return chunks
+
+    data = [part(p, a, b) for p, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+    args = {"batch": 500, "hold": HOLD, "held": str(tmp_path / "held"),
+            "release": str(tmp_path / "release")}
+    cluster = duotf.run(mains.feed_hold_main, args, backend, duotf.ClusterSpec(workers=2),
+                        env=QUIET_TF)
+    outcome: dict = {}
+    trainer = threading.Thread(target=_run_train, args=(cluster, data, outcome))
+    try:
+        trainer.start()
+        poll_for(lambda: (tmp_path / "held-0").exists(), 120, what="node 0 reading slowly")
+        fail.set()
+        since = time.monotonic()
+        (tmp_path / "release").touch()
+        trainer.join(120)
+        assert not trainer.is_alive()
+        assert _check(cluster, outcome, since, tmp_path) == "failed"
+        err = outcome["error"]
+        assert isinstance(err, duotf.FeedError) and err.partition == 0, repr(err)
+        assert "RuntimeError: injected: the source of partition 0 failed" in str(err).splitlines()[0]
+    finally:
+        (tmp_path / "release").touch()
+        cluster.shutdown(grace_secs=0, _raise=False)
+        trainer.join(60)
