@@ -173,3 +173,20 @@ def test_a_passed_turn_is_no_delivery_its_rows_come_late():
     finally:
         server.close()
     assert seen == list(range(100, 200)) + list(range(100))
+
+
+def test_a_fail_marker_ends_reads_even_in_the_middle_of_a_frame():
+    """Regression (CI, Spark standalone): a node that had read part of a frame when the fail
+    marker came saw should_stop() true, so its main returned normally and wait() did not raise."""
+    server = FeedServer(SECRET, capacity=64)
+    job = _job(server, {0: [(0, 0, 100, 0)]})
+    feed = DataFeed(server, train=True, input_mapping={"id": "id"})
+    try:
+        assert feed_train(job, 0, [_ids(0, 100)]) == 100
+        assert list(feed.next_batch(10)["id"]) == list(range(10))  # 90 rows of the frame left
+        assert _marker(server, wire.Marker.FAIL, why="feeding epoch 1 failed: lost") == wire.Frame.ACK
+        for read in (feed.should_stop, lambda: feed.next_batch(10)):
+            with pytest.raises(FeedError, match="the driver ended the feed: feeding epoch 1 failed"):
+                read()
+    finally:
+        server.close()

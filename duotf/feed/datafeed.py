@@ -496,14 +496,20 @@ class DataFeed:
         self._owed: "collections.deque" = collections.deque()  # [conn, rows] awaiting results
 
     # -- reading ------------------------------------------------------------------------------
+    def _raise_failure(self) -> None:
+        if self._server.failure is not None:
+            from ..errors import FeedError
+
+            raise FeedError(f"the driver ended the feed: {self._server.failure}")
+
     def _fill(self, block: bool = True):
         """Make a current batch available: True; False once the feed has ended (or, when not
-        blocking, while nothing is queued); ``Marker.EPOCH`` when an epoch just ended."""
+        blocking, while nothing is queued); ``Marker.EPOCH`` when an epoch just ended.
+        Raises the feed's failure once the driver failed it, rows of a frame already taken
+        included (they were dropped with the rest: the epoch cannot be read whole)."""
+        self._raise_failure()
         while self._current is None or self._offset >= num_rows(self._current):
-            if self._server.failure is not None:
-                from ..errors import FeedError
-
-                raise FeedError(f"the driver ended the feed: {self._server.failure}")
+            self._raise_failure()
             if self._ended or self._server.terminated.is_set():
                 return False
             try:
