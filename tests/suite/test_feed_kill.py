@@ -47,6 +47,19 @@ def _run_train(cluster, data, outcome):
     outcome["at"] = time.monotonic()
 
 
+def _start_training(backend, data, tmp_path):
+    """2 workers reading slowly once they hold HOLD rows (feed_hold_main), and train() of
+    ``data`` in a thread that records its outcome."""
+    args = {"batch": 500, "hold": HOLD, "held": str(tmp_path / "held"),
+            "release": str(tmp_path / "release")}
+    cluster = duotf.run(mains.feed_hold_main, args, backend, duotf.ClusterSpec(workers=2),
+                        env=QUIET_TF)
+    outcome: dict = {}
+    trainer = threading.Thread(target=_run_train, args=(cluster, data, outcome))
+    trainer.start()
+    return cluster, outcome, trainer
+
+
 def _check(cluster, outcome, since, tmp_path):
     """Either train() raised a typed error within seconds and wait() raises at once, or every
     node got every row of its share of every epoch exactly once."""
@@ -84,14 +97,8 @@ def _check(cluster, outcome, since, tmp_path):
 @pytest.mark.engines("procpool", "dask", "spark-local", "spark-standalone")
 def test_a_feeding_process_killed_mid_epoch_never_duplicates_rows(backend, engine, tmp_path):
     data = engine.constant_features(ROWS, PARTS, width=WIDTH, chunk=ROWS // PARTS, ids=True)
-    args = {"batch": 500, "hold": HOLD, "held": str(tmp_path / "held"),
-            "release": str(tmp_path / "release")}
-    cluster = duotf.run(mains.feed_hold_main, args, backend, duotf.ClusterSpec(workers=2),
-                        env=QUIET_TF)
-    outcome: dict = {}
-    trainer = threading.Thread(target=_run_train, args=(cluster, data, outcome))
+    cluster, outcome, trainer = _start_training(backend, data, tmp_path)
     try:
-        trainer.start()
         poll_for(lambda: list(tmp_path.glob("held-*")), 180, what="a node reading slowly")
         ports = {node.feed_port for node in cluster.nodes}
         victim = poll_for(lambda: _feeding_process(engine, ports), 30, what="a feeding process")
@@ -129,14 +136,8 @@ def test_a_feeding_task_failing_mid_epoch_fails_every_nodes_feed(backend, tmp_pa
         return chunks
 
     data = [part(p, a, b) for p, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
-    args = {"batch": 500, "hold": HOLD, "held": str(tmp_path / "held"),
-            "release": str(tmp_path / "release")}
-    cluster = duotf.run(mains.feed_hold_main, args, backend, duotf.ClusterSpec(workers=2),
-                        env=QUIET_TF)
-    outcome: dict = {}
-    trainer = threading.Thread(target=_run_train, args=(cluster, data, outcome))
+    cluster, outcome, trainer = _start_training(backend, data, tmp_path)
     try:
-        trainer.start()
         poll_for(lambda: (tmp_path / "held-0").exists(), 120, what="node 0 reading slowly")
         fail.set()
         since = time.monotonic()
