@@ -329,3 +329,50 @@ def feed_hold_main(args, ctx):
             open(f"{args['held']}-{ctx.task_index}", "w").close()
             wait_for_file(args["release"])
     return {"rank": ctx.task_index, "ids": {e: np.concatenate(v).tolist() for e, v in seen.items()}}
+
+
+def _keras_linear(tf, width: int, lr: float):
+    import keras
+
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((width,)),
+                              keras.layers.Dense(1, kernel_initializer="zeros")])
+    model.compile(keras.optimizers.SGD(lr), "mse")
+    return model
+
+
+class _StepCounter:
+    """Counts fit's steps, epoch by epoch (a Keras callback, made when Keras is imported)."""
+
+    @staticmethod
+    def make():
+        import keras
+
+        class Counter(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.steps = []
+
+            def on_epoch_begin(self, epoch, logs=None):
+                self.steps.append(0)
+
+            def on_train_batch_end(self, batch, logs=None):
+                self.steps[-1] += 1
+
+        return Counter()
+
+
+def keras_fit_feed_main(args, ctx):
+    """Keras fit on the engine feed under MultiWorkerMirroredStrategy, no steps_per_epoch."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    feed = ctx.get_data_feed(train=True, input_mapping=args["mapping"])
+    ds = feed.dataset(args["batch"], features="x", label="y")
+    with strategy.scope():
+        model = _keras_linear(tf, args["width"], args["lr"])
+    counter = _StepCounter.make()
+    history = model.fit(ds, epochs=args["epochs"], verbose=0, callbacks=[counter])
+    kernel, bias = model.get_weights()
+    return {"w": kernel[:, 0].tolist(), "b": float(bias[0]), "loss": history.history["loss"],
+            "steps": counter.steps, "feed_epochs": feed.epoch}
