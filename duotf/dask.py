@@ -1,16 +1,20 @@
-"""Scoring Dask DataFrames with a saved model in the Dask workers (no TF cluster).
+"""Scoring Dask DataFrames with a saved model in the Dask workers (no TF cluster), and the Dask
+twin of the Spark ML stages: :class:`TFEstimator` (``fit(ddf)``) and :class:`TFModel`
+(``predict(ddf)``, ``to_local()``), with the parameter names of :class:`duotf.spark.TFEstimator`.
 
-``import duotf.dask`` imports neither dask nor distributed; :func:`predict` imports what it needs.
+``import duotf.dask`` imports neither dask nor distributed; the functions import what they need.
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence, Union
+import json
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
+from . import estimator as core
 from . import scoring
 from .errors import ConfigError
 
-__all__ = ["predict"]
+__all__ = ["predict", "TFEstimator", "TFModel"]
 
 
 def _check_column(meta, name: str) -> None:
@@ -106,3 +110,232 @@ def predict(ddf, model, *, columns: Optional[Sequence[str]] = None,
 
 def _score_partition(frame, plan):
     return scoring.score_pandas(plan, frame)
+
+
+# -- the Dask twin of the Spark ML stages ------------------------------------------------------------
+class TFEstimator:
+    """Trains a TensorFlow model on a duotf cluster over a Dask DataFrame: the twin of
+    :class:`duotf.spark.TFEstimator`, with the same parameters (see there), as keywords.
+
+    ``fit(ddf)`` checks the columns before anything runs (a :class:`~duotf.ConfigError` names a
+    missing column, a wrong dtype, a null, an array column whose rows differ in length: one pass
+    over the data), runs the cluster on ``client`` (default: the current ``distributed``
+    client) and returns a :class:`TFModel`. Feature columns hold numbers, or lists/arrays of
+    numbers (object dtype) or Arrow lists.
+    """
+
+    def __init__(self, *, modelFn=None, trainFn=None, trainArgs=None, featuresCol="features",
+                 labelCol="label", predictionCol="prediction", argmaxCol=None, numWorkers=1,
+                 numPs=0, epochs=1, batchSize=32, modelDir=None, env=None, seed=None, verbose=0,
+                 client=None):
+        self._params: Dict[str, Any] = {}
+        self.client = client
+        self.set_params(modelFn=modelFn, trainFn=trainFn, trainArgs=trainArgs,
+                        featuresCol=featuresCol, labelCol=labelCol, predictionCol=predictionCol,
+                        argmaxCol=argmaxCol, numWorkers=numWorkers, numPs=numPs, epochs=epochs,
+                        batchSize=batchSize, modelDir=modelDir, env=env, seed=seed, verbose=verbose)
+
+    _OWN = ("predictionCol", "argmaxCol")
+
+    def get_params(self) -> Dict[str, Any]:
+        """The parameters, by name."""
+        return dict(self._params)
+
+    def set_params(self, **params) -> "TFEstimator":
+        """Set parameters by name; an unknown name is a ConfigError listing the known ones."""
+        known = set(core.FIT_PARAMS) | set(self._OWN)
+        unknown = set(params) - known
+        if unknown:
+            raise ConfigError(f"unknown parameter(s) {sorted(unknown)}: the parameters are "
+                              f"{sorted(known)}", params=sorted(unknown))
+        self._params.update(params)
+        return self
+
+    def __repr__(self) -> str:
+        shown = {k: v for k, v in self._params.items() if v is not None and not callable(v)}
+        return f"duotf.dask.TFEstimator({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+    def config(self) -> core.FitConfig:
+        """The checked fit parameters (a ConfigError names a bad one)."""
+        return core.FitConfig.from_params({k: v for k, v in self._params.items() if k not in self._OWN})
+
+    def fit(self, ddf) -> "TFModel":
+        import duotf.backends
+
+        config = self.config()
+        data = _fit_columns(ddf, config)
+        client = self.client
+        if client is None:
+            from distributed import default_client
+
+            try:
+                client = default_client()
+            except ValueError as exc:
+                raise ConfigError("no Dask client: create one (distributed.Client(...)) or pass "
+                                  "TFEstimator(client=...)") from exc
+        backend = duotf.backends.resolve_backend(client)[0]
+        result = core.fit(config, backend, id(client), data, feed_slots=0)
+        model = TFModel(result.modelPath, featuresCol=config.featuresCol,
+                        predictionCol=self._params["predictionCol"],
+                        argmaxCol=self._params["argmaxCol"])
+        model.history, model.results, model.fitSeconds = result.history, result.results, result.seconds
+        return model
+
+
+def _fit_columns(ddf, config: core.FitConfig):
+    """``ddf`` reduced to the fit's columns, checked: the meta's dtypes here, then one pass for
+    rows, nulls and one length per array column."""
+    import numpy as np
+
+    if not hasattr(ddf, "map_partitions") or not hasattr(ddf, "columns"):
+        raise ConfigError(f"TFEstimator.fit takes a Dask DataFrame, got {type(ddf).__name__}")
+    meta = ddf._meta
+    for name in config.columns:
+        role = "featuresCol" if name in config.features else "labelCol"
+        if name not in meta.columns:
+            raise ConfigError(f"{'feature' if role == 'featuresCol' else 'label'} column {name!r} "
+                              f"is not in the DataFrame (its columns are {list(meta.columns)}): set "
+                              f"{role} to a column that is", column=name)
+        _check_column(meta, name)
+    data = ddf[config.columns]
+    stats = data.map_partitions(_column_stats, meta={"column": object, "rows": np.int64,
+                                                     "nulls": np.int64, "lo": np.int64,
+                                                     "hi": np.int64}).compute()
+    rows = int(stats["rows"].sum()) // max(len(config.columns), 1)
+    if rows < config.numWorkers:
+        raise ConfigError(f"the DataFrame has {rows} rows, fewer than numWorkers="
+                          f"{config.numWorkers}: every worker needs rows", rows=rows)
+    for name in config.columns:
+        mine = stats[stats["column"] == name]
+        nulls = int(mine["nulls"].sum())
+        if nulls:
+            raise ConfigError(f"column {name!r} holds {nulls} null(s): fill or drop them first, "
+                              f"e.g. ddf.dropna(subset=[{name!r}])", column=name, problem="null")
+        sized = mine[mine["hi"] >= 0]
+        if len(sized) and (sized["lo"].min() != sized["hi"].max()):
+            raise ConfigError(f"column {name!r} is ragged: its arrays hold from {sized['lo'].min()} "
+                              f"to {sized['hi'].max()} values, and a model input takes one length: "
+                              "pad or cut them to one length first", column=name, problem="ragged")
+    return data
+
+
+def _column_stats(frame):
+    """Per column of a partition: rows, nulls, and the shortest and longest array (-1: not
+    arrays)."""
+    import numpy as np
+    import pandas as pd
+
+    out = []
+    for name in frame.columns:
+        col = frame[name]
+        nulls = int(col.isna().sum()) if col.dtype != object else int(sum(v is None for v in col))
+        lo = hi = -1
+        if col.dtype == object or isinstance(col.dtype, pd.ArrowDtype):
+            lengths = np.fromiter((len(v) for v in col if v is not None), dtype=np.int64)
+            if len(lengths):
+                lo, hi = int(lengths.min()), int(lengths.max())
+        out.append((name, len(col), nulls, lo, hi))
+    return pd.DataFrame(out, columns=["column", "rows", "nulls", "lo", "hi"]).astype(
+        {"rows": np.int64, "nulls": np.int64, "lo": np.int64, "hi": np.int64})
+
+
+class TFModel:
+    """The fitted model of :class:`TFEstimator`, the twin of :class:`duotf.spark.TFModel`.
+
+    ``predict(ddf)`` is lazy: one output partition per input partition, every column kept, the
+    prediction columns added (``predictionCol``, or ``outputCols`` ``{column: output name}``,
+    and ``argmaxCol`` when set), scored in the workers with the model loaded once per worker
+    process and cached (:func:`predict`). ``to_local()`` is the plain Keras model; ``modelPath``
+    the saved file; ``history`` the chief's Keras history. ``save(path)`` writes the parameters,
+    the history and a copy of the model into a folder; :meth:`load` reads it back.
+    """
+
+    def __init__(self, modelPath: str, *, featuresCol="features", predictionCol="prediction",
+                 argmaxCol=None, outputCols=None, batchSize=scoring.DEFAULT_BATCH_SIZE):
+        self.modelPath = modelPath
+        self.featuresCol = featuresCol
+        self.predictionCol = predictionCol
+        self.argmaxCol = argmaxCol
+        self.outputCols = outputCols
+        self.batchSize = batchSize
+        self.history: Dict[str, List[float]] = {}
+        self.results: List[Any] = []
+        self.fitSeconds: Optional[float] = None
+
+    def __repr__(self) -> str:
+        return f"duotf.dask.TFModel({self.modelPath!r})"
+
+    def predict(self, ddf):
+        import numpy as np
+
+        names = list(core.feature_names(self.featuresCol))
+        output = self.outputCols or self.predictionCol
+        out = predict(ddf, self.modelPath, columns=names, output=output, batch_size=self.batchSize)
+        if self.argmaxCol is None:
+            return out
+        if self.argmaxCol in out.columns:
+            raise ConfigError(f"argmaxCol {self.argmaxCol!r} is already a column of the DataFrame: "
+                              "name it otherwise", param="argmaxCol")
+        source = output if isinstance(output, str) else next(iter(output))
+        if out._meta[source].dtype != object and not hasattr(out._meta[source].dtype, "pyarrow_dtype"):
+            raise ConfigError(f"argmaxCol={self.argmaxCol!r}: the model's output {source!r} is one "
+                              "value a row; argmaxCol needs an output of several (a class's scores)",
+                              param="argmaxCol")
+        meta = out._meta.assign(**{self.argmaxCol: np.array([], dtype=np.float64)})
+        return out.map_partitions(_argmax, source, self.argmaxCol, meta=meta)
+
+    def to_local(self):
+        """The fitted Keras model, loaded in this process."""
+        import keras
+
+        scoring.model_source(self.modelPath)  # a missing path is a ConfigError naming it
+        return keras.saving.load_model(self.modelPath)
+
+    _FIELDS = ("featuresCol", "predictionCol", "argmaxCol", "outputCols", "batchSize", "history",
+               "fitSeconds")
+
+    def save(self, path: str) -> None:
+        """Write the model into the folder ``path`` (any fsspec URL): ``metadata.json`` and a
+        copy of the saved model, so the folder is whole by itself."""
+        from .io.files import filesystem, open_url
+
+        fs, fpath = filesystem(path)
+        if fs.exists(fpath):
+            raise ConfigError(f"{path!r} exists already: give a new folder", path=path)
+        name = self.modelPath.rstrip("/").rsplit("/", 1)[-1]
+        core.copy_model(self.modelPath, path.rstrip("/") + "/model/" + name)
+        meta = {k: getattr(self, k) for k in self._FIELDS}
+        meta["modelFile"] = name
+        with open_url(path.rstrip("/") + "/metadata.json", "wb") as f:
+            f.write(json.dumps(meta).encode())
+
+    @classmethod
+    def load(cls, path: str) -> "TFModel":
+        from .io.files import open_url
+
+        with open_url(path.rstrip("/") + "/metadata.json") as f:
+            meta = json.loads(f.read())
+        model = cls(path.rstrip("/") + "/model/" + meta.pop("modelFile"),
+                    **{k: meta[k] for k in ("featuresCol", "predictionCol", "argmaxCol",
+                                            "outputCols", "batchSize")})
+        model.history, model.fitSeconds = meta.get("history") or {}, meta.get("fitSeconds")
+        return model
+
+
+def _argmax(frame, source: str, column: str):
+    import numpy as np
+
+    import pandas as pd
+
+    values = frame[source]
+    out = frame.copy()
+    if len(frame):
+        if isinstance(values.dtype, pd.ArrowDtype):  # the predictions' one buffer, no per-row work
+            flat = values.array.__arrow_array__().combine_chunks().flatten()
+            scores = flat.to_numpy(zero_copy_only=False).reshape(len(frame), -1)
+        else:
+            scores = np.stack([np.asarray(v) for v in values])
+        out[column] = np.argmax(scores, axis=1).astype(np.float64)
+    else:
+        out[column] = np.array([], dtype=np.float64)
+    return out

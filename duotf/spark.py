@@ -1,5 +1,5 @@
 """duotf's Spark-facing names: feed acceleration for Spark DataFrames, and scoring them with a
-saved model in Spark's own tasks.
+saved model in Spark's own tasks; the Spark ML stages :class:`TFEstimator` and :class:`TFModel`.
 
 ``import duotf.spark`` does not import pyspark; the functions do when called.
 """
@@ -7,5 +7,16 @@ saved model in Spark's own tasks.
 from .backends.spark_feed import CachedPartition, FeedCache, feed_cache, pack_tensors
 from .backends.spark_scoring import PredictUDF, predict, predict_udf
 
+
+def __getattr__(name):
+    # The ML stages subclass pyspark's classes: importing them imports pyspark.
+    if name in ("TFEstimator", "TFModel"):
+        from .backends import spark_ml
+
+        return getattr(spark_ml, name)
+    raise AttributeError(f"module 'duotf.spark' has no attribute {name!r}")
+
+
+# TFEstimator and TFModel are left out: ``import *`` would import pyspark with them.
 __all__ = ["feed_cache", "FeedCache", "CachedPartition", "pack_tensors", "predict_udf", "predict",
            "PredictUDF"]
