@@ -329,3 +329,22 @@ def feed_hold_main(args, ctx):
             open(f"{args['held']}-{ctx.task_index}", "w").close()
             wait_for_file(args["release"])
     return {"rank": ctx.task_index, "ids": {e: np.concatenate(v).tolist() for e, v in seen.items()}}
+
+
+def load_keras(path: str):
+    """A model loader for ``duotf.spark.predict_udf`` / ``duotf.dask.predict`` (bound to a path
+    with functools.partial)."""
+    import keras
+
+    return keras.saving.load_model(path, compile=False)
+
+
+def scoring_stats(batches):
+    """A ``mapInArrow`` task: this Python worker's pid and model cache figures, as JSON."""
+    import pyarrow as pa
+
+    from duotf.scoring import cache_stats
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"pid": [os.getpid()], "stats": [json.dumps(cache_stats())]})
