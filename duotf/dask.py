@@ -108,8 +108,8 @@ def predict(ddf, model, *, columns: Optional[Sequence[str]] = None,
     return ddf.map_partitions(_score_partition, plan, meta=out_meta)
 
 
-def _score_partition(frame, plan):
-    return scoring.score_pandas(plan, frame)
+def _score_partition(frame, plan, partition_info=None):
+    return scoring.score_pandas(plan, frame, (partition_info or {}).get("number"))
 
 
 # -- the Dask twin of the Spark ML stages ------------------------------------------------------------

@@ -539,19 +539,43 @@ def to_arrow(values: np.ndarray, vector: bool):
     return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(values).reshape(-1)))
 
 
-def score_arrow(plan: Plan, batch) -> List[object]:
+_RAGGED_HINT = ("a model input needs one length in every row: filter or pad the rows to the "
+                "length the model takes")
+
+
+def _refused(exc, labels: Mapping[str, str], partition, offset: int):
+    """The feed's FeedSchemaError for a scoring task: the column as the user named it, the row
+    placed in its partition, and a hint for scoring (a ragged column cannot be declared here)."""
+    attrs = exc.attributes
+    column = labels.get(attrs["column"], attrs["column"])
+    hint = _RAGGED_HINT if attrs["problem"] == "ragged" else attrs["hint"].replace(
+        repr(attrs["column"]), repr(column))
+    err = type(exc)("", **dict(attrs, column=column, hint=hint))
+    return err.located(partition, offset)
+
+
+def score_arrow(plan: Plan, batch, partition=None, offset: int = 0,
+                labels: Optional[Mapping[str, str]] = None) -> List[object]:
     """The output columns (Arrow arrays, in ``plan.outputs`` order) for an Arrow record batch
-    holding at least the plan's input columns."""
+    holding at least the plan's input columns. A null or a ragged row is a
+    :class:`~duotf.FeedSchemaError` naming the column (as ``labels`` names it), the
+    ``partition`` and the row (counted from ``offset``: the batch's first row in it)."""
+    from .errors import FeedSchemaError
+
     if batch.num_rows == 0:
         return [to_arrow(np.empty((0, 1) if c.vector else 0, c.dtype), c.vector) for c in plan.outputs]
     names = set(batch.schema.names)
-    cols = _decode(batch.select([c for c in dict.fromkeys(plan.columns) if c in names]), plan)
+    try:
+        cols = _decode(batch.select([c for c in dict.fromkeys(plan.columns) if c in names]), plan)
+    except FeedSchemaError as exc:
+        raise _refused(exc, labels or {}, partition, offset) from None
     preds = score_columns(plan, cols)
     return [to_arrow(preds[c.column], c.vector) for c in plan.outputs]
 
 
-def score_pandas(plan: Plan, frame):
-    """``frame`` with the output columns added (vector columns as Arrow-backed lists)."""
+def score_pandas(plan: Plan, frame, partition=None):
+    """``frame`` (partition ``partition``) with the output columns added (vector columns as
+    Arrow-backed lists)."""
     import pandas as pd
     import pyarrow as pa
 
@@ -559,7 +583,7 @@ def score_pandas(plan: Plan, frame):
     inputs = list(dict.fromkeys(plan.columns))
     if len(frame):
         batch = pa.RecordBatch.from_pandas(frame[inputs], preserve_index=False)
-        arrays = score_arrow(plan, batch)
+        arrays = score_arrow(plan, batch, partition)
     else:
         arrays = [to_arrow(np.empty((0, 1) if c.vector else 0, c.dtype), c.vector) for c in plan.outputs]
     for col, arr in zip(plan.outputs, arrays):

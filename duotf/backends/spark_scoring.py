@@ -54,22 +54,37 @@ class PredictUDF:
     (``udf("features")``, ``udf(*cols)``) to get the prediction column. The number of columns is
     checked against the model's inputs here, on the driver."""
 
-    def __init__(self, udf, plan: scoring.Plan, model: scoring.Model):
-        self.udf = udf
+    def __init__(self, plan: scoring.Plan, model: scoring.Model, data_type):
         self.plan = plan
+        self.return_type = data_type
         self._inputs = model.inputs
 
     def __call__(self, *cols):
+        import dataclasses
+        import typing
+
+        import pyarrow as pa
+        from pyspark.sql import types as T
+        from pyspark.sql.functions import arrow_udf
+
         if not cols:
             raise ConfigError("predict_udf(...)(): give the input column(s), e.g. udf(\"features\")")
         if self._inputs is not None and len(self._inputs) not in (1, len(cols)):
             names = [i.name for i in self._inputs]
             raise ConfigError(f"the model takes {len(names)} inputs {names}: call the UDF with one "
                               f"column for each, in that order (got {len(cols)})", inputs=names)
-        return self.udf(*cols)
+        plan = dataclasses.replace(self.plan, columns=tuple(str(i) for i in range(len(cols))))
+        labels = {str(i): _label(c, i) for i, c in enumerate(cols)}
+        run = _udf_task(plan, labels, [_arrow_type(c.type) for c in plan.outputs],
+                        isinstance(self.return_type, T.StructType))
+        # the hints tell pyspark the UDF's form (an iterator of batches), as objects: this
+        # module's annotations are strings, and pyarrow is no global here
+        run.__annotations__ = {"iterator": typing.Iterator[typing.Tuple[pa.Array, ...]],
+                               "return": typing.Iterator[pa.Array]}
+        return arrow_udf(run, self.return_type)(*cols)
 
     def __repr__(self) -> str:
-        return f"PredictUDF({self.plan.source.describe()}, {[c.type for c in self.plan.outputs]})"
+        return f"PredictUDF({self.plan.source.describe()}, {self.return_type.simpleString()})"
 
 
 def predict_udf(model, return_type="double", *, batch_size: int = scoring.DEFAULT_BATCH_SIZE):
@@ -113,12 +128,11 @@ def predict_udf(model, return_type="double", *, batch_size: int = scoring.DEFAUL
     know: a column expression for ``withColumn``/``select``. Its output is one column (a struct
     for several outputs); :func:`predict` adds one top-level column per output.
     """
-    try:
-        from pyspark.sql.functions import ArrowUDFType, arrow_udf
-    except ImportError as exc:  # PySpark < 4.1
+    from pyspark.sql import functions
+
+    if not hasattr(functions, "arrow_udf"):  # PySpark < 4.1
         raise ConfigError("predict_udf needs PySpark >= 4.1 (arrow_udf); with this PySpark use "
-                          "duotf.spark.predict(df, model, ...), which needs only mapInArrow") from exc
-    import pyarrow as pa
+                          "duotf.spark.predict(df, model, ...), which needs only mapInArrow")
     from pyspark.sql import types as T
 
     source = scoring.model_source(model)
@@ -133,25 +147,37 @@ def predict_udf(model, return_type="double", *, batch_size: int = scoring.DEFAUL
     n_inputs = len(loaded.inputs) if loaded.inputs is not None else None
     plan = scoring.make_plan(source, loaded, tuple(str(i) for i in range(n_inputs or 1)), outputs,
                              batch_size)
-    struct = isinstance(data_type, T.StructType)
-    arrow_types = [_arrow_type(c.type) for c in outputs]
+    return PredictUDF(plan, loaded, data_type)
 
+
+def _label(col, i: int) -> str:
+    """The name a UDF argument shows in errors: a column name, or the argument's position."""
+    import re
+
+    if isinstance(col, str):
+        return col
+    found = re.fullmatch(r"Column<'(.*)'>", str(col))
+    return found.group(1) if found else f"argument {i}"
+
+
+def _udf_task(plan: scoring.Plan, labels: Dict[str, str], arrow_types, struct: bool):
     def run(iterator):  # an iterator of tuples of pa.Array -> one of pa.Array
-        import dataclasses
+        import pyarrow as pa
+        from pyspark import TaskContext
 
-        task_plan = None
+        pid, pos = TaskContext.get().partitionId(), 0
         for arrays in iterator:
             arrays = arrays if isinstance(arrays, (tuple, list)) else (arrays,)
-            if task_plan is None:
-                task_plan = dataclasses.replace(plan, columns=tuple(str(i) for i in range(len(arrays))))
-            batch = pa.RecordBatch.from_arrays(list(arrays), names=list(task_plan.columns))
-            out = [a.cast(t) for a, t in zip(scoring.score_arrow(task_plan, batch), arrow_types)]
+            batch = pa.RecordBatch.from_arrays(list(arrays), names=list(plan.columns))
+            out = [a.cast(t) for a, t in zip(scoring.score_arrow(plan, batch, pid, pos, labels),
+                                             arrow_types)]
+            pos += len(batch)
             if struct:
-                yield pa.StructArray.from_arrays(out, names=[c.column for c in outputs])
+                yield pa.StructArray.from_arrays(out, names=[c.column for c in plan.outputs])
             else:
                 yield out[0]
 
-    return PredictUDF(arrow_udf(run, data_type, ArrowUDFType.SCALAR_ITER), plan, loaded)
+    return run
 
 
 def _check_column(df, name: str, tensors: Mapping[str, tuple]) -> None:
@@ -226,9 +252,12 @@ def predict(df, model, *, columns: Optional[Sequence[str]] = None,
 def _scorer(plan: scoring.Plan, arrow_types: List[object]):
     def run(batches):
         import pyarrow as pa
+        from pyspark import TaskContext
 
+        pid, pos = TaskContext.get().partitionId(), 0
         for batch in batches:
-            out = [a.cast(t) for a, t in zip(scoring.score_arrow(plan, batch), arrow_types)]
+            out = [a.cast(t) for a, t in zip(scoring.score_arrow(plan, batch, pid, pos), arrow_types)]
+            pos += batch.num_rows
             yield pa.RecordBatch.from_arrays(list(batch.columns) + out,
                                              names=list(batch.schema.names) + [c.column for c in plan.outputs])
 

@@ -437,3 +437,21 @@ def keras_unsupported_main(args, ctx):
         out["fit"] = (type(exc).__name__, str(exc))
     out["iterations"] = int(model.optimizer.iterations.numpy())
     return out
+
+def load_keras(path: str):
+    """A model loader for ``duotf.spark.predict_udf`` / ``duotf.dask.predict`` (bound to a path
+    with functools.partial)."""
+    import keras
+
+    return keras.saving.load_model(path, compile=False)
+
+
+def scoring_stats(batches):
+    """A ``mapInArrow`` task: this Python worker's pid and model cache figures, as JSON."""
+    import pyarrow as pa
+
+    from duotf.scoring import cache_stats
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"pid": [os.getpid()], "stats": [json.dumps(cache_stats())]})
