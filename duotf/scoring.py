@@ -140,10 +140,20 @@ class Model:
         raise NotImplementedError
 
 
+def _keras_attr(model, one: str, several: str):
+    """``model.input`` (``output``); a Sequential model loaded from a file has no ``input``
+    (it "has never been called") nor ``output_names``, only ``inputs``/``outputs`` lists."""
+    try:
+        return getattr(model, one)
+    except (AttributeError, ValueError):
+        values = list(getattr(model, several))
+        return values[0] if len(values) == 1 else values
+
+
 class _KerasModel(Model):
     def __init__(self, model):
         self.model = model
-        structure = model.input
+        structure = _keras_attr(model, "input", "inputs")
         if isinstance(structure, dict):
             self._input_keys = list(structure)
             tensors = list(structure.values())
@@ -152,12 +162,15 @@ class _KerasModel(Model):
             self._input_keys = None
         names = self._input_keys or [t.name for t in tensors]
         self.inputs = [_info(n, t.dtype, t.shape) for n, t in zip(names, tensors)]
-        out = model.output
+        out = _keras_attr(model, "output", "outputs")
         if isinstance(out, dict):
             self.outputs = [_info(k, t.dtype, t.shape) for k, t in out.items()]
         else:
             outs = list(out) if isinstance(out, (list, tuple)) else [out]
-            self.outputs = [_info(n, t.dtype, t.shape) for n, t in zip(model.output_names, outs)]
+            names = getattr(model, "output_names", None) or [
+                t._keras_history.operation.name if hasattr(t, "_keras_history") else str(i)
+                for i, t in enumerate(outs)]
+            self.outputs = [_info(n, t.dtype, t.shape) for n, t in zip(names, outs)]
 
     def predict(self, arrays):
         if self._input_keys is not None:
@@ -205,7 +218,7 @@ class _CallableModel(Model):
 def _wrap(obj, where: str) -> Model:
     if isinstance(obj, Model):
         return obj
-    if hasattr(obj, "predict_on_batch") and hasattr(obj, "input"):
+    if hasattr(obj, "predict_on_batch") and (hasattr(obj, "input") or hasattr(obj, "inputs")):
         return _KerasModel(obj)
     signatures = getattr(obj, "signatures", None)
     if signatures is not None and "serving_default" in signatures:
