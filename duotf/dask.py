@@ -198,9 +198,9 @@ def _fit_columns(ddf, config: core.FitConfig):
                               f"{role} to a column that is", column=name)
         _check_column(meta, name)
     data = ddf[config.columns]
-    stats = data.map_partitions(_column_stats, meta={"column": object, "rows": np.int64,
-                                                     "nulls": np.int64, "lo": np.int64,
-                                                     "hi": np.int64}).compute()
+    stats = data.map_partitions(_column_stats, meta={
+        "column": object, "rows": np.int64, "nulls": np.int64, "strings": np.int64,
+        "lo": np.int64, "hi": np.int64}).compute()
     rows = int(stats["rows"].sum()) // max(len(config.columns), 1)
     if rows < config.numWorkers:
         raise ConfigError(f"the DataFrame has {rows} rows, fewer than numWorkers="
@@ -208,6 +208,10 @@ def _fit_columns(ddf, config: core.FitConfig):
     for name in config.columns:
         mine = stats[stats["column"] == name]
         nulls = int(mine["nulls"].sum())
+        if int(mine["strings"].sum()):
+            raise ConfigError(f"column {name!r} holds strings, which a model cannot take: give "
+                              "numbers or arrays of numbers (convert or index them first)",
+                              column=name, problem="type")
         if nulls:
             raise ConfigError(f"column {name!r} holds {nulls} null(s): fill or drop them first, "
                               f"e.g. ddf.dropna(subset=[{name!r}])", column=name, problem="null")
@@ -230,13 +234,14 @@ def _column_stats(frame):
         col = frame[name]
         nulls = int(col.isna().sum()) if col.dtype != object else int(sum(v is None for v in col))
         lo = hi = -1
-        if col.dtype == object or isinstance(col.dtype, pd.ArrowDtype):
+        strings = int(sum(isinstance(v, (str, bytes)) for v in col)) if col.dtype == object else 0
+        if not strings and (col.dtype == object or isinstance(col.dtype, pd.ArrowDtype)):
             lengths = np.fromiter((len(v) for v in col if v is not None), dtype=np.int64)
             if len(lengths):
                 lo, hi = int(lengths.min()), int(lengths.max())
-        out.append((name, len(col), nulls, lo, hi))
-    return pd.DataFrame(out, columns=["column", "rows", "nulls", "lo", "hi"]).astype(
-        {"rows": np.int64, "nulls": np.int64, "lo": np.int64, "hi": np.int64})
+        out.append((name, len(col), nulls, strings, lo, hi))
+    return pd.DataFrame(out, columns=["column", "rows", "nulls", "strings", "lo", "hi"]).astype(
+        {"rows": np.int64, "nulls": np.int64, "strings": np.int64, "lo": np.int64, "hi": np.int64})
 
 
 class TFModel:

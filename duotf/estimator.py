@@ -177,7 +177,7 @@ def keras_main(args, ctx):
         if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
             raise ConfigError("modelFn returned a model that is not compiled: call "
                               "model.compile(optimizer, loss, metrics) before returning it")
-    history = model.fit(dataset, epochs=args["epochs"], verbose=args["verbose"])
+    history = model.fit(dataset, epochs=args["epochs"], verbose=args["verbose"], shuffle=False)
     if ctx.is_chief:
         model.save(args["modelPath"])
     return {k: [float(v) for v in values] for k, values in history.history.items()}

@@ -36,6 +36,8 @@ RUN_BY = {
     'client = Client("tcp://scheduler:8786")': "test_the_dask_block_runs_the_program_above",
     "score = duotf.predict_udf(": "test_the_spark_scoring_block_scores_every_row",
     "scored = duotf.dask.predict(": "test_the_dask_scoring_block_scores_every_row",
+    "from duotf.spark import TFEstimator, TFModel": "test_the_ml_block_fits_transforms_and_saves",
+    "est = duotf.dask.TFEstimator(": "test_the_dask_ml_block_fits_and_predicts",
 }
 
 
@@ -252,3 +254,46 @@ def test_the_dask_scoring_block_scores_every_row(backend, engine, tmp_path):
     out = engine.to_pandas(ns["scored"])
     assert out["id"].tolist() == list(range(90))
     np.testing.assert_allclose(out["prediction"], model.predict(x, verbose=0)[:, 0], rtol=1e-5, atol=1e-6)
+
+
+_ML_PATHS = {"/shared/models": "models", "/shared/tfmodel": "tfmodel"}
+
+
+def _ml_block(tmp_path):
+    return block("from duotf.spark import TFEstimator, TFModel",
+                 {k: str(tmp_path / v) for k, v in _ML_PATHS.items()})
+
+
+@pytest.mark.engines("spark-local")
+def test_the_ml_block_fits_transforms_and_saves(backend, engine, tmp_path):
+    df = _frame(engine.session)
+    ns = run_block(_ml_block(tmp_path), df=df)
+    loss = ns["model"].history["loss"]
+    assert len(loss) == 2 and all(map(math.isfinite, loss))
+    scored = ns["scored"].orderBy("id").toPandas()
+    assert scored["id"].tolist() == list(range(400)) and np.isfinite(scored["prediction"]).all()
+    again = ns["same"].transform(df).orderBy("id").toPandas()
+    assert np.array_equal(again["prediction"], scored["prediction"])
+    assert len(list((tmp_path / "models").glob("fit-*/model.keras"))) == 1
+
+
+@pytest.mark.engines("dask")
+def test_the_dask_ml_block_fits_and_predicts(backend, engine, tmp_path):
+    import dask
+    import dask.dataframe as dd
+    import pandas as pd
+
+    spark_block = _ml_block(tmp_path)
+    ns = run_block(spark_block[:spark_block.index("est = TFEstimator(")])  # make_model
+    rows = [(i, np.array([float(i % 7 + j) for j in range(6)], np.float32), float(i % 2))
+            for i in range(400)]
+    with dask.config.set({"dataframe.convert-string": False}):
+        ddf = dd.from_pandas(pd.DataFrame(rows, columns=["id", "features", "label"]), npartitions=4)
+    code = block("est = duotf.dask.TFEstimator(", {"/shared/models": str(tmp_path / "models")})
+    ns = run_block(code, make_model=ns["make_model"], client=engine.client, ddf=ddf)
+    out = engine.to_pandas(ns["predictions"])
+    assert out["id"].tolist() == list(range(400)) and np.isfinite(out["prediction"]).all()
+    x = np.stack(out["features"].to_numpy())
+    np.testing.assert_allclose(ns["keras_model"].predict(x, verbose=0)[:, 0], out["prediction"],
+                               rtol=1e-5, atol=1e-6)
+    assert len(ns["model"].history["loss"]) == 2

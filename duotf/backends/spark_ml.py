@@ -125,13 +125,13 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
         super().__init__()
         self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
                          numWorkers=1, numPs=0, epochs=1, batchSize=32, verbose=0)
-        self._set(**self._input_kwargs)
+        self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
     @keyword_only
     def setParams(self, *, modelFn=None, trainFn=None, trainArgs=None, featuresCol="features",
                   labelCol="label", predictionCol="prediction", argmaxCol=None, numWorkers=1,
                   numPs=0, epochs=1, batchSize=32, modelDir=None, env=None, seed=None, verbose=0):
-        return self._set(**self._input_kwargs)
+        return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
     def _value(self, name: str):
         param = self.getParam(name)
@@ -193,7 +193,7 @@ class TFModel(Model, _SharedParams, MLReadable, MLWritable):
         super().__init__()
         self._setDefault(featuresCol="features", predictionCol="prediction",
                          batchSize=scoring.DEFAULT_BATCH_SIZE)
-        self._set(**self._input_kwargs)
+        self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
         self.history: Dict[str, List[float]] = {}
         self.results: List[Any] = []
         self.fitSeconds: Optional[float] = None
@@ -359,7 +359,8 @@ class _Writer(MLWriter):
         from ..io.files import open_url
 
         inst = self.instance
-        plain = {p.name: v for p, v in inst._paramMap.items() if p.name not in _FUNCTIONS}
+        plain = {p.name: v for p, v in inst._paramMap.items()
+                 if p.name not in _FUNCTIONS and v is not None}
         extra = {"duotf": 1}
         if isinstance(inst, TFModel):
             source = plain.pop("modelPath", None)

@@ -455,3 +455,31 @@ def scoring_stats(batches):
     for _ in batches:
         pass
     yield pa.RecordBatch.from_pydict({"pid": [os.getpid()], "stats": [json.dumps(cache_stats())]})
+
+
+def linear_model_fn():
+    """TFEstimator's modelFn in the estimator tests: a compiled Keras linear model of 3 inputs
+    (its initial weights follow the seed TFEstimator sets)."""
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+    return model
+
+
+def linear_train_fn(args, ctx):
+    """TFEstimator's trainFn (TensorFlowOnSpark style) in the estimator tests: fit on the feed
+    with the args TFEstimator hands over; the chief saves to args["modelPath"]."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(args["seed"])
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    feed = ctx.get_data_feed(train=True)
+    dataset = feed.dataset(args["batchSize"], features=args["featuresCol"], label=args["labelCol"])
+    with strategy.scope():
+        model = linear_model_fn()
+    history = model.fit(dataset, epochs=args["epochs"], verbose=0)
+    if ctx.is_chief:
+        model.save(args["modelPath"])
+    return {"loss": history.history["loss"], "args": args["args"]}

@@ -1,14 +1,19 @@
-"""The digits example trains on every backend, TF reading its own data."""
+"""The digits example trains on every backend, TF reading its own data; the pipeline example
+fits and scores on Spark and Dask."""
 
 from __future__ import annotations
 
 import cloudpickle
 
 import duotf
+import pytest
+
 from examples.digits import train
+from examples.pipeline import digits as pipeline
 from tests.conftest import QUIET_TF
 
 cloudpickle.register_pickle_by_value(train)
+cloudpickle.register_pickle_by_value(pipeline)
 
 
 def test_digits_example_trains(backend, tmp_path):
@@ -39,3 +44,13 @@ def test_digits_example_trains_from_the_engine_feed(backend, engine, tmp_path):
     assert report["rows_per_worker"] == len(np.load(data)["y_train"]) // 2
     assert results[0]["accuracy"] == results[1]["accuracy"]
     assert results[0]["accuracy"] > 0.9, results
+
+
+@pytest.mark.engines("spark-local", "dask")
+def test_pipeline_example_fits_transforms_and_is_accurate(backend, engine, tmp_path):
+    """examples/pipeline: DataFrame -> TFEstimator.fit -> TFModel.transform (Spark, in a
+    Pipeline after a VectorAssembler) or TFModel.predict (Dask) -> accuracy."""
+    run = pipeline.spark_pipeline if hasattr(engine, "session") else pipeline.dask_pipeline
+    accuracy = run(engine.handle, workers=2, epochs=5, model_dir=str(tmp_path), env=QUIET_TF)
+    assert accuracy > 0.9, accuracy
+    assert len(list(tmp_path.glob("fit-*/model.keras"))) == 1
