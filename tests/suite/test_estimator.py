@@ -124,7 +124,7 @@ def test_fit_transform_save_load_with_the_same_predictions_on_every_engine(backe
     assert np.array_equal(again, predictions)
 
 
-@pytest.mark.engines("spark-local", "dask")
+@pytest.mark.engines("spark-local")
 def test_a_train_fn_fits_as_tensorflowonspark_does(backend, engine, tmp_path):
     """trainFn(args, ctx), TFoS style: the user's node program gets the estimator's params and
     trainArgs, saves to args["modelPath"]; its chief's dict is the history."""
