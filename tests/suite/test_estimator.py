@@ -227,9 +227,21 @@ def test_a_pipeline_and_a_cross_validator(backend, engine, tmp_path):
     assert isinstance(stage, TFEstimator) and stage.getOrDefault("modelFn") is not None
 
     # local[3]: a fit of 1 node needs 2 slots (its node, a feeding task): 2 at once need 4
+    pools = _thread_pools()
     with pytest.raises(duotf.InsufficientSlotsError) as info:
         cv.setParallelism(2).fit(df)
     message = str(info.value)
     assert "held by 1 other fit(s)" in message and "set parallelism=1" in message, message
     poll_for(lambda: duotf.estimator.running_fits() == 0, 300, 0.2, "the other fit's end")
+    # pyspark's CrossValidator leaves its ThreadPool open when a fit raises: close it
+    for pool in _thread_pools() - pools:
+        pool.terminate()
+        pool.join()
     df.unpersist()
+
+
+def _thread_pools() -> set:
+    import gc
+    from multiprocessing.pool import ThreadPool
+
+    return {o for o in gc.get_objects() if isinstance(o, ThreadPool)}
