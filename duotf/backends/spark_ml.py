@@ -401,3 +401,26 @@ class _Reader(MLReader):
             inst.fitSeconds = metadata.get("fitSeconds")
         return inst
 
+
+
+def _accessors(cls, names):
+    """Spark ML's ``setX``/``getX`` for every parameter (``est.setEpochs(3)``)."""
+    for name in names:
+        upper = name[0].upper() + name[1:]
+
+        def setter(self, value, _name=name):
+            return self._set(**{_name: value})
+
+        def getter(self, _name=name):
+            return self.getOrDefault(self.getParam(_name))
+
+        setter.__doc__, getter.__doc__ = f"Set {name}.", f"The value of {name}."
+        for prefix, fn in (("set", setter), ("get", getter)):
+            if not hasattr(cls, prefix + upper):
+                setattr(cls, prefix + upper, fn)
+
+
+_accessors(TFEstimator, ["modelFn", "trainFn", "trainArgs", "labelCol", "predictionCol", "argmaxCol",
+                         "numWorkers", "numPs", "epochs", "batchSize", "modelDir", "env", "seed",
+                         "verbose"])
+_accessors(TFModel, ["predictionCol", "argmaxCol", "outputCols", "batchSize"])
