@@ -66,12 +66,14 @@ def tfos_train_fn(args, ctx):
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     ds = tf.data.Dataset.from_generator(rows, output_signature=signature).batch(
         args.batch_size).with_options(options)
-    steps = int(0.9 * args.rows / args.batch_size)  # 90% of a worker's steps, as TFoS's example
+    # TFoS's example takes 90% of a worker's even share of the steps: a worker that runs out of
+    # rows ends fit while the other waits in a collective (TFoS does not deal rows evenly).
+    steps = int(args.steps_fraction * args.rows / args.batch_size)
     with strategy.scope():
         model = build_model()
     model.fit(ds, epochs=args.epochs, steps_per_epoch=steps, verbose=0)
     if ctx.job_name == "chief":
-        model.save(os.path.join(args.model_dir, "model.keras"))
+        model.save(os.path.join(args.save_dir, "model.keras"))  # TFoS sets args.model_dir itself
     feed.terminate()
 
 
@@ -125,7 +127,7 @@ def run_duotf(master: str, rows: int, epochs: int, batch: int) -> float:
         session.stop()
 
 
-def run_tfos(master: str, wheel: str, rows: int, epochs: int, batch: int) -> float:
+def run_tfos(master: str, wheel: str, rows: int, epochs: int, batch: int, fraction: float) -> float:
     import zipfile
 
     site = tempfile.mkdtemp(prefix="tfos-site-")
@@ -146,7 +148,8 @@ def run_tfos(master: str, wheel: str, rows: int, epochs: int, batch: int) -> flo
             time.sleep(0.2)  # 2 executors and the driver
         df = _frame(session, rows)
         model_dir = tempfile.mkdtemp(prefix="tfos-est-")
-        args = {"batch_size": batch, "epochs": epochs, "rows": rows, "model_dir": model_dir}
+        args = {"batch_size": batch, "epochs": epochs, "rows": rows, "save_dir": model_dir,
+                "steps_fraction": fraction}
         est = (TFEstimator(tfos_train_fn, args).setInputMapping({"features": "features", "label": "label"})
                .setClusterSize(2).setEpochs(epochs).setBatchSize(batch).setGraceSecs(60))
         t0 = time.perf_counter()
@@ -166,6 +169,8 @@ def main(argv=None) -> None:
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--tfos-steps", type=float, default=0.9,
+                        help="TFoS steps_per_epoch as a fraction of an even share (its example: 0.9)")
     opts = parser.parse_args(argv)
     print(f"{opts.rows} rows x {opts.epochs} epochs, global batch {opts.batch}, 2 workers, "
           f"{opts.spark_master}", flush=True)
@@ -176,8 +181,10 @@ def main(argv=None) -> None:
         return
     from .feed import tfos_wheel
 
-    tfos_s = run_tfos(opts.spark_master, tfos_wheel(opts.with_tfos), opts.rows, opts.epochs, opts.batch)
-    print(f"TensorFlowOnSpark 2.2.5 TFEstimator.fit: {tfos_s:.1f} s "
+    tfos_s = run_tfos(opts.spark_master, tfos_wheel(opts.with_tfos), opts.rows, opts.epochs,
+                      opts.batch, opts.tfos_steps)
+    print(f"TensorFlowOnSpark 2.2.5 TFEstimator.fit: {tfos_s:.1f} s, training on "
+          f"{opts.tfos_steps:.0%} of the rows (duotf: all of them) "
           f"(duotf takes {duotf_s / tfos_s:.2f}x its time)")
 
 
