@@ -238,6 +238,22 @@ def feed_memory_main(args, ctx):
     return {"rows": rows, "growth_mb": (peak - base) / 2**20}
 
 
+def ids_seen_main(args, ctx):
+    """Drain a feed of ids (column "1", 0 <= id < args["rows"]) through dataset(); return
+    how many rows came and which ids, as a packed bitmap, and how many came twice here."""
+    import numpy as np
+    import tensorflow  # noqa: F401
+
+    seen = np.zeros(args["rows"], dtype=bool)
+    rows = twice = 0
+    for batch in ctx.get_data_feed(train=True).dataset(args["batch"]):
+        ids = batch["1"].numpy()
+        rows += len(ids)
+        twice += int(seen[ids].sum()) + len(ids) - len(np.unique(ids))
+        seen[ids] = True
+    return {"rows": rows, "twice": twice, "seen": np.packbits(seen).tobytes()}
+
+
 def feed_tensor_main(args, ctx):
     """Read a 2-D tensor column through dataset(); check every row against its id."""
     import numpy as np
