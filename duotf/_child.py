@@ -167,6 +167,9 @@ def tune_malloc() -> bool:
 
 def main(argv) -> int:
     tune_malloc()
+    from . import keras as keras_fix  # no Keras import: a hook for when main imports it
+
+    keras_fix.install()
     link = _Link(int(argv[1]), int(argv[2]))
     job = link.rx.recv()[1]  # (ChildMsg.INIT, {...})
     inbox: list = []

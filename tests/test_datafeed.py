@@ -53,6 +53,51 @@ def test_dataset_blocks_follow_next_batch_rules(block_bytes):
     assert ids == list(range(375))
 
 
+@pytest.mark.parametrize("block_bytes", [64, 1 << 20])
+def test_a_fit_dataset_yields_x_y_one_epoch_per_iteration(block_bytes):
+    import threading
+
+    import tensorflow as tf
+
+    server = FeedServer(SECRET, capacity=64)
+    epochs = [[7, 13, 250, 5], [95, 5], [3]]  # 275 rows, then 100, then 3
+    pusher = threading.Thread(target=_push, args=(server, epochs))
+    pusher.start()
+    feed = DataFeed(server, train=True)
+    try:
+        ds = feed.dataset(10, features="x", label="id")
+        policy = ds.options().experimental_distribute.auto_shard_policy
+        iterations = []
+        for _ in range(4):  # as fit(ds, epochs=4) does: the fourth finds the data's end
+            sizes, ids = [], []
+            for x, y in ds:
+                assert x.shape[1:] == (3,) and (x.numpy() == y.numpy()[:, None]).all()
+                sizes.append(int(y.shape[0]))
+                ids.extend(y.numpy().tolist())
+            iterations.append((sizes, ids))
+    finally:
+        pusher.join()
+        server.close()
+    assert policy == tf.data.experimental.AutoShardPolicy.OFF
+    assert iterations == [([10] * 27 + [5], list(range(275))),
+                          ([10] * 10, list(range(275, 375))), ([3], [375, 376, 377]), ([], [])]
+    assert feed.epoch == 2
+
+
+def test_a_fit_dataset_names_a_column_the_feed_lacks():
+    import threading
+
+    server = FeedServer(SECRET, capacity=64)
+    pusher = threading.Thread(target=_push, args=(server, [[4]]))
+    pusher.start()
+    try:
+        with pytest.raises(ConfigError, match="no column 'z' in the feed .*'id', 'x'"):
+            DataFeed(server, train=True).dataset(2, features=["x", "z"], label="id")
+    finally:
+        pusher.join()
+        server.close()
+
+
 def test_tensor_column_decodes_without_a_copy():
     x = np.arange(40, dtype=np.float32).reshape(10, 4)
     column = pa.array([row.tobytes() for row in x], pa.binary())

@@ -29,6 +29,7 @@ RUN_BY = {
     "python3 -m pip install -e": "test_quickstart_commands_are_what_ci_runs_and_the_example_trains",
     "def main(args, ctx):                       # runs once per node": "test_your_program_trains_and_saves",
     "def train_main(args, ctx):": "test_the_feeding_block_trains_and_scores_every_row",
+    "def fit_main(args, ctx):": "test_the_keras_fit_block_trains_on_the_feed",
     "from duotf.spark import feed_cache, pack_tensors": "test_the_feed_cache_block_feeds_every_epoch",
     "from duotf.io.tfrecord import": "test_the_io_block_round_trips_the_rows",
     "spark-submit --master spark://master:7077": "test_the_spark_submit_command_runs_on_the_standalone_master",
@@ -139,6 +140,14 @@ def test_the_feeding_block_trains_and_scores_every_row(backend, engine):
     assert sorted(out["id"]) == list(range(400))
     expected = out["id"].map(lambda i: sum(float(i % 7 + j) for j in range(6)))
     np.testing.assert_allclose(out["prediction"], expected)
+
+
+@pytest.mark.engines("spark-local")
+def test_the_keras_fit_block_trains_on_the_feed(backend, engine):
+    ns = run_block(block("def fit_main(args, ctx):"), spark=engine.session, df=_frame(engine.session))
+    first, second = ns["losses"]
+    assert first == second and len(first) == 3 and all(map(math.isfinite, first))
+    assert first[-1] < first[0]
 
 
 @pytest.mark.engines("spark-local")

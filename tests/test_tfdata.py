@@ -52,3 +52,17 @@ def test_sharding_by_rank():
     assert shard_files(files, _ctx("evaluator", 0, with_chief)) == files
     with pytest.raises(duotf.ConfigError, match="2 file\\(s\\) for 3 workers"):
         shard_files(files[:2], _ctx("worker", 0, with_chief))
+
+
+@pytest.mark.parametrize("reader", ["native", "fsspec"])
+def test_a_node_share_is_not_sharded_again_by_the_strategy(files, reader):
+    import tensorflow as tf
+
+    cluster = {"worker": ["a:1", "b:1"]}
+    shares = [tfrecord_dataset(files, _ctx("worker", i, cluster), reader=reader) for i in (0, 1)]
+    for ds in shares:  # MultiWorkerMirroredStrategy (Keras fit) leaves it as it is
+        policy = ds.options().experimental_distribute.auto_shard_policy
+        assert policy == tf.data.experimental.AutoShardPolicy.OFF
+    assert sum(len(list(ds)) for ds in shares) == sum(10 + i for i in range(5))
+    plain = tfrecord_dataset(files).options().experimental_distribute.auto_shard_policy
+    assert plain == tf.data.experimental.AutoShardPolicy.AUTO

@@ -494,6 +494,7 @@ class DataFeed:
         self._offset = 0
         self._current_conn = None
         self._owed: "collections.deque" = collections.deque()  # [conn, rows] awaiting results
+        self._epoch_cut = False  # the rows last taken ended their epoch
 
     # -- reading ------------------------------------------------------------------------------
     def _raise_failure(self) -> None:
@@ -542,15 +543,22 @@ class DataFeed:
             return {self.input_mapping[k]: v for k, v in cols.items() if k in self.input_mapping}
         return cols
 
-    def _take(self, n: int) -> Optional[Columns]:
+    def _take(self, n: int, stop_at_epoch: bool = False):
+        """Up to ``n`` rows, never across an epoch's end: None once the data ended;
+        ``Marker.EPOCH`` with ``stop_at_epoch`` when an epoch ends before any row (otherwise
+        the next epoch's rows). ``self._epoch_cut`` tells whether the rows end their epoch."""
         parts = []
+        self._epoch_cut = False
         # Inference returns a short batch rather than wait for rows that may only come after
         # the results of the rows already taken (the feeding task waits for those).
         while n > 0:
             status = self._fill(block=self.train or not parts)
             if status is _EPOCH:
                 if parts:
+                    self._epoch_cut = True
                     break  # a batch never spans two epochs
+                if stop_at_epoch:
+                    return _EPOCH
                 continue
             if not status:
                 break
@@ -561,17 +569,21 @@ class DataFeed:
             return None
         return self._mapped(concat_cols(parts))
 
-    def _take_block(self, max_rows: int, batch_size: int) -> Optional[Columns]:
+    def _take_block(self, max_rows: int, batch_size: int, stop_at_epoch: bool = False):
         """Whole batches from the current frame as one view (up to ``max_rows``), or else one
-        batch assembled across frames (short at the end of an epoch or of the data)."""
+        batch assembled across frames (short at the end of an epoch or of the data); None and
+        ``Marker.EPOCH`` as in :meth:`_take`."""
+        self._epoch_cut = False
         status = self._fill()
         while status is _EPOCH:
+            if stop_at_epoch:
+                return _EPOCH
             status = self._fill()
         if not status:
             return None
         available = num_rows(self._current) - self._offset
         if available < batch_size:
-            return self._take(batch_size)
+            return self._take(batch_size, stop_at_epoch)
         k = min(max_rows, available) // batch_size * batch_size
         return self._mapped(self._consume(k))
 
@@ -653,8 +665,26 @@ class DataFeed:
         """Stop reading: pending and future data is dropped and the driver's call returns."""
         self._server.terminate()
 
-    def dataset(self, batch_size: int, *, block_bytes: int = 4 << 20):
-        """A ``tf.data.Dataset`` of ``{column: tensor}`` batches of ``batch_size`` rows.
+    def dataset(self, batch_size: int, *, features=None, label: Optional[str] = None,
+                per_epoch: Optional[bool] = None, block_bytes: int = 4 << 20):
+        """A ``tf.data.Dataset`` of this node's rows in batches of ``batch_size``.
+
+        Without ``features`` and ``label`` an element is a dict ``{column: tensor}``; with them
+        it is what Keras ``model.fit`` takes, ``(x, y)``: ``x`` the tensor of ``features`` when
+        it is one name, a dict of tensors when it is a list (every column but ``label`` when
+        it is None), ``y`` the tensor of ``label`` (just ``x`` without ``label``, for
+        ``predict``). Names are column names after ``input_mapping``.
+
+        With ``per_epoch`` (the default when ``features`` or ``label`` is given) one iteration
+        of the dataset is one epoch of the feed, and iterating it again reads the next epoch,
+        as ``fit(ds, epochs=n)`` does: as ``train`` balances rows, every worker runs the same
+        number of steps per epoch, so ``fit`` needs no ``steps_per_epoch``. Otherwise one
+        iteration reads every epoch.
+
+        The dataset's auto-shard policy is OFF: the engine already gave each node its own
+        rows, and ``MultiWorkerMirroredStrategy`` must not drop any. Note that under that
+        strategy Keras treats ``batch_size`` as the global batch: each worker's step takes
+        ``batch_size / num_workers`` of its own rows (TF's rebatching).
 
         Batches follow the same rules as :meth:`next_batch` (never across epochs). Rows move
         from Python to TF in blocks of whole batches (about ``block_bytes``), each a view of one
@@ -664,9 +694,12 @@ class DataFeed:
         """
         import tensorflow as tf
 
+        if per_epoch is None:
+            per_epoch = features is not None or label is not None
         first = self._take(batch_size)
         if first is None:
             raise ValueError("the feed ended before any data arrived")
+        pending = [first, self._epoch_cut]
 
         def spec(v):
             if isinstance(v, list):
@@ -691,19 +724,58 @@ class DataFeed:
             return out
 
         signature = {k: spec(v) for k, v in first.items()}
+        xy = _xy_selector(list(signature), features, label)
         row_bytes = sum(v.nbytes // max(len(v), 1) if isinstance(v, (np.ndarray, RaggedColumn)) else 64
                         for v in first.values())
         per_block = batch_size * max(1, block_bytes // max(row_bytes * batch_size, 1))
 
         def blocks():
-            cols = first
-            while cols is not None:
+            if pending[0] is not None:  # the batch read above, to learn the columns
+                cols, cut = pending
+                pending[0] = None
+            else:
+                cols = self._take_block(per_block, batch_size, stop_at_epoch=per_epoch)
+                cut = self._epoch_cut
+            while cols is not None and cols is not _EPOCH:
                 n = num_rows(cols)
                 full = n // batch_size * batch_size
                 if full:
                     yield stacked(cols, 0, full, full // batch_size)
                 if full < n:  # the short batch at the end of an epoch, or of the data
                     yield stacked(cols, full, n, 1)
-                cols = self._take_block(per_block, batch_size)
+                if per_epoch and cut:
+                    return
+                cols = self._take_block(per_block, batch_size, stop_at_epoch=per_epoch)
+                cut = self._epoch_cut
 
-        return tf.data.Dataset.from_generator(blocks, output_signature=signature).unbatch()
+        ds = tf.data.Dataset.from_generator(blocks, output_signature=signature).unbatch()
+        if xy is not None:
+            ds = ds.map(xy)
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        return ds.with_options(options)
+
+
+def _xy_selector(columns: List[str], features, label: Optional[str]):
+    """A function of a batch dict giving ``(x, y)`` (or ``x``), or None for the dict itself."""
+    if features is None and label is None:
+        return None
+    from ..errors import ConfigError
+
+    names = [features] if isinstance(features, str) else (
+        [c for c in columns if c != label] if features is None else list(features))
+    for name in names + ([label] if label is not None else []):
+        if name not in columns:
+            raise ConfigError(f"dataset(): no column {name!r} in the feed (its columns: "
+                              f"{', '.join(map(repr, columns))}); name columns as "
+                              f"input_mapping maps them", column=name)
+    if label is not None and label in names:
+        raise ConfigError(f"dataset(): column {label!r} is both a feature and the label",
+                          column=label)
+    single = isinstance(features, str) or (features is None and len(names) == 1)
+
+    def select(batch):
+        x = batch[names[0]] if single else {name: batch[name] for name in names}
+        return x if label is None else (x, batch[label])
+
+    return select

@@ -51,7 +51,10 @@ def tfrecord_dataset(
 ):
     """A dataset of serialized records from a URL, glob, directory or list of them.
 
-    With ``ctx`` each node reads its own share of the files (see :func:`shard_files`). Files are
+    With ``ctx`` each node reads its own share of the files (see :func:`shard_files`), and the
+    dataset's auto-shard policy is OFF, so that ``MultiWorkerMirroredStrategy`` (Keras ``fit``)
+    does not shard the node's share again (leaving a worker a quarter of the files, or none).
+    Files are
     interleaved ``num_parallel_reads`` at a time, one record from each in turn, in a fixed order.
     ``reader="auto"`` uses TensorFlow's native reader for local files and duotf's fsspec reader for
     every other URL (s3, gs, hdfs, http, memory...); both give the same records in the same order.
@@ -71,9 +74,10 @@ def tfrecord_dataset(
         raise ConfigError(f"reader={reader!r}: use 'auto', 'native' or 'fsspec'")
     if native:
         paths = [f[len("file://"):] if f.startswith("file://") else f for f in files]
-        return tf.data.TFRecordDataset(
+        dataset = tf.data.TFRecordDataset(
             paths, compression_type="" if codec == "NONE" else codec, num_parallel_reads=cycle
         )
+        return dataset if ctx is None else _not_sharded_again(dataset)
 
     def records(url):
         reader_ = TFRecordReader(url.decode(), codec, storage_options=storage_options,
@@ -82,7 +86,16 @@ def tfrecord_dataset(
             yield from batch
 
     spec = tf.TensorSpec(shape=(), dtype=tf.string)
-    return tf.data.Dataset.from_tensor_slices(files).interleave(
+    dataset = tf.data.Dataset.from_tensor_slices(files).interleave(
         lambda url: tf.data.Dataset.from_generator(records, args=(url,), output_signature=spec),
         cycle_length=cycle, block_length=1, num_parallel_calls=cycle, deterministic=True,
     )
+    return dataset if ctx is None else _not_sharded_again(dataset)
+
+
+def _not_sharded_again(dataset):
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return dataset.with_options(options)

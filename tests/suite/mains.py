@@ -345,3 +345,111 @@ def feed_hold_main(args, ctx):
             open(f"{args['held']}-{ctx.task_index}", "w").close()
             wait_for_file(args["release"])
     return {"rank": ctx.task_index, "ids": {e: np.concatenate(v).tolist() for e, v in seen.items()}}
+
+
+
+def _keras_linear(width: int, lr: float):
+    import keras
+
+    model = keras.Sequential([keras.Input((width,)),
+                              keras.layers.Dense(1, kernel_initializer="zeros")])
+    model.compile(keras.optimizers.SGD(lr), "mse")
+    return model
+
+
+def _step_counter():
+    """A Keras callback counting fit's steps, epoch by epoch."""
+    import keras
+
+    class Counter(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.steps = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.steps.append(0)
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps[-1] += 1
+
+    return Counter()
+
+
+def _fitted(model, history, counter) -> dict:
+    kernel, bias = model.get_weights()
+    return {"w": kernel[:, 0].tolist(), "b": float(bias[0]), "loss": history.history["loss"],
+            "steps": counter.steps}
+
+
+def keras_fit_main(args, ctx):
+    """Keras 3 under MultiWorkerMirroredStrategy, no steps_per_epoch: fit on the engine feed,
+    then fit, evaluate and predict on CSV files TF reads itself (each worker its files);
+    the chief saves the model and loads it back."""
+    import sys
+
+    # duotf's fix waits for Keras to be imported: nothing of Keras is loaded before
+    out = {"rank": ctx.task_index, "keras_before": "keras" in sys.modules,
+           "hooks": [type(f).__name__ for f in sys.meta_path].count("_ApplyOnImport")}
+    import tensorflow as tf
+    import keras
+    from keras.src.backend.tensorflow import trainer
+
+    out["fixed"] = getattr(trainer.reduce_per_replica, "__duotf_multi_worker_fix__", False)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    width, batch, lr = args["width"], args["batch"], args["lr"]
+
+    feed = ctx.get_data_feed(train=True, input_mapping=args["mapping"])
+    with strategy.scope():
+        model = _keras_linear(width, lr)
+    counter = _step_counter()
+    history = model.fit(feed.dataset(batch, features="x", label="y"), epochs=args["epochs"],
+                        verbose=0, callbacks=[counter])
+    out["feed"] = dict(_fitted(model, history, counter), feed_epochs=feed.epoch)
+
+    def parse(line):
+        values = tf.io.decode_csv(line, [0.0] * (width + 1))
+        return tf.stack(values[:width]), values[width]
+
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.FILE
+    files = tf.data.TextLineDataset(args["files"]).map(parse).batch(batch).with_options(options)
+    with strategy.scope():
+        model = _keras_linear(width, lr)
+    counter = _step_counter()
+    history = model.fit(files, epochs=args["file_epochs"], verbose=0, callbacks=[counter])
+    out["files"] = _fitted(model, history, counter)
+    out["evaluate"] = float(model.evaluate(files, verbose=0))
+    out["predict"] = model.predict(files, verbose=0)[:, 0].tolist()
+    if ctx.is_chief:
+        model.save(args["model"])
+        loaded = keras.saving.load_model(args["model"])
+        out["saved_equal"] = all(np.array_equal(a, b) for a, b in
+                                 zip(loaded.get_weights(), model.get_weights()))
+    return out
+
+
+def keras_unsupported_main(args, ctx):
+    """A Keras without what duotf's fix replaces (removed here; DUOTF_KERAS_FIX=0 kept duotf
+    from fixing it first): enable_multi_worker_fit and fit under the strategy must say what to
+    install, before any step."""
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import trainer
+
+    import duotf.keras
+
+    out = {"fixed": getattr(trainer.reduce_per_replica, "__duotf_multi_worker_fix__", False)}
+    del trainer.reduce_per_replica
+    try:
+        duotf.keras.enable_multi_worker_fit()
+    except duotf.ConfigError as exc:
+        out["enable"] = str(exc)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = _keras_linear(2, 0.1)
+    x, y = np.ones((8, 2), np.float32), np.ones(8, np.float32)
+    try:
+        model.fit(x, y, epochs=1, verbose=0)
+    except Exception as exc:  # noqa: BLE001 - the test checks which
+        out["fit"] = (type(exc).__name__, str(exc))
+    out["iterations"] = int(model.optimizer.iterations.numpy())
+    return out

@@ -1,0 +1,286 @@
+"""Keras 3 ``model.fit``/``evaluate``/``predict`` under ``MultiWorkerMirroredStrategy``.
+
+Keras 3 (3.15 with TF 2.21) cannot train under ``MultiWorkerMirroredStrategy`` (MWMS), because
+of two spots in ``keras/src/backend/tensorflow/trainer.py``:
+
+1. ``TensorFlowTrainer._maybe_symbolic_build`` takes the first batch of the distributed dataset
+   and reduces it across replicas (``strategy.reduce("MEAN", batch, axis=None)``) only to learn
+   the shapes it builds the model with; under MWMS that raises "Attempt to convert a value
+   (PerReplica...)". It also pulls that batch from a fresh iterator which it then drops, rows
+   read ahead with it: harmless for a file, but an engine feed would lose them.
+2. ``reduce_per_replica(values, strategy, "mean")`` (the logs of every train and test step)
+   reduces the scalar loss and metrics with ``strategy.reduce("MEAN", v, axis=0)``: "Invalid
+   reduction dimension 0 for input with 0 dimensions".
+
+duotf replaces both, in every node process, when Keras imports that module (a ``sys.meta_path``
+hook: a node that never imports Keras pays nothing): the build takes its shapes from the
+dataset's ``element_spec`` (or, failing that, from the first replica's part of a batch), and a
+multi-worker mean is the cross-replica mean (``axis=None``), what Keras computes on one worker.
+The gradients are untouched (the optimizer sums the replicas' gradients of a loss scaled by
+``1 / num_replicas``), so 2 workers train the weights one process trains on the same global
+batches; the shared suite checks it.
+
+The replacements are made only when the two functions have the expected signatures. Otherwise
+(another Keras), ``fit``/``evaluate``/``predict`` under a multi-worker MWMS raise
+:class:`~duotf.errors.ConfigError` before training, saying what to install. Set
+``DUOTF_KERAS_FIX=0`` (e.g. ``duotf.run(..., env={"DUOTF_KERAS_FIX": "0"})``) to leave Keras
+as it is; call :func:`enable_multi_worker_fit` to apply the fix outside a duotf node.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import inspect
+import logging
+import os
+import sys
+from typing import Optional
+
+from .errors import ConfigError
+
+__all__ = ["enable_multi_worker_fit", "ENV_VAR", "TESTED_KERAS"]
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "DUOTF_KERAS_FIX"
+TESTED_KERAS = "3.15"
+_TRAINER = "keras.src.backend.tensorflow.trainer"
+_MARK = "__duotf_multi_worker_fix__"
+
+
+def _disabled() -> bool:
+    return os.environ.get(ENV_VAR, "1").strip().lower() in ("0", "false", "no", "off")
+
+
+def _params(fn) -> Optional[list]:
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def _problems(trainer) -> list:
+    """What this Keras lacks for the fix (empty: it can be applied)."""
+    problems = []
+    cls = getattr(trainer, "TensorFlowTrainer", None)
+    if cls is None:
+        return ["TensorFlowTrainer"]
+    if _params(getattr(cls, "_maybe_symbolic_build", None)) != ["self", "iterator", "data_batch"]:
+        problems.append("TensorFlowTrainer._maybe_symbolic_build(self, iterator, data_batch)")
+    if not callable(getattr(cls, "_symbolic_build", None)):
+        problems.append("Trainer._symbolic_build")
+    if _params(getattr(trainer, "reduce_per_replica", None)) != ["values", "strategy", "reduction"]:
+        problems.append("reduce_per_replica(values, strategy, reduction)")
+    if not callable(getattr(trainer, "_collective_all_reduce_multi_worker", None)):
+        problems.append("_collective_all_reduce_multi_worker(strategy)")
+    return problems
+
+
+def _unsupported_message(problems: list) -> str:
+    try:
+        import keras
+
+        version = keras.version()
+    except Exception:  # noqa: BLE001 - only for the message
+        version = "?"
+    return (
+        f"Keras {version} cannot run fit/evaluate/predict under MultiWorkerMirroredStrategy, and "
+        f"duotf cannot fix it: its fix needs {', '.join(problems)} in {_TRAINER}, which this "
+        f"Keras does not have. Install a Keras duotf was tested with "
+        f"(pip install 'keras=={TESTED_KERAS}.*'), or use Keras 2 instead: pip install tf-keras "
+        f"(it needs the 'tensorflow' package, not 'tensorflow-cpu') and "
+        f"duotf.run(..., env={{'TF_USE_LEGACY_KERAS': '1'}}). To keep Keras as it is, set "
+        f"{ENV_VAR}=0."
+    )
+
+
+def _is_multi_worker(strategy) -> bool:
+    import tensorflow as tf
+
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return False
+    in_mode = getattr(strategy.extended, "_in_multi_worker_mode", None)
+    return bool(in_mode()) if callable(in_mode) else True
+
+
+def _install_guard(trainer, problems: list) -> bool:
+    """Make fit/evaluate/predict raise ConfigError under a multi-worker MWMS (before any step)."""
+    cls = getattr(trainer, "TensorFlowTrainer", None)
+    if cls is None:
+        logger.warning("duotf cannot fix or guard Keras multi-worker training: %s",
+                       _unsupported_message(problems))
+        return False
+    message = _unsupported_message(problems)
+    for name in ("fit", "evaluate", "predict"):
+        original = getattr(cls, name, None)
+        if original is None or getattr(original, _MARK, False):
+            continue
+
+        def guarded(self, *args, _original=original, **kwargs):
+            if _is_multi_worker(getattr(self, "distribute_strategy", None)):
+                raise ConfigError(message, problems=list(problems))
+            return _original(self, *args, **kwargs)
+
+        guarded.__name__, guarded.__doc__ = original.__name__, original.__doc__
+        setattr(guarded, _MARK, True)
+        setattr(cls, name, guarded)
+    return True
+
+
+def _local_first(strategy, batch):
+    """``batch`` with every distributed value replaced by its first local replica's part."""
+    import tensorflow as tf
+    from keras.src import tree
+
+    return tree.map_structure(
+        lambda v: strategy.experimental_local_results(v)[0]
+        if isinstance(v, tf.distribute.DistributedValues) else v, batch)
+
+
+def _spec_batch(iterator):
+    """The dataset's element_spec, each replica spec taken by its first replica's, when every
+    leaf is a TensorSpec (shapes and dtypes are all the build needs); else None."""
+    import tensorflow as tf
+
+    dataset = getattr(iterator, "_distributed_dataset", None)
+    spec = getattr(dataset, "element_spec", None)
+    if spec is None:
+        return None
+
+    def first(s):  # a PerReplicaSpec holds one spec per local replica
+        values = getattr(s, "_value_specs", None)
+        return values[0] if values else s
+
+    spec = tf.nest.map_structure(first, spec)
+    leaves = tf.nest.flatten(spec)
+    if not leaves or not all(type(s) is tf.TensorSpec for s in leaves):
+        return None
+    return spec
+
+
+def _patch(trainer) -> None:
+    cls = trainer.TensorFlowTrainer
+    build = cls._maybe_symbolic_build
+    reduce_per_replica = trainer.reduce_per_replica
+    multi_worker = trainer._collective_all_reduce_multi_worker
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        strategy = self._distribute_strategy
+        if iterator is not None and strategy is not None:
+            # Shapes and dtypes are all the build needs: take them from the spec rather than a
+            # batch, so no iterator is opened (and dropped, with the rows it read ahead).
+            spec = _spec_batch(iterator)
+            if spec is not None:
+                data_batch, iterator = spec, None
+            elif multi_worker(strategy):
+                for _, _, it in iterator:
+                    data_batch = _local_first(strategy, next(it))
+                    break
+                iterator = None
+        return build(self, iterator=iterator, data_batch=data_batch)
+
+    def reduce_per_replica_fixed(values, strategy, reduction):
+        # under MultiWorkerMirroredStrategy "auto" is "mean" (it is "first" only on TPUs)
+        if reduction in ("auto", "mean") and multi_worker(strategy):
+            from keras.src import tree
+
+            return tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
+        return reduce_per_replica(values, strategy, reduction)
+
+    for fn, original in ((_maybe_symbolic_build, build),
+                         (reduce_per_replica_fixed, reduce_per_replica)):
+        fn.__doc__ = original.__doc__
+        setattr(fn, _MARK, True)
+    cls._maybe_symbolic_build = _maybe_symbolic_build
+    trainer.reduce_per_replica = reduce_per_replica_fixed
+
+
+def _apply(trainer) -> list:
+    """Fix ``trainer`` (the imported module) or guard it; returns what was missing."""
+    if getattr(getattr(trainer, "reduce_per_replica", None), _MARK, False):
+        return []
+    problems = _problems(trainer)
+    if problems:
+        _install_guard(trainer, problems)
+        logger.info("Keras multi-worker fix not applied (missing %s); fit under "
+                    "MultiWorkerMirroredStrategy raises ConfigError", ", ".join(problems))
+        return problems
+    _patch(trainer)
+    logger.debug("Keras multi-worker fix applied to %s", _TRAINER)
+    return []
+
+
+def enable_multi_worker_fit() -> None:
+    """Fix Keras 3 ``fit``/``evaluate``/``predict`` under ``MultiWorkerMirroredStrategy`` now.
+
+    duotf does it by itself in every node process; call this in a process duotf did not start.
+    Does nothing when Keras's backend is not TensorFlow or Keras is Keras 2 (tf-keras, which
+    needs no fix).
+
+    Raises
+    ------
+    ConfigError
+        This Keras lacks the internals the fix replaces; the message says what to install.
+    """
+    import keras
+
+    if not str(keras.version()).startswith("3.") or keras.backend.backend() != "tensorflow":
+        return
+    trainer = importlib.import_module(_TRAINER)
+    problems = _apply(trainer)
+    if problems:
+        raise ConfigError(_unsupported_message(problems), problems=problems)
+
+
+class _ApplyOnImport(importlib.abc.MetaPathFinder):
+    """Fires once, when Keras imports its TensorFlow trainer, and fixes it right after."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _TRAINER:
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _FixingLoader(spec.loader)
+        return spec
+
+
+class _FixingLoader(importlib.abc.Loader):
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __getattr__(self, name):  # get_source (tracebacks), get_filename, ...
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        try:
+            _apply(module)
+        except Exception:  # never break the user's import of Keras
+            logger.warning("duotf could not apply its Keras multi-worker fix", exc_info=True)
+
+
+def install() -> bool:
+    """In a node process, before ``main``: fix Keras when (if ever) it is imported.
+
+    Returns False when switched off by ``DUOTF_KERAS_FIX=0``."""
+    if _disabled():
+        return False
+    trainer = sys.modules.get(_TRAINER)
+    if trainer is not None:
+        _apply(trainer)
+    elif not any(isinstance(f, _ApplyOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _ApplyOnImport())
+    return True
