@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from .backends import resolve_backend
 from .cluster import Cluster
@@ -11,7 +11,7 @@ from .errors import ConfigError
 from .spec import seconds
 from .spec import ClusterSpec
 
-__all__ = ["run"]
+__all__ = ["run", "check_run_arguments"]
 
 
 def _setting(value, env_name: str, default: float) -> float:
@@ -25,6 +25,28 @@ def _setting(value, env_name: str, default: float) -> float:
             raise ConfigError(f"{env_name}={os.environ[env_name]!r} is not a number of seconds")
         return seconds(number, env_name)
     return default
+
+
+def check_run_arguments(
+    main, spec: Optional[ClusterSpec], reservation_timeout=None, heartbeat_interval=None,
+    heartbeat_timeout=None,
+) -> Tuple[ClusterSpec, Tuple[float, float, float]]:
+    """The spec (default ``ClusterSpec()``) and the resolved timeouts of a :func:`run` call, or
+    the :class:`ConfigError` it would raise before starting anything."""
+    spec = spec if spec is not None else ClusterSpec()
+    if not isinstance(spec, ClusterSpec):
+        raise ConfigError(f"spec must be a duotf.ClusterSpec, got {type(spec).__name__}")
+    if not callable(main):
+        raise ConfigError(f"main must be callable as main(args, ctx), got {type(main).__name__}")
+    reservation_timeout = _setting(reservation_timeout, "DUOTF_RESERVATION_TIMEOUT", 120.0)
+    heartbeat_interval = _setting(heartbeat_interval, "DUOTF_HEARTBEAT_INTERVAL", 1.0)
+    heartbeat_timeout = _setting(heartbeat_timeout, "DUOTF_HEARTBEAT_TIMEOUT", 30.0)
+    if heartbeat_timeout <= 2 * heartbeat_interval:
+        raise ConfigError(
+            f"heartbeat_timeout={heartbeat_timeout:g} must exceed twice "
+            f"heartbeat_interval={heartbeat_interval:g}"
+        )
+    return spec, (reservation_timeout, heartbeat_interval, heartbeat_timeout)
 
 
 def run(
@@ -79,19 +101,8 @@ def run(
         Call ``wait()`` for the values of ``main`` and ``shutdown()`` at the end, or use it as
         a context manager.
     """
-    spec = spec if spec is not None else ClusterSpec()
-    if not isinstance(spec, ClusterSpec):
-        raise ConfigError(f"spec must be a duotf.ClusterSpec, got {type(spec).__name__}")
-    if not callable(main):
-        raise ConfigError(f"main must be callable as main(args, ctx), got {type(main).__name__}")
-    reservation_timeout = _setting(reservation_timeout, "DUOTF_RESERVATION_TIMEOUT", 120.0)
-    heartbeat_interval = _setting(heartbeat_interval, "DUOTF_HEARTBEAT_INTERVAL", 1.0)
-    heartbeat_timeout = _setting(heartbeat_timeout, "DUOTF_HEARTBEAT_TIMEOUT", 30.0)
-    if heartbeat_timeout <= 2 * heartbeat_interval:
-        raise ConfigError(
-            f"heartbeat_timeout={heartbeat_timeout:g} must exceed twice "
-            f"heartbeat_interval={heartbeat_interval:g}"
-        )
+    spec, (reservation_timeout, heartbeat_interval, heartbeat_timeout) = check_run_arguments(
+        main, spec, reservation_timeout, heartbeat_interval, heartbeat_timeout)
     backend_obj, owns = resolve_backend(backend)
     try:
         cluster = Cluster(

@@ -453,3 +453,33 @@ def keras_unsupported_main(args, ctx):
         out["fit"] = (type(exc).__name__, str(exc))
     out["iterations"] = int(model.optimizer.iterations.numpy())
     return out
+def trial_main(args, ctx):
+    """A run of ``duotf.run_parallel``: no TensorFlow, only what a search needs to tell runs apart.
+
+    ``mode``: "raise" raises, "kill" kills its own process; "hold" waits for ``release``.
+    With ``gate`` (a directory), the node writes ``in-<trial>-<node>`` (its working directory in
+    it) and waits until ``together`` such files exist: a run that never meets ``together - 1``
+    others alive times out instead of returning.
+    """
+    import signal
+
+    entered = time.time()
+    mode = args.get("mode", "ok")
+    if mode == "raise":
+        raise ValueError(f"trial {args['trial']}: bad hyperparameters")
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    gate = args.get("gate")
+    if gate:
+        with open(os.path.join(gate, f"in-{args['trial']}-{ctx.node_id}"), "w") as f:
+            f.write(ctx.working_dir)
+        deadline = time.monotonic() + args.get("gate_timeout", 60.0)
+        while sum(name.startswith("in-") for name in os.listdir(gate)) < args.get("together", 1):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"trial {args['trial']} met no other run in {gate}")
+            time.sleep(0.02)
+    if mode == "hold":
+        wait_for_file(args["release"])
+    return {"trial": args["trial"], "node": ctx.node_id, "workers": ctx.num_workers,
+            "score": args["trial"] * 10, "executor": ctx.executor_id, "entered": entered,
+            "left": time.time()}
