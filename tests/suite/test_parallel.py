@@ -110,8 +110,11 @@ def test_an_interrupted_driver_stops_every_run(backend, tmp_path):
         sender.join()
     started = sorted(os.listdir(gate))
     assert started == ["in-0-0", "in-1-0"], "the third run started after the interrupt"
-    for name in started:  # each node's working directory went with its cluster
-        assert not os.path.exists((gate / name).read_text())
+    # Each node's working directory goes with its cluster. On Spark, pyspark's own SIGINT
+    # handler cancels every job before the KeyboardInterrupt reaches run_parallel, so the agents
+    # may still be removing theirs as it is raised.
+    workdirs = [(gate / name).read_text() for name in started]
+    poll_for(lambda: not any(os.path.exists(d) for d in workdirs), 15, what="workdirs removed")
 
 
 @pytest.mark.engines("dask")
