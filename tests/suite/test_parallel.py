@@ -39,19 +39,20 @@ def test_runs_side_by_side_each_result_in_its_slot(backend, tmp_path):
 
 
 def test_a_failed_run_keeps_to_its_slot(backend, tmp_path):
-    grid = [{"trial": 0}, {"trial": 1, "mode": "raise"}, {"trial": 2, "mode": "kill"},
-            {"trial": 3, "mode": "hold", "release": str(tmp_path / "never")}, {"trial": 4}]
+    # The held run takes one slot until its timeout; the others pass through the second slot.
+    grid = [{"trial": 0, "mode": "hold", "release": str(tmp_path / "never")}, {"trial": 1},
+            {"trial": 2, "mode": "raise"}, {"trial": 3, "mode": "kill"}, {"trial": 4}]
     runs = duotf.run_parallel(mains.trial_main, grid, backend, max_concurrent=2, timeout=4)
-    assert [r.ok for r in runs] == [True, False, False, False, True]
-    assert runs[0].value[0]["score"] == 0 and runs[4].value[0]["score"] == 40
-    raised, killed, held = runs[1].error, runs[2].error, runs[3].error
+    assert [r.ok for r in runs] == [False, True, False, False, True]
+    assert runs[1].value[0]["score"] == 10 and runs[4].value[0]["score"] == 40
+    held, raised, killed = runs[0].error, runs[2].error, runs[3].error
     assert isinstance(raised, duotf.NodeFailedError) and raised.remote_type == "ValueError"
-    assert "trial 1: bad hyperparameters" in str(raised)
+    assert "trial 2: bad hyperparameters" in str(raised)
     assert isinstance(killed, duotf.NodeFailedError) and killed.exitcode == -signal.SIGKILL
-    assert type(held) is TimeoutError and "timeout=4 s" in str(held) and "args_list[3]" in str(held)
-    assert runs[1].value is None
+    assert type(held) is TimeoutError and "timeout=4 s" in str(held) and "args_list[0]" in str(held)
+    assert runs[2].value is None
     with pytest.raises(duotf.NodeFailedError):
-        runs[1].result()
+        runs[2].result()
 
 
 def test_a_two_node_run_in_parallel(backend):
