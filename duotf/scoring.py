@@ -276,13 +276,14 @@ def _load(source: ModelSource) -> Model:
     return _SignatureModel(loaded)
 
 
-def get_model(source: ModelSource) -> Model:
-    """The model of ``source``, loaded once in this process and then taken from the cache."""
+def get_model(source: ModelSource, task: bool = False) -> Model:
+    """The model of ``source``, loaded once in this process and then taken from the cache.
+    ``task``: the call that starts a task (counted as a use in :func:`cache_stats`)."""
     name = source.url if source.url is not None else source.token
     key = (name, _stat_key(source.url)) if source.url is not None else (name,)
     with _lock:
         stats = _stats.setdefault(name, {"loads": 0, "uses": 0})
-        stats["uses"] += 1
+        stats["uses"] += bool(task)
         model = _cache.get(key)
         if model is not None:
             _cache.move_to_end(key)
@@ -298,8 +299,8 @@ def get_model(source: ModelSource) -> Model:
 
 
 def cache_stats() -> Dict[str, Dict[str, int]]:
-    """This process's model loads and uses (a task's request for a model), by source (a URL,
-    or a loader's token): ``{source: {"loads": n, "uses": n}}``."""
+    """This process's model loads and uses (tasks that scored with it), by source (a URL, or
+    a loader's token): ``{source: {"loads": n, "uses": n}}``."""
     with _lock:
         return {k: dict(v) for k, v in _stats.items()}
 
@@ -579,6 +580,7 @@ def score_pandas(plan: Plan, frame, partition=None):
     import pandas as pd
     import pyarrow as pa
 
+    get_model(plan.source, task=True)
     out = frame.copy()
     inputs = list(dict.fromkeys(plan.columns))
     if len(frame):

@@ -166,6 +166,7 @@ def _udf_task(plan: scoring.Plan, labels: Dict[str, str], arrow_types, struct: b
         from pyspark import TaskContext
 
         pid, pos = TaskContext.get().partitionId(), 0
+        scoring.get_model(plan.source, task=True)
         for arrays in iterator:
             arrays = arrays if isinstance(arrays, (tuple, list)) else (arrays,)
             batch = pa.RecordBatch.from_arrays(list(arrays), names=list(plan.columns))
@@ -255,6 +256,7 @@ def _scorer(plan: scoring.Plan, arrow_types: List[object]):
         from pyspark import TaskContext
 
         pid, pos = TaskContext.get().partitionId(), 0
+        scoring.get_model(plan.source, task=True)
         for batch in batches:
             out = [a.cast(t) for a, t in zip(scoring.score_arrow(plan, batch, pid, pos), arrow_types)]
             pos += batch.num_rows
