@@ -55,4 +55,19 @@ __all__ = [
     "RaggedColumn",
     "TFRecordCorruptError",
     "SchemaMismatchError",
+    "predict_udf",
 ]
+
+_LAZY = {"predict_udf": "duotf.spark"}  # names whose module imports more than duotf needs
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'duotf' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

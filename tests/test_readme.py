@@ -35,6 +35,8 @@ RUN_BY = {
     "spark-submit --master spark://master:7077": "test_the_spark_submit_command_runs_on_the_standalone_master",
     'client = Client("tcp://scheduler:8786")': "test_the_dask_block_runs_the_program_above",
     "runs = duotf.run_parallel(": "test_the_parallel_block_reports_every_run_in_its_slot",
+    "score = duotf.predict_udf(": "test_the_spark_scoring_block_scores_every_row",
+    "scored = duotf.dask.predict(": "test_the_dask_scoring_block_scores_every_row",
 }
 
 
@@ -218,3 +220,47 @@ def test_the_spark_submit_command_runs_on_the_standalone_master(spark_standalone
     assert float(re.search(r"test accuracy=([\d.]+)", out.stdout).group(1)) > 0.9
     with open(spark_standalone_master_log) as f:
         assert "Registering app duotf-digits" in f.read()
+
+
+# -- the scoring blocks -----------------------------------------------------------------------
+def _scoring_model(tmp_path, width: int = 6):
+    """A tiny model of one input named "features" saved as .keras; its path and the model."""
+    import keras
+
+    inputs = keras.Input((width,), name="features")
+    model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Dense(4, activation="relu")(inputs)))
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    return path, model
+
+
+@pytest.mark.engines("spark-local")
+def test_the_spark_scoring_block_scores_every_row(backend, engine, tmp_path):
+    path, model = _scoring_model(tmp_path)
+    df = _frame(engine.session)
+    ns = run_block(block("score = duotf.predict_udf(", {"s3://bucket/models/model.keras": path}),
+                   spark=engine.session, df=df)
+    scored = ns["scored"].toPandas().sort_values("id")
+    same = ns["same"].toPandas().sort_values("id")
+    x = np.stack([np.asarray(v, dtype="float32") for v in scored["features"]])
+    expected = model.predict(x, verbose=0)[:, 0]
+    assert len(scored) == 400
+    np.testing.assert_allclose(scored["prediction"], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(same["prediction"], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.engines("dask")
+def test_the_dask_scoring_block_scores_every_row(backend, engine, tmp_path):
+    import dask
+    import dask.dataframe as dd
+    import pandas as pd
+
+    path, model = _scoring_model(tmp_path)
+    x = np.random.default_rng(1).normal(size=(90, 6)).astype("float32")
+    with dask.config.set({"dataframe.convert-string": False}):
+        ddf = dd.from_pandas(pd.DataFrame({"id": np.arange(90), "features": list(x)}), npartitions=3)
+    ns = run_block(block("scored = duotf.dask.predict(", {"s3://bucket/models/model.keras": path}),
+                   ddf=ddf)
+    out = engine.to_pandas(ns["scored"])
+    assert out["id"].tolist() == list(range(90))
+    np.testing.assert_allclose(out["prediction"], model.predict(x, verbose=0)[:, 0], rtol=1e-5, atol=1e-6)

@@ -483,3 +483,20 @@ def trial_main(args, ctx):
     return {"trial": args["trial"], "node": ctx.node_id, "workers": ctx.num_workers,
             "score": args["trial"] * 10, "executor": ctx.executor_id, "entered": entered,
             "left": time.time()}
+def load_keras(path: str):
+    """A model loader for ``duotf.spark.predict_udf`` / ``duotf.dask.predict`` (bound to a path
+    with functools.partial)."""
+    import keras
+
+    return keras.saving.load_model(path, compile=False)
+
+
+def scoring_stats(batches):
+    """A ``mapInArrow`` task: this Python worker's pid and model cache figures, as JSON."""
+    import pyarrow as pa
+
+    from duotf.scoring import cache_stats
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"pid": [os.getpid()], "stats": [json.dumps(cache_stats())]})

@@ -1,0 +1,207 @@
+"""DataFrame scoring throughput: rows/s of ``duotf.predict_udf`` / ``duotf.spark.predict`` and
+``duotf.dask.predict``, beside one process running ``model.predict`` over the same rows.
+
+    python -m benchmarks.scoring [--rows 50000] [--spark-master local[2]] [--workers 2]
+                                 [--with-tfos [WHEEL]] [--backends spark dask]
+
+The model is an MNIST-sized MLP (784 -> 256 relu -> 10), saved as ``.keras`` and exported as a
+SavedModel; every row is 784 float32 values. Each engine runs ``--workers`` worker processes
+(Spark ``local[N]``/a standalone master, a Dask ``LocalCluster`` of N single-thread processes).
+Every figure is the second of two runs over the same cached data (the first loads TF and the
+model in every worker process; its time is printed as "cold"). Printed beside, measured in the
+same run: ``model.predict(x, batch_size)`` in this process over the same rows (warm, best of 2),
+the goal being >= 0.8x that rate per worker times the workers; and with --with-tfos,
+TensorFlowOnSpark 2.2.5's ``TFModel.transform`` on the same Spark session and DataFrame (its
+wheel fetched with ``pip download`` unless given, never installed: put on the workers' path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TF loads, here and in the workers
+
+import numpy as np  # noqa: E402
+
+WIDTH, CLASSES = 784, 10
+
+
+def make_model(folder: str):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((WIDTH,), name="features")
+    hidden = keras.layers.Dense(256, activation="relu")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(CLASSES)(hidden))
+    path = os.path.join(folder, "mlp.keras")
+    model.save(path)
+    export = os.path.join(folder, "mlp_sm")
+    model.export(export, verbose=False)
+    return model, path, export
+
+
+def rows_of(n: int) -> np.ndarray:
+    """The rows every engine scores: row i holds 784 times (i % 255) / 255."""
+    return np.repeat(((np.arange(n) % 255) / 255.0).astype(np.float32)[:, None], WIDTH, axis=1)
+
+
+def baseline(model, x, batch: int) -> float:
+    model.predict(x[:batch * 2], batch_size=batch, verbose=0)  # warm: traces the predict function
+    best = 0.0
+    for _ in range(2):
+        t0 = time.perf_counter()
+        model.predict(x, batch_size=batch, verbose=0)
+        best = max(best, len(x) / (time.perf_counter() - t0))
+    return best
+
+
+def timed(label: str, run, rows: int, rates: dict) -> None:
+    t0 = time.perf_counter()
+    run()
+    cold = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    run()
+    warm = time.perf_counter() - t0
+    rates[label] = rows / warm
+    print(f"  {label:<46} {rows / warm:>10,.0f} rows/s  ({warm:5.1f} s; cold {cold:5.1f} s)", flush=True)
+
+
+def spark_bench(opts, paths, rates, tfos_site=None):
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    import duotf
+    import duotf.spark
+
+    keras_path, export = paths
+    builder = (SparkSession.builder.master(opts.spark_master).appName("duotf-scoring-bench")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.driver.memory", "2g"))
+    if tfos_site:
+        path = os.pathsep.join(p for p in (tfos_site, os.environ.get("PYTHONPATH")) if p)
+        builder = builder.config("spark.executorEnv.PYTHONPATH", path)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        df = session.range(0, opts.rows, numPartitions=opts.partitions).select(
+            "id", F.array_repeat((F.col("id") % 255 / 255.0).cast("float"), WIDTH).alias("features"))
+        df = df.cache()
+        df.count()
+        packed = duotf.spark.pack_tensors(df, "features").cache()
+        packed.count()
+        print(f"Spark {opts.spark_master} ({opts.rows} rows, {opts.partitions} partitions, cached):")
+
+        def noop(frame):
+            return lambda: frame.write.format("noop").mode("overwrite").save()
+
+        udf = duotf.predict_udf(keras_path, "array<float>", batch_size=opts.batch)
+        timed("spark predict_udf, array<float> column", noop(df.withColumn("p", udf("features"))),
+              opts.rows, rates)
+        timed("spark predict_udf, packed tensor column", noop(packed.withColumn("p", udf("features"))),
+              opts.rows, rates)
+        timed("spark predict (mapInArrow), packed, SavedModel",
+              noop(duotf.spark.predict(packed, export, batch_size=opts.batch)), opts.rows, rates)
+        if tfos_site:
+            tfos_bench(df, export, opts, rates)
+        df.unpersist()
+        packed.unpersist()
+    finally:
+        session.stop()
+
+
+def tfos_bench(df, export, opts, rates):
+    try:
+        from tensorflowonspark.pipeline import TFModel
+    except Exception as exc:  # noqa: BLE001 - a baseline that cannot run is reported, not raised
+        print(f"  TFoS 2.2.5 TFModel: cannot import: {type(exc).__name__}: {exc}")
+        return
+    model = (TFModel({"export_dir": export}).setExportDir(export).setSignatureDefKey("serving_default")
+             .setTagSet("serve").setInputMapping({"features": "features"})
+             .setOutputMapping({"output_0": "prediction"}).setBatchSize(opts.batch))
+    try:
+        out = model.transform(df.select("features"))
+        timed("TFoS 2.2.5 TFModel.transform (SavedModel)",
+              lambda: out.write.format("noop").mode("overwrite").save(), opts.rows, rates)
+    except Exception as exc:  # noqa: BLE001
+        text = str(exc).strip().splitlines()
+        print(f"  TFoS 2.2.5 TFModel.transform failed: {type(exc).__name__}: "
+              f"{[line for line in text if 'Error' in line][-1:] or text[:1]}")
+
+
+def dask_bench(opts, paths, rates):
+    import dask.dataframe as dd
+    import pandas as pd
+    import pyarrow as pa
+    from distributed import Client, LocalCluster
+
+    import duotf.dask
+
+    keras_path, export = paths
+    bounds = np.linspace(0, opts.rows, opts.partitions + 1).astype(int)
+
+    def part(bound):
+        start, stop = bound
+        x = rows_of(stop)[start:]
+        values = pa.array(x.reshape(-1))
+        offsets = pa.array(np.arange(len(x) + 1, dtype=np.int32) * WIDTH)
+        features = pd.arrays.ArrowExtensionArray(pa.ListArray.from_arrays(offsets, values))
+        return pd.DataFrame({"id": np.arange(start, stop), "features": features})
+
+    with LocalCluster(n_workers=opts.workers, threads_per_worker=1, dashboard_address=None,
+                      host="127.0.0.1") as cluster, Client(cluster) as client:
+        ddf = dd.from_map(part, list(zip(bounds[:-1], bounds[1:]))).persist()
+        print(f"Dask LocalCluster ({opts.workers} workers of 1 thread, {opts.rows} rows, "
+              f"{opts.partitions} partitions, persisted):")
+        for label, path in [("dask predict (.keras)", keras_path), ("dask predict (SavedModel)", export)]:
+            out = duotf.dask.predict(ddf, path, batch_size=opts.batch)
+            timed(label, lambda: client.compute(out.map_partitions(len), sync=True), opts.rows, rates)
+
+
+def cli():
+    parser = argparse.ArgumentParser(description="duotf DataFrame scoring benchmark")
+    parser.add_argument("--rows", type=int, default=50_000)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--spark-master", default=None, help="default: local[--workers]")
+    parser.add_argument("--backends", nargs="*", default=["spark", "dask"])
+    parser.add_argument("--with-tfos", nargs="?", const="", default=None, metavar="WHEEL",
+                        help="also run TensorFlowOnSpark 2.2.5's TFModel (optionally from this wheel)")
+    opts = parser.parse_args()
+    opts.spark_master = opts.spark_master or f"local[{opts.workers}]"
+
+    folder = tempfile.mkdtemp(prefix="duotf-scoring-")
+    model, keras_path, export = make_model(folder)
+    rate = baseline(model, rows_of(opts.rows), opts.batch)
+    print(f"baseline: model.predict in one process, batch {opts.batch}: {rate:,.0f} rows/s; goal "
+          f"per engine: >= 0.8 x {opts.workers} workers x that = {0.8 * opts.workers * rate:,.0f} rows/s")
+    rates = {}
+    site = None
+    if opts.with_tfos is not None and "spark" in opts.backends:
+        import zipfile
+
+        from benchmarks.feed import tfos_wheel
+
+        site = tempfile.mkdtemp(prefix="tfos-site-")
+        zipfile.ZipFile(tfos_wheel(opts.with_tfos)).extractall(site)
+        sys.path.insert(0, site)
+    if "spark" in opts.backends:
+        spark_bench(opts, (keras_path, export), rates, site)
+    if "dask" in opts.backends:
+        dask_bench(opts, (keras_path, export), rates)
+    print("summary (rows/s; x: of the one-process model.predict rate):")
+    tfos = rates.get("TFoS 2.2.5 TFModel.transform (SavedModel)")
+    for label, r in rates.items():
+        line = (f"  {label:<46} {r:>10,.0f}  {r / rate:4.2f}x one process, "
+                f"{r / (rate * opts.workers):4.2f}x per worker")
+        if tfos and not label.startswith("TFoS"):
+            line += f", {r / tfos:5.1f}x TFoS"
+        print(line)
+
+
+if __name__ == "__main__":
+    cli()
