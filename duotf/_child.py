@@ -172,6 +172,10 @@ def main(argv) -> int:
     keras_fix.install()
     link = _Link(int(argv[1]), int(argv[2]))
     job = link.rx.recv()[1]  # (ChildMsg.INIT, {...})
+    if job.get("output_captured"):
+        # fd 1 is a pipe to the agent: a line reaches the driver when it is printed, not when
+        # a block buffer fills (stderr is line-buffered already)
+        sys.stdout.reconfigure(line_buffering=True)
     inbox: list = []
     arrived = threading.Condition()
     threading.Thread(target=_heartbeat, args=(link, job["heartbeat_interval"]), daemon=True).start()

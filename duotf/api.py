@@ -62,6 +62,8 @@ def run(
     default_fs: Optional[str] = None,
     driver_host: Optional[str] = None,
     keep_workdir: bool = False,
+    log_to_driver=True,
+    log_dir: Optional[str] = None,
 ) -> Cluster:
     """Run ``main(args, ctx)`` once per node of a TensorFlow cluster; return when all run.
 
@@ -94,6 +96,17 @@ def run(
     keep_workdir:
         Keep each node's working directory (``ctx.working_dir``) after its process ends; by
         default it is removed with the node. Save what matters under paths you choose.
+    log_to_driver:
+        Whose stdout and stderr (C/C++ output and Python ``logging`` to a stream included) go
+        to the driver as they are written: ``True`` every node's, ``"chief"`` the chief's
+        (``worker:0`` without a chief), ``False`` none (it stays in the engine's task logs).
+        On the driver each line goes to the ``duotf.node`` logger at INFO as
+        ``[worker:1] line``, to a file per node (:meth:`Cluster.logs`), and into a failed
+        node's :class:`~duotf.errors.NodeFailedError`. TensorFlow's C++ INFO notes are hidden
+        on every node unless ``env={"TF_CPP_MIN_LOG_LEVEL": "0"}``.
+    log_dir:
+        Keep the nodes' output files in ``<log_dir>/<job id>/``; by default they go to a
+        temporary directory removed with the :class:`Cluster` object.
 
     Returns
     -------
@@ -115,6 +128,8 @@ def run(
             driver_host=driver_host,
             owns_backend=owns,
             keep_workdir=keep_workdir,
+            log_to_driver=log_to_driver,
+            log_dir=log_dir,
         )
     except BaseException:
         if owns:

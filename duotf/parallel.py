@@ -34,7 +34,7 @@ __all__ = ["run_parallel", "RunResult"]
 
 #: keyword arguments of :func:`duotf.run` that run_parallel passes on to every run
 _RUN_KEYWORDS = ("reservation_timeout", "heartbeat_interval", "heartbeat_timeout", "env",
-                 "default_fs", "driver_host", "keep_workdir")
+                 "default_fs", "driver_host", "keep_workdir", "log_to_driver", "log_dir")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,8 +109,8 @@ def run_parallel(
         outcome is a ``TimeoutError``. Default: no limit.
     **run_kwargs:
         ``reservation_timeout``, ``heartbeat_interval``, ``heartbeat_timeout``, ``env``,
-        ``default_fs``, ``driver_host``, ``keep_workdir``: as for :func:`duotf.run`, for every
-        run.
+        ``default_fs``, ``driver_host``, ``keep_workdir``, ``log_to_driver``, ``log_dir``: as
+        for :func:`duotf.run`, for every run.
 
     Raises
     ------

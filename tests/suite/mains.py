@@ -500,3 +500,29 @@ def scoring_stats(batches):
     for _ in batches:
         pass
     yield pa.RecordBatch.from_pydict({"pid": [os.getpid()], "stats": [json.dumps(cache_stats())]})
+
+
+def talk_main(args, ctx):
+    """Writes to every output a node has: print, sys.stderr, fd 2 directly, and logging."""
+    import logging
+    import sys
+
+    me = f"{ctx.job_name}-{ctx.task_index}"
+    print(f"out-1 {me}")
+    sys.stderr.write(f"err-2 {me}\n")
+    sys.stderr.flush()
+    os.write(2, f"fd2-3 {me}\n".encode())
+    logging.getLogger("talk").warning("log-4 %s", me)
+    print(f"out-5 {me}")
+    if args and args.get("fail") == ctx.task_index:
+        for i in range(150):
+            print(f"last-{i} {me}")
+        raise RuntimeError(f"talked out {me}")
+    return me
+
+
+def flood_main(args, ctx):
+    """Prints far more lines than the driver takes per second."""
+    for i in range(args["lines"]):
+        print(f"flood {i}")
+    return args["lines"]
