@@ -518,7 +518,7 @@ def talk_main(args, ctx):
         for i in range(150):
             print(f"last-{i} {me}")
         raise RuntimeError(f"talked out {me}")
-    return me
+    return {"me": me, "tf_cpp_min_log_level": os.environ.get("TF_CPP_MIN_LOG_LEVEL")}
 
 
 def flood_main(args, ctx):
