@@ -7,7 +7,8 @@ carry it on:
 
 * the reader splits the bytes into lines, cuts a line at :data:`MAX_LINE` bytes, and admits
   lines at :data:`LINE_RATE` lines/s and :data:`BYTE_RATE` bytes/s (with a burst allowance);
-  what is over is dropped and counted, never waited for, so the node is never slowed down by
+  what is over is dropped and counted (then every line for :data:`DROP_SPELL`, so that a
+  flood gives one count a second, not a note between every few lines), never waited for, so the node is never slowed down by
   its own output. The pipe is read at once whatever the driver does.
 * the sender sends what was admitted in batches, one :data:`~duotf.rendezvous.Msg.LOG` frame
   each (``lines`` and ``dropped``, the lines dropped just before them), over the agent's
@@ -32,6 +33,9 @@ MAX_LINE = 8 * 1024
 LINE_RATE, LINE_BURST = 1000, 5000
 #: bytes per second a node may send on average, and as a burst
 BYTE_RATE, BYTE_BURST = 1 << 20, 4 << 20
+#: seconds a node's lines are dropped once one was: its count then goes out once, not a note
+#: between every few lines of a flood
+DROP_SPELL = 1.0
 #: lines waiting for the sender at most
 QUEUE_LINES = 20000
 #: lines (and bytes) in one LOG frame at most
@@ -64,6 +68,7 @@ class OutputRelay:
         self._eof = False
         self._lines = _Bucket(LINE_RATE, LINE_BURST)
         self._bytes = _Bucket(BYTE_RATE, BYTE_BURST)
+        self._dropping_until = 0.0
         self._sent_all = threading.Event()
         self.threads = [
             threading.Thread(target=self._read, name=f"duotf-agent-{name}-read", daemon=True),
@@ -82,12 +87,15 @@ class OutputRelay:
             if len(raw) > MAX_LINE:
                 raw = raw[:MAX_LINE] + f" [... {len(raw) - MAX_LINE} bytes cut]".encode()
             size = len(raw) + 1
-            if self._lines.tokens >= 1 and self._bytes.tokens >= size:
+            if now < self._dropping_until:
+                dropped += 1
+            elif self._lines.tokens >= 1 and self._bytes.tokens >= size:
                 self._lines.tokens -= 1
                 self._bytes.tokens -= size
                 kept.append(raw.decode("utf-8", "replace"))
             else:
                 dropped += 1
+                self._dropping_until = now + DROP_SPELL
         with self._cond:
             room = QUEUE_LINES - len(self._queue)
             if len(kept) > room:
