@@ -518,11 +518,8 @@ def talk_main(args, ctx):
         for i in range(150):
             print(f"last-{i} {me}")
         raise RuntimeError(f"talked out {me}")
+    if args and args.get("flood_node") == ctx.node_id:
+        for i in range(args["flood"]):  # far more lines than the driver takes per second
+            print(f"flood {i}")
     return {"me": me, "tf_cpp_min_log_level": os.environ.get("TF_CPP_MIN_LOG_LEVEL")}
 
-
-def flood_main(args, ctx):
-    """Prints far more lines than the driver takes per second."""
-    for i in range(args["lines"]):
-        print(f"flood {i}")
-    return args["lines"]

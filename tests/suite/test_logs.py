@@ -26,9 +26,11 @@ def _said(records, node_id: int) -> list:
     return lines
 
 
-def test_node_output_reaches_the_driver_prefixed_and_in_order(backend, caplog):
+def test_node_output_reaches_the_driver_prefixed_in_order_and_bounded(backend, caplog):
     caplog.set_level(logging.INFO, logger="duotf.node")
-    with duotf.run(mains.talk_main, None, backend, duotf.ClusterSpec(workers=2)) as cluster:
+    n = 30000  # worker:1 floods after its own lines: one cluster for both checks
+    with duotf.run(mains.talk_main, {"flood": n, "flood_node": 1}, backend,
+                   duotf.ClusterSpec(workers=2)) as cluster:
         values = cluster.wait()
     for node_id in (0, 1):
         me = f"worker-{node_id}"
@@ -42,6 +44,18 @@ def test_node_output_reaches_the_driver_prefixed_and_in_order(backend, caplog):
         assert cluster.logs(f"worker:{node_id}") == cluster.logs(node_id)
         # TensorFlow's C++ start-up notes are hidden unless asked for
         assert values[node_id]["tf_cpp_min_log_level"] == "1"
+
+    # the flood: lines over the rate limit are dropped, and counted
+    text = cluster.logs(1)
+    got = [int(line.split()[1]) for line in text.splitlines() if line.startswith("flood ")]
+    dropped = [int(m) for m in re.findall(r"\[duotf: (\d+) lines dropped", text)]
+    assert dropped, "30000 lines at once were all sent: the rate limit did not act"
+    assert got == sorted(got) and len(got) + sum(dropped) == n  # every line sent or counted
+    assert len(got) < n
+    warnings = [r for r in caplog.records if r.name == "duotf.node" and r.levelno == logging.WARNING]
+    assert warnings and all("[worker:1]" in r.getMessage() for r in warnings)
+    assert "lines dropped" in warnings[0].getMessage()
+    assert "flood" not in cluster.logs(0)
 
 
 def test_failed_node_error_carries_its_last_output(backend, caplog):
@@ -57,22 +71,6 @@ def test_failed_node_error_carries_its_last_output(backend, caplog):
     assert "Last 100 lines of its output:" in message
     assert message.rstrip().endswith("last-149 worker-1")
     assert "talked out worker-1" in message
-
-
-def test_a_flood_of_output_is_dropped_with_a_count(backend, caplog):
-    caplog.set_level(logging.INFO, logger="duotf.node")
-    n = 30000
-    with duotf.run(mains.flood_main, {"lines": n}, backend, duotf.ClusterSpec(workers=1)) as cluster:
-        assert cluster.wait() == [n]
-    text = cluster.logs(0)
-    got = [int(line.split()[1]) for line in text.splitlines() if line.startswith("flood ")]
-    dropped = [int(m) for m in re.findall(r"\[duotf: (\d+) lines dropped", text)]
-    assert dropped, "30000 lines at once were all sent: the rate limit did not act"
-    assert got == sorted(got) and len(got) + sum(dropped) == n  # every line sent or counted
-    assert len(got) < n
-    warnings = [r for r in caplog.records if r.name == "duotf.node" and r.levelno == logging.WARNING]
-    assert warnings and "[worker:0]" in warnings[0].getMessage()
-    assert "lines dropped" in warnings[0].getMessage()
 
 
 def test_log_to_driver_false_sends_nothing(backend, caplog):
