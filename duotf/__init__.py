@@ -24,12 +24,15 @@ from .errors import (
     UnsupportedProtocolError,
 )
 from .feed.columns import RaggedColumn
+from .parallel import RunResult, run_parallel
 from .spec import ClusterSpec, Role
 
 __version__ = "0.1.0"
 
 __all__ = [
     "run",
+    "run_parallel",
+    "RunResult",
     "Cluster",
     "ClusterStatus",
     "ClusterSpec",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import signal
 import sys
 import threading
@@ -82,9 +83,11 @@ def _watchdog(heard: list, timeout: float, tick: float) -> None:
         silent = now - heard[0]
         if silent > timeout:
             try:
-                os.write(2, f"duotf: node process {os.getpid()}: no word from its agent for "
-                            f"{silent:.1f} s (heartbeat_timeout={timeout:g}); exiting\n".encode())
-            except OSError:
+                # fd 2 may be a pipe to the stalled agent, full: say why only if it has room
+                if select.select([], [2], [], 0)[1]:
+                    os.write(2, f"duotf: node process {os.getpid()}: no word from its agent for "
+                                f"{silent:.1f} s (heartbeat_timeout={timeout:g}); exiting\n".encode())
+            except (OSError, ValueError):
                 pass
             if os.getpgrp() == os.getpid():  # the agent started this node in a session of its own
                 os.killpg(os.getpid(), signal.SIGKILL)  # the node's own subprocesses too
@@ -172,6 +175,10 @@ def main(argv) -> int:
     keras_fix.install()
     link = _Link(int(argv[1]), int(argv[2]))
     job = link.rx.recv()[1]  # (ChildMsg.INIT, {...})
+    if job.get("output_captured"):
+        # fd 1 is a pipe to the agent: a line reaches the driver when it is printed, not when
+        # a block buffer fills (stderr is line-buffered already)
+        sys.stdout.reconfigure(line_buffering=True)
     inbox: list = []
     arrived = threading.Condition()
     threading.Thread(target=_heartbeat, args=(link, job["heartbeat_interval"]), daemon=True).start()
@@ -267,6 +274,9 @@ if __name__ == "__main__":
     # Run the user's atexit handlers (summary writers, ...), then skip the interpreter teardown:
     # TF's thread pools can take seconds to wind down and nothing is left to save.
     atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # the pipe to a lost agent
+            pass
     os._exit(code)

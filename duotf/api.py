@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from .backends import resolve_backend
 from .cluster import Cluster
@@ -11,7 +11,7 @@ from .errors import ConfigError
 from .spec import seconds
 from .spec import ClusterSpec
 
-__all__ = ["run"]
+__all__ = ["run", "check_run_arguments"]
 
 
 def _setting(value, env_name: str, default: float) -> float:
@@ -27,6 +27,28 @@ def _setting(value, env_name: str, default: float) -> float:
     return default
 
 
+def check_run_arguments(
+    main, spec: Optional[ClusterSpec], reservation_timeout=None, heartbeat_interval=None,
+    heartbeat_timeout=None,
+) -> Tuple[ClusterSpec, Tuple[float, float, float]]:
+    """The spec (default ``ClusterSpec()``) and the resolved timeouts of a :func:`run` call, or
+    the :class:`ConfigError` it would raise before starting anything."""
+    spec = spec if spec is not None else ClusterSpec()
+    if not isinstance(spec, ClusterSpec):
+        raise ConfigError(f"spec must be a duotf.ClusterSpec, got {type(spec).__name__}")
+    if not callable(main):
+        raise ConfigError(f"main must be callable as main(args, ctx), got {type(main).__name__}")
+    reservation_timeout = _setting(reservation_timeout, "DUOTF_RESERVATION_TIMEOUT", 120.0)
+    heartbeat_interval = _setting(heartbeat_interval, "DUOTF_HEARTBEAT_INTERVAL", 1.0)
+    heartbeat_timeout = _setting(heartbeat_timeout, "DUOTF_HEARTBEAT_TIMEOUT", 30.0)
+    if heartbeat_timeout <= 2 * heartbeat_interval:
+        raise ConfigError(
+            f"heartbeat_timeout={heartbeat_timeout:g} must exceed twice "
+            f"heartbeat_interval={heartbeat_interval:g}"
+        )
+    return spec, (reservation_timeout, heartbeat_interval, heartbeat_timeout)
+
+
 def run(
     main: Callable[[Any, Any], Any],
     args: Any = None,
@@ -40,6 +62,8 @@ def run(
     default_fs: Optional[str] = None,
     driver_host: Optional[str] = None,
     keep_workdir: bool = False,
+    log_to_driver=True,
+    log_dir: Optional[str] = None,
 ) -> Cluster:
     """Run ``main(args, ctx)`` once per node of a TensorFlow cluster; return when all run.
 
@@ -72,6 +96,17 @@ def run(
     keep_workdir:
         Keep each node's working directory (``ctx.working_dir``) after its process ends; by
         default it is removed with the node. Save what matters under paths you choose.
+    log_to_driver:
+        Whose stdout and stderr (C/C++ output and Python ``logging`` to a stream included) go
+        to the driver as they are written: ``True`` every node's, ``"chief"`` the chief's
+        (``worker:0`` without a chief), ``False`` none (it stays in the engine's task logs).
+        On the driver each line goes to the ``duotf.node`` logger at INFO as
+        ``[worker:1] line``, to a file per node (:meth:`Cluster.logs`), and into a failed
+        node's :class:`~duotf.errors.NodeFailedError`. TensorFlow's C++ INFO notes are hidden
+        on every node unless ``env={"TF_CPP_MIN_LOG_LEVEL": "0"}``.
+    log_dir:
+        Keep the nodes' output files in ``<log_dir>/<job id>/``; by default they go to a
+        temporary directory removed with the :class:`Cluster` object.
 
     Returns
     -------
@@ -79,19 +114,8 @@ def run(
         Call ``wait()`` for the values of ``main`` and ``shutdown()`` at the end, or use it as
         a context manager.
     """
-    spec = spec if spec is not None else ClusterSpec()
-    if not isinstance(spec, ClusterSpec):
-        raise ConfigError(f"spec must be a duotf.ClusterSpec, got {type(spec).__name__}")
-    if not callable(main):
-        raise ConfigError(f"main must be callable as main(args, ctx), got {type(main).__name__}")
-    reservation_timeout = _setting(reservation_timeout, "DUOTF_RESERVATION_TIMEOUT", 120.0)
-    heartbeat_interval = _setting(heartbeat_interval, "DUOTF_HEARTBEAT_INTERVAL", 1.0)
-    heartbeat_timeout = _setting(heartbeat_timeout, "DUOTF_HEARTBEAT_TIMEOUT", 30.0)
-    if heartbeat_timeout <= 2 * heartbeat_interval:
-        raise ConfigError(
-            f"heartbeat_timeout={heartbeat_timeout:g} must exceed twice "
-            f"heartbeat_interval={heartbeat_interval:g}"
-        )
+    spec, (reservation_timeout, heartbeat_interval, heartbeat_timeout) = check_run_arguments(
+        main, spec, reservation_timeout, heartbeat_interval, heartbeat_timeout)
     backend_obj, owns = resolve_backend(backend)
     try:
         cluster = Cluster(
@@ -104,6 +128,8 @@ def run(
             driver_host=driver_host,
             owns_backend=owns,
             keep_workdir=keep_workdir,
+            log_to_driver=log_to_driver,
+            log_dir=log_dir,
         )
     except BaseException:
         if owns:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .errors import ClusterClosedError, ConfigError, NodesStoppedError
 from .node import NodeJob, default_workdir_root, run_node
+from .nodelogs import NodeLogs, log_node_ids
 from .rendezvous import Msg
 from .spec import ClusterSpec, seconds
 from .supervisor import TERMINAL, ClusterStatus, NodeInfo, NodeState, Supervisor
@@ -59,6 +60,8 @@ class Cluster:
         owns_backend: bool,
         stop_timeout: float = 5.0,
         keep_workdir: bool = False,
+        log_to_driver=True,
+        log_dir: Optional[str] = None,
     ):
         import cloudpickle
 
@@ -86,10 +89,17 @@ class Cluster:
         self._heartbeat_interval = heartbeat_interval
         self._results: Optional[List[Any]] = None
         self._closed = False
+        self._log_nodes = log_node_ids(spec.roles(), log_to_driver)
+        self._logs: Optional[NodeLogs] = None
+        if self._log_nodes:
+            self._logs = NodeLogs(spec.roles(), self.job_id, log_dir)
+            # The files outlive shutdown (cluster.logs() after the run), not the Cluster object.
+            weakref.finalize(self, self._logs.remove)
         self.supervisor = Supervisor(
             spec, backend.name, reservation_timeout=reservation_timeout,
             heartbeat_timeout=heartbeat_timeout, stop_timeout=stop_timeout,
             driver_host=driver_host or backend.driver_host(), job_id=self.job_id,
+            logs=self._logs,
         )
 
     @property
@@ -101,6 +111,32 @@ class Cluster:
     def nodes(self) -> List[NodeInfo]:
         """Role, host, port, pid and state of every node, by node id."""
         return self.supervisor.nodes
+
+    @property
+    def log_dir(self) -> Optional[str]:
+        """The directory of the nodes' output files (``<role>-<index>.log``); None when no
+        node's output goes to the driver (``log_to_driver=False``)."""
+        return self._logs.directory if self._logs is not None else None
+
+    def logs(self, node) -> str:
+        """Everything node ``node`` (a node id, or a role such as ``"worker:1"``) wrote to its
+        stdout and stderr so far, as it reached the driver; also after :meth:`shutdown`.
+
+        Lines are cut at 8 KiB, and a node that writes faster than the rate limit has lines
+        dropped, noted as ``[duotf: N lines dropped ...]``.
+        """
+        names = [str(x.role) for x in self.nodes]
+        if isinstance(node, int) and not isinstance(node, bool) and 0 <= node < len(names):
+            node_id = node
+        elif str(node) in names:
+            node_id = names.index(str(node))
+        else:
+            raise ConfigError(f"no node {node!r}: give a node id (0 to {len(names) - 1}) or a "
+                              f"role ({', '.join(names)})")
+        if node_id not in self._log_nodes:
+            raise ConfigError(f"the output of {names[node_id]} does not go to the driver: run "
+                              "with log_to_driver=True (or 'chief' for the chief's)")
+        return self._logs.text(node_id)
 
     def __repr__(self) -> str:
         return (
@@ -133,6 +169,7 @@ class Cluster:
             workdir_root=default_workdir_root(self.job_id),
             stop_timeout=self.stop_timeout,
             keep_workdir=self._keep_workdir,
+            log_nodes=self._log_nodes,
         )
         logger.info("duotf: starting %d nodes on %s (job %s)", n, self.backend.name, self.job_id)
         sup.watch(self.backend.start_nodes(functools.partial(run_node, job), n, self.job_id))
@@ -242,6 +279,8 @@ class Cluster:
         cut_off = sup.begin_shutdown(grace_secs)
         sup.stop_nodes()
         unraised = sup.close()
+        if self._logs is not None:
+            self._logs.close()
         _live.discard(self)
         if self._owns_backend:
             self.backend.close()

@@ -107,7 +107,9 @@ class NodeError(DuotfError):
 class NodeFailedError(NodeError):
     """A node's ``main`` raised, or its process exited or was killed.
 
-    Attributes: ``exitcode`` (negative: the signal), ``remote_type``, ``remote_traceback``.
+    Attributes: ``exitcode`` (negative: the signal), ``remote_type``, ``remote_traceback``,
+    ``output_tail`` (the node's last lines of stdout and stderr, at most 100, also at the end of
+    the message; empty where its output does not go to the driver: ``log_to_driver``).
     """
 
 

@@ -180,7 +180,7 @@ def _patch(trainer) -> None:
         return build(self, iterator=iterator, data_batch=data_batch)
 
     def reduce_per_replica_fixed(values, strategy, reduction):
-        # "auto" is "mean" for every strategy but TPUStrategy
+        # under MultiWorkerMirroredStrategy "auto" is "mean" (it is "first" only on TPUs)
         if reduction in ("auto", "mean") and multi_worker(strategy):
             from keras.src import tree
 

@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection
 from typing import Dict, Optional, Tuple
 
 from . import rendezvous
+from ._output import OutputRelay
 from .rendezvous import Msg
 
 logger = logging.getLogger(__name__)
@@ -84,6 +85,9 @@ class NodeJob:
     workdir_root: str
     stop_timeout: float = 5.0
     keep_workdir: bool = False  # else each node's working directory goes with its process
+    #: the nodes whose output (fd 1 and 2) goes to the driver; the others' goes where the
+    #: engine task's own output goes
+    log_nodes: frozenset = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +132,7 @@ class _Agent:
         self.child_reader: Optional[threading.Thread] = None
         self.serving = False
         self.threads: list = []
+        self.output: Optional[OutputRelay] = None
 
     # -- plumbing -------------------------------------------------------------------------
     def _thread(self, target, name) -> threading.Thread:
@@ -165,6 +170,17 @@ class _Agent:
         except OSError as exc:
             logger.debug("node %d: could not send %s to the driver: %s", self.node_id, type_, exc)
 
+    def _send_output(self, lines, dropped: int) -> None:
+        """The output relay's way to the driver (its sender thread; raises when it is gone)."""
+        self.channel.send({"type": Msg.LOG, "node_id": self.node_id, "lines": lines,
+                           "dropped": dropped})
+
+    def _drain_output(self, timeout: float) -> None:
+        """Let the node's output written so far reach the driver before its end is reported
+        (the node process has ended or is ending: its pipe closes)."""
+        if self.output is not None and not self.output.drain(timeout):
+            logger.debug("node %d: output still open after %.1f s", self.node_id, timeout)
+
     def _to_child(self, *message) -> None:
         try:
             self.child_tx.send(message)
@@ -185,15 +201,32 @@ class _Agent:
         env["DUOTF_NODE_ID"] = str(self.node_id)
         env["DUOTF_JOB_ID"] = job.job_id
         env.pop("TF_CONFIG", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "duotf._child", str(c_rx), str(c_tx)],
-            pass_fds=(c_rx, c_tx),
-            env=env,
-            close_fds=True,
-            start_new_session=True,
-        )
+        # TensorFlow's C++ start-up notes (INFO) are noise on every node; warnings still show.
+        # A user who wants them sets TF_CPP_MIN_LOG_LEVEL=0 (env=... or the executor's own).
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+        captured = self.node_id in job.log_nodes
+        out_r = out_w = None
+        if captured:
+            # One pipe as fd 1 and fd 2: the output of the process, its children and its C
+            # code, in the order written (see duotf._output).
+            out_r, out_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "duotf._child", str(c_rx), str(c_tx)],
+                pass_fds=(c_rx, c_tx),
+                env=env,
+                close_fds=True,
+                start_new_session=True,
+                stdout=out_w,
+                stderr=out_w,
+            )
+        finally:
+            if out_w is not None:
+                os.close(out_w)
         os.close(c_rx)
         os.close(c_tx)
+        if captured:
+            self.output = OutputRelay(out_r, self._send_output)
         self.child_tx = Connection(a_tx, readable=False, writable=True)
         workdir = node_workdir(job.workdir_root, self.node_id)
         self._to_child(
@@ -209,6 +242,7 @@ class _Agent:
                 "default_fs": job.default_fs,
                 "executor_id": self.executor_id,
                 "secret": job.secret,
+                "output_captured": captured,
             },
         )
         self.child_reader = self._thread(
@@ -281,6 +315,8 @@ class _Agent:
                 self.child_tx.close()
             for thread in self.threads:
                 thread.join(5)
+            if self.output is not None:
+                self.output.join(2)
 
     def _fail(self, kind: str, **fields) -> None:
         if not self.reported_failure:
@@ -332,12 +368,15 @@ class _Agent:
                         # main unwinding from our own stop request: reported as "stopped"
                         logger.debug("node %d stopped: %s", self.node_id, event[2].get("message"))
                     else:
+                        # The process exits right after saying this: its last output first.
+                        self._drain_output(_OUTPUT_GRACE)
                         self._fail(**event[2])
             elif kind == "child-eof":
                 if not child_open:
                     continue
                 child_open = False
                 code = self.proc.wait()
+                self._drain_output(_OUTPUT_GRACE)
                 if self.result is not None:  # main returned; how the process ended after is moot
                     self._send(Msg.DONE)
                     return NodeOutcome(self.node_id, "done", self.result)
@@ -364,6 +403,11 @@ class _Agent:
                 if not self.stop_requested:
                     logger.info("node %d: driver connection closed; stopping the node", self.node_id)
                 self._begin_stop(job.stop_timeout)
+
+
+#: seconds the agent waits for a node's last output before it reports the node's end (a process
+#: the node left behind may hold the pipe open)
+_OUTPUT_GRACE = 1.0
 
 
 def _describe_exit(code: int) -> str:

@@ -53,6 +53,7 @@ class Msg(str, enum.Enum):
     FAILED = "failed"
     FEED_TERMINATED = "feed_terminated"
     FEED_FAILED = "feed_failed"  # a training range broke after delivering rows (see FeedServer)
+    LOG = "log"  # {"lines": [...], "dropped": n}: the node's output (see duotf._output)
     # driver -> node agent
     START = "start"
     RELEASE = "release"

@@ -289,13 +289,14 @@ def _load(source: ModelSource) -> Model:
     return _SignatureModel(loaded)
 
 
-def get_model(source: ModelSource) -> Model:
-    """The model of ``source``, loaded once in this process and then taken from the cache."""
+def get_model(source: ModelSource, task: bool = False) -> Model:
+    """The model of ``source``, loaded once in this process and then taken from the cache.
+    ``task``: the call that starts a task (counted as a use in :func:`cache_stats`)."""
     name = source.url if source.url is not None else source.token
     key = (name, _stat_key(source.url)) if source.url is not None else (name,)
     with _lock:
         stats = _stats.setdefault(name, {"loads": 0, "uses": 0})
-        stats["uses"] += 1
+        stats["uses"] += bool(task)
         model = _cache.get(key)
         if model is not None:
             _cache.move_to_end(key)
@@ -311,8 +312,8 @@ def get_model(source: ModelSource) -> Model:
 
 
 def cache_stats() -> Dict[str, Dict[str, int]]:
-    """This process's model loads and uses (a task's request for a model), by source (a URL,
-    or a loader's token): ``{source: {"loads": n, "uses": n}}``."""
+    """This process's model loads and uses (tasks that scored with it), by source (a URL, or
+    a loader's token): ``{source: {"loads": n, "uses": n}}``."""
     with _lock:
         return {k: dict(v) for k, v in _stats.items()}
 
@@ -488,10 +489,12 @@ def _model_inputs(model: Model, plan: Plan, cols: Dict[str, np.ndarray]) -> List
     return out
 
 
-def score_columns(plan: Plan, cols: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+def score_columns(plan: Plan, cols: Dict[str, np.ndarray], model: Optional[Model] = None
+                  ) -> Dict[str, np.ndarray]:
     """Predictions ``{output column: array}`` for decoded input ``cols``, in batches of
-    ``plan.batch_size`` rows; one row out for every row in, in order."""
-    model = get_model(plan.source)
+    ``plan.batch_size`` rows; one row out for every row in, in order. ``model``: the plan's,
+    where the caller has it (a task takes it from the cache once)."""
+    model = model or get_model(plan.source)
     inputs = _model_inputs(model, plan, cols)
     n = len(inputs[0]) if inputs else 0
     parts: Dict[str, list] = {c.column: [] for c in plan.outputs}
@@ -517,7 +520,7 @@ def score_columns(plan: Plan, cols: Dict[str, np.ndarray]) -> Dict[str, np.ndarr
     return out
 
 
-def _decode(batch, plan: Plan) -> Dict[str, object]:
+def _decode(batch, plan: Plan, model: Model) -> Dict[str, object]:
     """The batch's input columns as arrays; a binary column not known as a packed tensor
     column (a UDF's input, whose metadata stays on the driver) is decoded as the model input
     it feeds: that input's dtype and shape."""
@@ -526,7 +529,7 @@ def _decode(batch, plan: Plan) -> Dict[str, object]:
     from .feed.columns import from_arrow
 
     tensors = {c: (dtype, tuple(shape)) for c, dtype, shape in plan.tensors}
-    inputs = get_model(plan.source).inputs or []
+    inputs = model.inputs or []
     for i, name in enumerate(plan.columns):
         if name in tensors or name not in batch.schema.names:
             continue
@@ -568,7 +571,8 @@ def _refused(exc, labels: Mapping[str, str], partition, offset: int):
 
 
 def score_arrow(plan: Plan, batch, partition=None, offset: int = 0,
-                labels: Optional[Mapping[str, str]] = None) -> List[object]:
+                labels: Optional[Mapping[str, str]] = None, model: Optional[Model] = None
+                ) -> List[object]:
     """The output columns (Arrow arrays, in ``plan.outputs`` order) for an Arrow record batch
     holding at least the plan's input columns. A null or a ragged row is a
     :class:`~duotf.FeedSchemaError` naming the column (as ``labels`` names it), the
@@ -577,12 +581,14 @@ def score_arrow(plan: Plan, batch, partition=None, offset: int = 0,
 
     if batch.num_rows == 0:
         return [to_arrow(np.empty((0, 1) if c.vector else 0, c.dtype), c.vector) for c in plan.outputs]
+    model = model or get_model(plan.source)
     names = set(batch.schema.names)
     try:
-        cols = _decode(batch.select([c for c in dict.fromkeys(plan.columns) if c in names]), plan)
+        cols = _decode(batch.select([c for c in dict.fromkeys(plan.columns) if c in names]), plan,
+                       model)
     except FeedSchemaError as exc:
         raise _refused(exc, labels or {}, partition, offset) from None
-    preds = score_columns(plan, cols)
+    preds = score_columns(plan, cols, model)
     return [to_arrow(preds[c.column], c.vector) for c in plan.outputs]
 
 
@@ -592,11 +598,12 @@ def score_pandas(plan: Plan, frame, partition=None):
     import pandas as pd
     import pyarrow as pa
 
+    model = get_model(plan.source, task=True)
     out = frame.copy()
     inputs = list(dict.fromkeys(plan.columns))
     if len(frame):
         batch = pa.RecordBatch.from_pandas(frame[inputs], preserve_index=False)
-        arrays = score_arrow(plan, batch, partition)
+        arrays = score_arrow(plan, batch, partition, model=model)
     else:
         arrays = [to_arrow(np.empty((0, 1) if c.vector else 0, c.dtype), c.vector) for c in plan.outputs]
     for col, arr in zip(plan.outputs, arrays):

@@ -146,6 +146,12 @@ def kill_node_process(pid: int, job_id: str, node_id: int) -> bool:
             os.close(pidfd)
 
 
+def _show_tail(tail: List[str]) -> str:
+    if not tail:
+        return ""
+    return f"\n\nLast {len(tail)} lines of its output:\n" + "\n".join(tail)
+
+
 class JobStopped(Exception):
     """:meth:`Supervisor.run_job` cancelled the job because ``stop_if()`` became true."""
 
@@ -167,12 +173,15 @@ class Supervisor:
     job_id:
         The job's id (its nodes carry it in ``DUOTF_JOB_ID``): with it, an unresponsive node on
         the driver's own host is killed by the driver too.
+    logs:
+        Where the nodes' output goes (:class:`~duotf.nodelogs.NodeLogs`); None: nowhere.
     """
 
     def __init__(self, spec: ClusterSpec, backend_name: str, *, reservation_timeout: float,
                  heartbeat_timeout: float, stop_timeout: float, driver_host: str,
-                 job_id: Optional[str] = None):
+                 job_id: Optional[str] = None, logs=None):
         self.spec = spec
+        self.logs = logs
         self.job_id = job_id
         self._driver_host = driver_host
         self.reservation_timeout = reservation_timeout
@@ -323,6 +332,15 @@ class Supervisor:
             return
         node = self.nodes[node_id]
         failure = None
+        if kind is Msg.LOG:
+            # Not under the lock: the lines go to files and handlers; this connection's thread
+            # is the only one that waits for them.
+            if getattr(peer, "node_id", None) == node_id and self.logs is not None:
+                node.last_seen = time.monotonic()
+                lines = message.get("lines")
+                if isinstance(lines, list):
+                    self.logs.add(node_id, [str(x) for x in lines], int(message.get("dropped") or 0))
+            return
         with self._cond:
             if kind is Msg.REGISTER:
                 failure = self._register(node, peer, message)
@@ -374,7 +392,7 @@ class Supervisor:
             return NodeFailedError(
                 f"{reason}. duotf never runs two copies of a node; the cluster was stopped.",
                 node_id=node.node_id, role=str(node.role), host=node.host, pid=node.pid,
-                exitcode=None, remote_type=None, remote_traceback=None,
+                exitcode=None, remote_type=None, remote_traceback=None, output_tail=[],
             )
         return None
 
@@ -390,11 +408,12 @@ class Supervisor:
                 node.state = NodeState.FAILED
             self._cond.notify_all()
         if lost:
+            tail = self.output_tail(node_id)
             self.fail(NodeFailedError(
                 f"lost the connection to {node.describe()}: its engine task or executor died "
-                f"({exc}). Every other node was stopped.",
+                f"({exc}). Every other node was stopped." + _show_tail(tail),
                 node_id=node_id, role=str(node.role), host=node.host, pid=node.pid,
-                exitcode=None, remote_type=None, remote_traceback=None,
+                exitcode=None, remote_type=None, remote_traceback=None, output_tail=tail,
             ))
 
     def _node_failure(self, node: NodeInfo, message: dict) -> DuotfError:
@@ -429,10 +448,16 @@ class Supervisor:
             msg = f"{node.describe()} {where} {summary}\n\nRemote traceback:\n{remote_tb.rstrip()}"
         else:
             msg = f"{node.describe()} failed: {text}"
+        tail = self.output_tail(node.node_id)
         return NodeFailedError(
-            msg + "\nEvery other node was stopped.",
-            exitcode=exitcode, remote_type=remote_type, remote_traceback=remote_tb, **attrs,
+            msg + "\nEvery other node was stopped." + _show_tail(tail),
+            exitcode=exitcode, remote_type=remote_type, remote_traceback=remote_tb,
+            output_tail=tail, **attrs,
         )
+
+    def output_tail(self, node_id: int) -> List[str]:
+        """The last lines of a node's output that reached the driver (none when it sends none)."""
+        return self.logs.tail(node_id) if self.logs is not None else []
 
     def _release_when_finished(self) -> None:
         """Once every non-serving node has returned, the returned ones may exit together and

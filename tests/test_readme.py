@@ -34,6 +34,7 @@ RUN_BY = {
     "from duotf.io.tfrecord import": "test_the_io_block_round_trips_the_rows",
     "spark-submit --master spark://master:7077": "test_the_spark_submit_command_runs_on_the_standalone_master",
     'client = Client("tcp://scheduler:8786")': "test_the_dask_block_runs_the_program_above",
+    "runs = duotf.run_parallel(": "test_the_parallel_block_reports_every_run_in_its_slot",
     "score = duotf.predict_udf(": "test_the_spark_scoring_block_scores_every_row",
     "scored = duotf.dask.predict(": "test_the_dask_scoring_block_scores_every_row",
     "from duotf.spark import TFEstimator, TFModel": "test_the_ml_block_fits_transforms_and_saves",
@@ -178,6 +179,17 @@ def test_the_io_block_round_trips_the_rows(backend, engine, tmp_path):
     assert len(ns["files"]) == df.rdd.getNumPartitions()
     assert ns["df2"].count() == 400 and dict(ns["df2"].dtypes)["name"] == "string"
     assert len(list((tmp_path / "bucket" / "out").iterdir())) >= 1
+
+
+@pytest.mark.engines("spark-local")
+def test_the_parallel_block_reports_every_run_in_its_slot(backend, engine, capsys):
+    ns = run_block(block("runs = duotf.run_parallel("), spark=engine.session)
+    runs = ns["runs"]
+    assert [run.args["lr"] for run in runs] == [0.3, 0.03, 3.0]
+    assert [run.ok for run in runs] == [True, True, False]
+    assert runs[2].error.remote_type == "FloatingPointError" and "lr=3.0 diverged" in str(runs[2].error)
+    assert ns["best"] is runs[0] and runs[0].value[0] < 1e-3 < runs[1].value[0]
+    assert "FloatingPointError" in capsys.readouterr().out
 
 
 @pytest.mark.engines("dask")

@@ -2,7 +2,10 @@
 
 Each node task is restricted to its worker (``workers=[addr], allow_other_workers=False``) and
 never retried, so neither rescheduling nor work stealing can run a second copy; the driver also
-rejects a node that registers twice. The task secedes from the worker's thread pool, so the
+rejects a node that registers twice. Clusters started side by side through one backend
+(:func:`duotf.run_parallel`) are spread over the workers: each node goes to the worker that runs
+the fewest of this backend's nodes (ties by address), so two 1-node runs on two workers never
+share one. The task secedes from the worker's thread pool, so the
 worker keeps its threads for other work while the node runs.
 
 The workers are listed by one call to the scheduler (``Client.nthreads``), never from the
@@ -15,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from typing import List
+from typing import Dict, List
 from urllib.parse import urlparse
 
 from ..errors import BackendError, InsufficientSlotsError
@@ -49,6 +53,8 @@ class DaskBackend(Backend):
         #: seconds to wait for workers (a nanny restarting one) before giving up on capacity
         self.slot_wait = slot_wait
         self._owned_cluster = None
+        self._lock = threading.Lock()
+        self._placed: Dict[str, int] = {}  # worker -> this backend's nodes running there
 
     def __repr__(self) -> str:
         return f"DaskBackend({self.client.scheduler.address!r})"
@@ -108,18 +114,12 @@ class DaskBackend(Backend):
         return "duotf runs one node per Dask worker: start more workers or ask for fewer nodes."
 
     def start_nodes(self, fn: NodeFunction, n: int, job_id: str) -> EngineJob:
-        workers = self._enough_workers(n)[:n]  # placed on exactly the list that was counted
-        futures = [
-            self.client.submit(
-                _dask_node, fn, i,
-                key=f"duotf-{job_id}-node-{i}",
-                workers=[workers[i]],
-                allow_other_workers=False,
-                pure=False,
-                retries=0,
-            )
-            for i in range(n)
-        ]
+        workers = self._place(self._enough_workers(n), n)  # from exactly the list counted
+        try:
+            futures = self._submit(fn, workers, job_id)
+        except BaseException:
+            self._release(workers)
+            raise
         client = self.client
 
         def call() -> List[NodeOutcome]:
@@ -148,6 +148,7 @@ class DaskBackend(Backend):
                 # Release the keys: a finished node must never be "recomputed elsewhere" when
                 # its worker leaves.
                 cancel()
+                self._release(workers)
 
         def cancel() -> None:
             if futures:
@@ -155,6 +156,37 @@ class DaskBackend(Backend):
                 futures.clear()
 
         return ThreadJob(call, cancel=cancel, name="dask")
+
+    def _place(self, workers: List[str], n: int) -> List[str]:
+        """``n`` distinct workers of ``workers``, those running the fewest of this backend's
+        nodes first (ties by address), counted as busy until :meth:`_release`."""
+        with self._lock:
+            chosen = sorted(workers, key=lambda w: (self._placed.get(w, 0), w))[:n]
+            for w in chosen:
+                self._placed[w] = self._placed.get(w, 0) + 1
+        return chosen
+
+    def _release(self, workers: List[str]) -> None:
+        with self._lock:
+            for w in workers:
+                left = self._placed.get(w, 0) - 1
+                if left > 0:
+                    self._placed[w] = left
+                else:
+                    self._placed.pop(w, None)
+
+    def _submit(self, fn: NodeFunction, workers: List[str], job_id: str) -> list:
+        return [
+            self.client.submit(
+                _dask_node, fn, i,
+                key=f"duotf-{job_id}-node-{i}",
+                workers=[workers[i]],
+                allow_other_workers=False,
+                pure=False,
+                retries=0,
+            )
+            for i in range(len(workers))
+        ]
 
     def feed_hint(self) -> str:
         return "pass a Dask DataFrame, Bag or Array."

@@ -283,9 +283,7 @@ def feed_cache(df, *, block_bytes: int = 4 << 20, ragged: Sequence[str] = ()) ->
 
     from pyspark import StorageLevel
 
-    from ..feed.columns import tensor_specs
-
-    from ..feed.columns import ragged_columns
+    from ..feed.columns import ragged_columns, tensor_specs
 
     spill = _spiller(uuid.uuid4().hex[:16], tensor_specs(df.schema), block_bytes,
                      ragged_columns(ragged))

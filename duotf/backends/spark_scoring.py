@@ -166,10 +166,11 @@ def _udf_task(plan: scoring.Plan, labels: Dict[str, str], arrow_types, struct: b
         from pyspark import TaskContext
 
         pid, pos = TaskContext.get().partitionId(), 0
+        model = scoring.get_model(plan.source, task=True)  # once a task: one stat of the file
         for arrays in iterator:
             arrays = arrays if isinstance(arrays, (tuple, list)) else (arrays,)
             batch = pa.RecordBatch.from_arrays(list(arrays), names=list(plan.columns))
-            out = [a.cast(t) for a, t in zip(scoring.score_arrow(plan, batch, pid, pos, labels),
+            out = [a.cast(t) for a, t in zip(scoring.score_arrow(plan, batch, pid, pos, labels, model),
                                              arrow_types)]
             pos += len(batch)
             if struct:
@@ -255,8 +256,10 @@ def _scorer(plan: scoring.Plan, arrow_types: List[object]):
         from pyspark import TaskContext
 
         pid, pos = TaskContext.get().partitionId(), 0
+        model = scoring.get_model(plan.source, task=True)
         for batch in batches:
-            out = [a.cast(t) for a, t in zip(scoring.score_arrow(plan, batch, pid, pos), arrow_types)]
+            out = [a.cast(t) for a, t in zip(scoring.score_arrow(plan, batch, pid, pos, model=model),
+                                             arrow_types)]
             pos += batch.num_rows
             yield pa.RecordBatch.from_arrays(list(batch.columns) + out,
                                              names=list(batch.schema.names) + [c.column for c in plan.outputs])

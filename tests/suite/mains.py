@@ -225,7 +225,7 @@ def feed_die_main(args, ctx):
 def feed_memory_main(args, ctx):
     """Drain a large feed through dataset(); report rows and how much this process grew."""
     import psutil
-    import tensorflow  # noqa: F401
+    __import__("tensorflow")  # what a TF program does first
 
     proc = psutil.Process()
     feed = ctx.get_data_feed(train=True)
@@ -236,6 +236,22 @@ def feed_memory_main(args, ctx):
         if i % 50 == 0:
             peak = max(peak, proc.memory_info().rss)
     return {"rows": rows, "growth_mb": (peak - base) / 2**20}
+
+
+def ids_seen_main(args, ctx):
+    """Drain a feed of ids (column "1", 0 <= id < args["rows"]) through dataset(); return
+    how many rows came and which ids, as a packed bitmap, and how many came twice here."""
+    import numpy as np
+    __import__("tensorflow")  # what a TF program does first
+
+    seen = np.zeros(args["rows"], dtype=bool)
+    rows = twice = 0
+    for batch in ctx.get_data_feed(train=True).dataset(args["batch"]):
+        ids = batch["1"].numpy()
+        rows += len(ids)
+        twice += int(seen[ids].sum()) + len(ids) - len(np.unique(ids))
+        seen[ids] = True
+    return {"rows": rows, "twice": twice, "seen": np.packbits(seen).tobytes()}
 
 
 def feed_tensor_main(args, ctx):
@@ -438,6 +454,40 @@ def keras_unsupported_main(args, ctx):
     out["iterations"] = int(model.optimizer.iterations.numpy())
     return out
 
+
+
+def trial_main(args, ctx):
+    """A run of ``duotf.run_parallel``: no TensorFlow, only what a search needs to tell runs apart.
+
+    ``mode``: "raise" raises, "kill" kills its own process; "hold" waits for ``release``.
+    With ``gate`` (a directory), the node writes ``in-<trial>-<node>`` (its working directory in
+    it) and waits until ``together`` such files exist: a run that never meets ``together - 1``
+    others alive times out instead of returning.
+    """
+    import signal
+
+    entered = time.time()
+    mode = args.get("mode", "ok")
+    if mode == "raise":
+        raise ValueError(f"trial {args['trial']}: bad hyperparameters")
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    gate = args.get("gate")
+    if gate:
+        with open(os.path.join(gate, f"in-{args['trial']}-{ctx.node_id}"), "w") as f:
+            f.write(ctx.working_dir)
+        deadline = time.monotonic() + args.get("gate_timeout", 60.0)
+        while sum(name.startswith("in-") for name in os.listdir(gate)) < args.get("together", 1):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"trial {args['trial']} met no other run in {gate}")
+            time.sleep(0.02)
+    if mode == "hold":
+        wait_for_file(args["release"])
+    return {"trial": args["trial"], "node": ctx.node_id, "workers": ctx.num_workers,
+            "score": args["trial"] * 10, "executor": ctx.executor_id, "entered": entered,
+            "left": time.time()}
+
+
 def load_keras(path: str):
     """A model loader for ``duotf.spark.predict_udf`` / ``duotf.dask.predict`` (bound to a path
     with functools.partial)."""
@@ -483,3 +533,27 @@ def linear_train_fn(args, ctx):
     if ctx.is_chief:
         model.save(args["modelPath"])
     return {"loss": history.history["loss"], "args": args["args"]}
+
+
+def talk_main(args, ctx):
+    """Writes to every output a node has: print, sys.stderr, fd 2 directly, and logging."""
+    import logging
+    import sys
+
+    me = f"{ctx.job_name}-{ctx.task_index}"
+    print(f"out-1 {me}")
+    sys.stderr.write(f"err-2 {me}\n")
+    sys.stderr.flush()
+    os.write(2, f"fd2-3 {me}\n".encode())
+    logging.getLogger("talk").warning("log-4 %s", me)
+    print(f"out-5 {me}")
+    if args and args.get("fail") == ctx.task_index:
+        for i in range(150):
+            print(f"last-{i} {me}")
+        raise RuntimeError(f"talked out {me}")
+    if args and args.get("flood_node") == ctx.node_id:
+        for i in range(args["flood"]):  # far more lines than the driver takes per second
+            print(f"flood {i}")
+    return {"me": me, "tf_cpp_min_log_level": os.environ.get("TF_CPP_MIN_LOG_LEVEL")}
+
+

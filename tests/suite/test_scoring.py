@@ -18,7 +18,8 @@ from tests.suite import mains
 
 pytestmark = pytest.mark.engines("dask", "spark-local", "spark-standalone")
 
-ROWS, PARTS, WIDTH = 60, 4, 4
+ROWS, WIDTH = 60, 4
+PARTS = 2  # few tasks at once: each new Python worker imports TensorFlow
 
 
 @pytest.fixture(scope="module")
@@ -43,16 +44,16 @@ def models(tmp_path_factory):
             "expected_vector": vector.predict(x, verbose=0)}
 
 
-def _parts(x, ragged_row=None):
+def _parts(x, ragged_row=None, parts=PARTS):
     rows = [(i, [float(v) for v in x[i]]) for i in range(len(x))]
     if ragged_row is not None:
         rows[ragged_row] = (ragged_row, [1.0])
-    size = len(rows) // PARTS
-    return [rows[p * size:(p + 1) * size] for p in range(PARTS)]
+    size = len(rows) // parts
+    return [rows[p * size:(p + 1) * size] for p in range(parts)]
 
 
-def _table(engine, x, ragged_row=None):
-    return engine.table(_parts(x, ragged_row), {"id": "long", "features": "array<float>"})
+def _table(engine, x, ragged_row=None, parts=PARTS):
+    return engine.table(_parts(x, ragged_row, parts), {"id": "long", "features": "array<float>"})
 
 
 def _spark(engine) -> bool:
@@ -92,7 +93,7 @@ def test_a_vector_output_is_an_array_column(backend, engine, models):
 def test_the_model_is_loaded_once_per_worker_process(backend, engine, models):
     loader = functools.partial(mains.load_keras, models["keras"])
     source = duotf.scoring.model_source(loader)  # one token: the cache's key in every process
-    df = _table(engine, models["x"])
+    df = _table(engine, models["x"], parts=8)  # more tasks than worker processes
     if _spark(engine):
         engine.to_pandas(df.withColumn("p", duotf.spark.predict_udf(source)("features")))
         # one report per Python worker that runs a task of this job: as many tasks as
@@ -107,12 +108,11 @@ def test_the_model_is_loaded_once_per_worker_process(backend, engine, models):
     used = [s for s in stats.values() if s]
     assert used, stats
     assert all(s["loads"] == 1 for s in used), stats  # never loaded twice in one process
-    assert sum(s["uses"] for s in used) >= len(used) + 1  # and reused by a later task
-    assert max(s["uses"] for s in used) >= 2, stats
+    assert max(s["uses"] for s in used) >= 2, stats  # and reused by a later task
 
 
 def test_ragged_rows_fail_with_a_feed_schema_error(backend, engine, models):
-    df = _table(engine, models["x"], ragged_row=20)
+    df = _table(engine, models["x"], ragged_row=35)  # row 5 of partition 1
     if _spark(engine):
         from pyspark.errors import PythonException
 
@@ -126,7 +126,7 @@ def test_ragged_rows_fail_with_a_feed_schema_error(backend, engine, models):
         text = str(info.value)
         assert (info.value.column, info.value.partition) == ("features", 1)
         assert info.value.problem == "ragged"
-    # the row within its partition (15 rows each), and what to change
+    # the row within its partition, and what to change
     assert "rows of different lengths: row 5 of partition 1 holds 1 values" in text
     assert "filter or pad the rows" in text
 
