@@ -34,6 +34,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "plu
 
 # Node programs travel by value, so executors never need to import the tests package.
 cloudpickle.register_pickle_by_value(mains)
+try:  # and so do the functions Spark pickles itself (UDFs), with its own copy of cloudpickle
+    import pyspark.cloudpickle
+
+    pyspark.cloudpickle.register_pickle_by_value(mains)
+except ImportError:
+    pass
 
 BACKENDS = list(ENGINES)
 # Free slots beside 2 nodes: what the feed tests need; the slot tests ask backend.slots().
