@@ -106,6 +106,9 @@ def main():
     parser.add_argument("--spark-master", required=True)
     parser.add_argument("--rows", type=int, default=1 << 20)
     parser.add_argument("--partitions", type=int, default=16)
+    parser.add_argument("--only", nargs="*", default=None,
+                        choices=["train", "pack_tensors", "feed_cache", "inference", "tfrecords"],
+                        help="run only these paths (default: all)")
     opts = parser.parse_args()
 
     from pyspark.sql import SparkSession
@@ -168,11 +171,16 @@ def main():
         finally:
             shutil.rmtree(where, ignore_errors=True)
 
-    measure("train(df), `array<float>` column", lambda: train(df), rows)
-    measure("train(pack_tensors(df, 'x'))", lambda: train(pack_tensors(df, "x")), rows)
-    measure("feed_cache(df), then train(cache)", cached, rows)
-    measure("inference(df, keep=['id'])", inference, rows)
-    measure("spark_to_tfrecords, then tfrecords_to_spark", tfrecords, rows)
+    paths = [
+        ("train", "train(df), `array<float>` column", lambda: train(df)),
+        ("pack_tensors", "train(pack_tensors(df, 'x'))", lambda: train(pack_tensors(df, "x"))),
+        ("feed_cache", "feed_cache(df), then train(cache)", cached),
+        ("inference", "inference(df, keep=['id'])", inference),
+        ("tfrecords", "spark_to_tfrecords, then tfrecords_to_spark", tfrecords),
+    ]
+    for key, name, fn in paths:
+        if opts.only is None or key in opts.only:
+            measure(name, fn, rows)
     session.stop()
 
 
