@@ -99,12 +99,12 @@ def spark_standalone_master():
 FAKE_GPUS = '{"name": "gpu", "addresses": ["0", "1"]}'
 
 
-@pytest.fixture(scope="module")
-def spark_gpu_master(tmp_path_factory):
+@pytest.fixture
+def spark_gpu_master(tmp_path):
     """A second standalone master with 1 worker of 3 cores and 2 fake GPUs (a discovery script
-    prints ``FAKE_GPUS``); yields ``(master URL, discovery script)``. Module-scoped: it runs
-    only while the module that asks for it does."""
-    script = tmp_path_factory.mktemp("gpus") / "fake_gpus.sh"
+    prints ``FAKE_GPUS``); yields ``(master URL, discovery script)``. One test uses it (the
+    README's GPU block): started once, and its JVMs live no longer than that test."""
+    script = tmp_path / "fake_gpus.sh"
     script.write_text(f"#!/bin/sh\necho '{FAKE_GPUS}'\n")
     script.chmod(0o755)
     opts = (f"-Dspark.worker.resource.gpu.amount=2 "
