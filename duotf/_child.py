@@ -195,6 +195,10 @@ def main(argv) -> int:
     # A stop request turns into SystemExit in main, so `finally` blocks and context managers run.
     signal.signal(signal.SIGTERM, _on_sigterm)
 
+    if job.get("gpu_error"):
+        link.send(ChildMsg.ERROR, {"kind": "gpus", "remote_type": "ConfigError",
+                                   "message": job["gpu_error"], "traceback": ""})
+        return 5
     if job["protocol"] != "grpc":
         error = _check_protocol(job["protocol"])
         if error is not None:
@@ -225,6 +229,7 @@ def main(argv) -> int:
         port=start["port"],
         job_id=job["job_id"],
         executor_id=job.get("executor_id", ""),
+        gpus=job.get("gpus") or [],
         _notify=lambda what: _notify(link, what),
         _feed_server=feed,
     )

@@ -85,6 +85,12 @@ class Cluster:
         self._payload = cloudpickle.dumps((main, args))
         self._stopped: Optional[NodesStoppedError] = None
         self._env = {str(k): str(v) for k, v in (env or {}).items()}
+        if spec.gpus_per_node and "CUDA_VISIBLE_DEVICES" in self._env:
+            raise ConfigError(
+                f"env sets CUDA_VISIBLE_DEVICES={self._env['CUDA_VISIBLE_DEVICES']!r}, but with "
+                f"ClusterSpec(gpus_per_node={spec.gpus_per_node}) duotf sets it on each node to "
+                "the GPUs the engine holds for that node: drop it from env (or set "
+                "gpus_per_node=0 to choose devices yourself)")
         self._default_fs = default_fs if default_fs is not None else backend.default_fs()
         self._heartbeat_interval = heartbeat_interval
         self._results: Optional[List[Any]] = None
@@ -154,6 +160,9 @@ class Cluster:
             raise ClusterClosedError(f"{self!r} was started already")
         n = len(self.nodes)
         self.backend.check_capacity(n)
+        gpus = self.spec.gpus_per_node
+        if gpus:
+            self.backend.check_gpus(n, gpus)
         _live.add(self)
         job = NodeJob(
             job_id=self.job_id,
@@ -172,7 +181,9 @@ class Cluster:
             log_nodes=self._log_nodes,
         )
         logger.info("duotf: starting %d nodes on %s (job %s)", n, self.backend.name, self.job_id)
-        sup.watch(self.backend.start_nodes(functools.partial(run_node, job), n, self.job_id))
+        # Only a GPU run passes gpus_per_node: a backend that holds no GPUs keeps the plain call.
+        sup.watch(self.backend.start_nodes(functools.partial(run_node, job), n, self.job_id,
+                                           **({"gpus_per_node": gpus} if gpus else {})))
 
         deadline = t0 + self.reservation_timeout
         sup.await_nodes(lambda s: s is NodeState.READY or s in TERMINAL, deadline, "ready")

@@ -37,6 +37,10 @@ class NodeContext:
         The server protocol of the cluster spec.
     host, port : str, int
         This node's address in the TF cluster; ``port`` is reserved for its TF server.
+    gpus : list of str
+        The GPUs the engine holds for this node (``ClusterSpec(gpus_per_node=k)``), as its
+        ``CUDA_VISIBLE_DEVICES`` names them; TensorFlow sees them as ``/GPU:0`` to
+        ``/GPU:k-1``. Empty with ``gpus_per_node=0``, where GPUs are left alone.
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class NodeContext:
         port: int,
         job_id: str,
         executor_id: str = "",
+        gpus: Optional[List[str]] = None,
         _notify: Optional[Callable[[str], None]] = None,
         _feed_server=None,
     ):
@@ -75,6 +80,7 @@ class NodeContext:
         self.port = port
         self.job_id = job_id
         self.executor_id = executor_id
+        self.gpus: List[str] = list(gpus or [])
         self._notify = _notify
         self._feed_server = _feed_server
         self._feeds: list = []

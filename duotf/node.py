@@ -24,10 +24,12 @@ import tempfile
 import threading
 import time
 from multiprocessing.connection import Connection
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import rendezvous
+from ._gpus import visible_devices
 from ._output import OutputRelay
+from .errors import ConfigError
 from .rendezvous import Msg
 
 logger = logging.getLogger(__name__)
@@ -116,11 +118,14 @@ def reserve_port() -> socket.socket:
 
 
 class _Agent:
-    def __init__(self, job: NodeJob, node_id: int, executor_id: str, attempt: int):
+    def __init__(self, job: NodeJob, node_id: int, executor_id: str, attempt: int,
+                 gpus: Sequence[str] = ()):
         self.job = job
         self.node_id = node_id
         self.executor_id = executor_id
         self.attempt = attempt
+        self.gpu_addresses = [str(a) for a in gpus]
+        self.gpus: List[str] = []  # the node's CUDA_VISIBLE_DEVICES entries
         self.events: "queue.Queue[tuple]" = queue.Queue()
         self.proc: Optional[subprocess.Popen] = None
         self.child_tx: Optional[Connection] = None
@@ -204,6 +209,16 @@ class _Agent:
         # TensorFlow's C++ start-up notes (INFO) are noise on every node; warnings still show.
         # A user who wants them sets TF_CPP_MIN_LOG_LEVEL=0 (env=... or the executor's own).
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+        gpu_error = None
+        if self.gpu_addresses:
+            # The engine's addresses pick devices of what this task's process sees (the driver
+            # refuses a CUDA_VISIBLE_DEVICES in job.env when the spec asks for GPUs).
+            try:
+                self.gpus = visible_devices(self.gpu_addresses, os.environ.get("CUDA_VISIBLE_DEVICES"))
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)
+            except ConfigError as exc:
+                gpu_error = str(exc)  # the node process reports it, as it reports a bad protocol
+                env["CUDA_VISIBLE_DEVICES"] = ""  # and, until it exits, sees no GPU
         captured = self.node_id in job.log_nodes
         out_r = out_w = None
         if captured:
@@ -243,6 +258,8 @@ class _Agent:
                 "executor_id": self.executor_id,
                 "secret": job.secret,
                 "output_captured": captured,
+                "gpus": self.gpus,
+                "gpu_error": gpu_error,
             },
         )
         self.child_reader = self._thread(
@@ -301,6 +318,7 @@ class _Agent:
                 agent_pid=os.getpid(),
                 executor_id=self.executor_id,
                 attempt=self.attempt,
+                gpus=self.gpus,
             )
             self._thread(self._read_driver, "driver")
             return self._loop()
@@ -420,9 +438,14 @@ def _describe_exit(code: int) -> str:
     return f"node process exited with code {code} before main returned"
 
 
-def run_node(job: NodeJob, node_id: int, executor_id: str = "", attempt: int = 0) -> NodeOutcome:
-    """Run node ``node_id`` of ``job`` to its end. Called by every backend, once per node."""
-    return _Agent(job, node_id, executor_id, attempt).run()
+def run_node(job: NodeJob, node_id: int, executor_id: str = "", attempt: int = 0,
+             gpus: Sequence[str] = ()) -> NodeOutcome:
+    """Run node ``node_id`` of ``job`` to its end. Called by every backend, once per node.
+
+    ``gpus``: the addresses of the GPUs the engine holds for this node (see
+    :mod:`duotf._gpus`); the node process sees only those devices. Empty: GPUs are left alone.
+    """
+    return _Agent(job, node_id, executor_id, attempt, gpus).run()
 
 
 def default_workdir_root(job_id: str) -> str:

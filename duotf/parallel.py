@@ -151,7 +151,10 @@ def run_parallel(
     try:
         nodes = spec.num_nodes
         backend_obj.check_capacity(nodes)  # a run that can never start fails here, not N times
-        width = max_concurrent or max(backend_obj.slots() // nodes, 1)
+        capacity = backend_obj.slots()
+        if spec.gpus_per_node:  # each run's nodes hold GPUs too: as many runs as both allow
+            capacity = min(capacity, backend_obj.check_gpus(nodes, spec.gpus_per_node))
+        width = max_concurrent or max(capacity // nodes, 1)
         width = min(width, len(args_list))
         logger.info("duotf: %d runs of %d node(s) on %s, up to %d at once",
                     len(args_list), nodes, backend_obj.name, width)

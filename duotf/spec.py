@@ -44,6 +44,11 @@ class ClusterSpec:
     protocol:
         The server protocol: ``"grpc"`` or an RDMA variant such as ``"grpc+verbs"`` where the
         TensorFlow build has one.
+    gpus_per_node:
+        GPUs each node (every role) gets for itself: the engine schedules them (a Spark task
+        resource, a Dask worker resource ``GPU``) and the node process sees only them
+        (``CUDA_VISIBLE_DEVICES``, ``ctx.gpus``). 0 (the default) leaves GPUs alone: a node
+        then sees whatever its executor or worker sees.
     """
 
     workers: int = 1
@@ -51,9 +56,10 @@ class ClusterSpec:
     chief: bool = False
     evaluator: bool = False
     protocol: str = "grpc"
+    gpus_per_node: int = 0
 
     def __post_init__(self):
-        for name in ("workers", "ps"):
+        for name in ("workers", "ps", "gpus_per_node"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"ClusterSpec.{name} must be an int >= 0, got {value!r}")

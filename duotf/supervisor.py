@@ -87,6 +87,8 @@ class NodeInfo:
     #: worker, the driver itself on the local backend
     agent_pid: Optional[int] = None
     executor_id: str = ""
+    #: the GPUs the engine holds for the node, as its CUDA_VISIBLE_DEVICES names them
+    gpus: Tuple[str, ...] = ()
     feed_port: Optional[int] = None
     feed_terminated: bool = False
     feed_failure: Optional[dict] = None  # what the node's feed server reported (FEED_FAILED)
@@ -378,6 +380,7 @@ class Supervisor:
             node.pid = message["pid"]
             node.agent_pid = message.get("agent_pid")
             node.executor_id = message.get("executor_id", "")
+            node.gpus = tuple(message.get("gpus") or ())
             node.state = NodeState.REGISTERED
             node.last_seen = time.monotonic()
             return None

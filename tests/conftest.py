@@ -92,6 +92,30 @@ def spark_standalone_master():
     its node, one for the tasks that feed it); 1 core a worker is left for a second application
     (the README's spark-submit command).
     """
+    yield from _standalone_cluster(workers=2, cores=3)
+
+
+#: what each worker of ``spark_gpu_master`` says it has: 2 GPUs that do not exist
+FAKE_GPUS = '{"name": "gpu", "addresses": ["0", "1"]}'
+
+
+@pytest.fixture
+def spark_gpu_master(tmp_path):
+    """A second standalone master with 1 worker of 3 cores and 2 fake GPUs (a discovery script
+    prints ``FAKE_GPUS``); yields ``(master URL, discovery script)``. One test uses it (the
+    README's GPU block): started once, and its JVMs live no longer than that test."""
+    script = tmp_path / "fake_gpus.sh"
+    script.write_text(f"#!/bin/sh\necho '{FAKE_GPUS}'\n")
+    script.chmod(0o755)
+    opts = (f"-Dspark.worker.resource.gpu.amount=2 "
+            f"-Dspark.worker.resource.gpu.discoveryScript={script}")
+    for url in _standalone_cluster(workers=1, cores=3, env={"SPARK_WORKER_OPTS": opts}):
+        yield url, str(script)
+
+
+def _standalone_cluster(workers: int, cores: int, env: dict = None):
+    """Start a standalone master and ``workers`` workers of ``cores`` cores on 127.0.0.1 (with
+    ``env`` added to their environment), yield the master URL, stop them all."""
     root = tempfile.mkdtemp(prefix="duotf-spark-")
     env = dict(
         os.environ,
@@ -100,6 +124,7 @@ def spark_standalone_master():
         PYSPARK_PYTHON=sys.executable,
         SPARK_NO_DAEMONIZE="1",
         SPARK_LOG_DIR=root,
+        **(env or {}),
     )
     procs = []
     try:
@@ -116,14 +141,14 @@ def spark_standalone_master():
             return found and found.group(1)
 
         url = poll_for(master_url, 90, 0.1, "Spark master start")
-        for i in range(2):
+        for i in range(workers):
             log = os.path.join(root, f"worker{i}.log")
             procs.append(_start_java(
                 ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--port", "0",
-                 "--webui-port", "0", "--cores", "3", "--memory", "2g",
+                 "--webui-port", "0", "--cores", str(cores), "--memory", "2g",
                  "--work-dir", os.path.join(root, f"work{i}"), url], log, env,
             ))
-        for i in range(2):
+        for i in range(workers):
             log = os.path.join(root, f"worker{i}.log")
             poll_for(lambda: "Successfully registered with master" in _read(log), 90, 0.1,
                      f"Spark worker {i} registration")

@@ -50,6 +50,8 @@ class Engine(abc.ABC):
 
     #: how many engine processes run node tasks (duotf gives each node one of its own while it can)
     executors = 1
+    #: what the error names for a spec asking for GPUs, which no engine of the suite has
+    gpu_setting = ""
 
     def __init__(self, backend, handle=None):
         self.backend = backend
@@ -125,6 +127,8 @@ def _pandas_frames(parts: List[list], schema: Dict[str, str]) -> list:
 class LocalEngine(Engine):
     """The in-process backend: a collection is a list of partitions."""
 
+    gpu_setting = "LocalBackend(gpus=N)"
+
     @classmethod
     @contextlib.contextmanager
     def start(cls, request):
@@ -175,6 +179,7 @@ class ProcessPoolEngine(LocalEngine):
     a list of partitions, as for the local backend."""
 
     executors = 4  # each node's agent runs in a pool process of its own
+    gpu_setting = "cannot hold GPUs"  # the contract's default: a backend that never heard of GPUs
 
     @classmethod
     @contextlib.contextmanager
@@ -195,6 +200,7 @@ class DaskEngine(Engine):
     """A ``LocalCluster`` of 2 worker processes: Bags, DataFrames and Arrays through its Client."""
 
     executors = 2
+    gpu_setting = "--resources GPU=n"
 
     @classmethod
     @contextlib.contextmanager
@@ -293,6 +299,7 @@ class SparkEngine(Engine):
 
     #: the task slots Spark has once every executor registered
     slots = 0
+    gpu_setting = "spark.executor.resource.gpu.amount="
 
     @classmethod
     def _session(cls, request):

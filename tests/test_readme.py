@@ -8,12 +8,14 @@ that runs it (by a line the block contains); a block that no test runs fails the
 
 from __future__ import annotations
 
+import ast
 import math
 import os
 import pathlib
 import re
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -39,6 +41,7 @@ RUN_BY = {
     "scored = duotf.dask.predict(": "test_the_dask_scoring_block_scores_every_row",
     "from duotf.spark import TFEstimator, TFModel": "test_the_ml_block_fits_transforms_and_saves",
     "est = duotf.dask.TFEstimator(": "test_the_dask_ml_block_fits_and_predicts",
+    "spec = duotf.ClusterSpec(workers=2, gpus_per_node=1)": "test_the_gpu_block_gives_each_node_its_own_gpu",
 }
 
 
@@ -309,3 +312,52 @@ def test_the_dask_ml_block_fits_and_predicts(backend, engine, tmp_path):
     np.testing.assert_allclose(ns["keras_model"].predict(x, verbose=0)[:, 0], out["prediction"],
                                rtol=1e-5, atol=1e-6)
     assert len(ns["model"].history["loss"]) == 2
+
+
+# -- the GPU block, on a standalone cluster whose worker has 2 fake GPUs ---------------------------
+#: run after the README's GPU block, in its driver: what the nodes' records say, the errors of
+#: specs that do not fit, and a feed beside GPU nodes (its tasks must take no GPU)
+_GPU_CHECKS = textwrap.dedent("""
+    print([list(node.gpus) for node in cluster.nodes])
+    for bad in (duotf.ClusterSpec(gpus_per_node=3), duotf.ClusterSpec(workers=3, gpus_per_node=1)):
+        try:
+            duotf.run(where_am_i, backend=spark, spec=bad)
+        except duotf.DuotfError as err:
+            print(repr((type(err).__name__, str(err))))
+    import cloudpickle, pyspark.cloudpickle
+    from tests.suite import mains
+    cloudpickle.register_pickle_by_value(mains)
+    pyspark.cloudpickle.register_pickle_by_value(mains)
+    rows = spark.sparkContext.parallelize([(i, i) for i in range(20)], 2)
+    with duotf.run(mains.feed_train_main, {"batch": 5}, backend=spark, spec=spec) as cluster:
+        print(cluster.train(rows, epochs=1)["rows_fed"])
+        cluster.wait(timeout=120)
+    spark.stop()
+""")
+
+
+def test_the_gpu_block_gives_each_node_its_own_gpu(spark_gpu_master):
+    url, script = spark_gpu_master
+    code = block("spec = duotf.ClusterSpec(workers=2, gpus_per_node=1)", {
+        "spark://master:7077": url,
+        "/opt/spark/examples/src/main/scripts/getGpusResources.sh": script,
+    })
+    # The test's own settings go in before the block's; the executor sees devices 5 and 7, so
+    # Spark's addresses 0 and 1 must become those.
+    conf = {"spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1", "spark.executor.memory": "1g",
+            "spark.executorEnv.CUDA_VISIBLE_DEVICES": "5,7"}
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               PYSPARK_SUBMIT_ARGS=" ".join(f"--conf {k}={v}" for k, v in conf.items())
+               + " pyspark-shell")
+    program = "import duotf\n" + code + _GPU_CHECKS
+    out = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
+                         text=True, env=env, timeout=240)
+    problems = [line for line in out.stderr.splitlines() if " INFO " not in line]
+    assert out.returncode == 0, "\n".join(problems[-60:] + out.stdout.splitlines()[-20:])
+    seen, nodes, too_many, too_few, fed = map(ast.literal_eval, out.stdout.strip().splitlines()[-5:])
+    assert sorted(seen) == [(["5"], "5"), (["7"], "7")]  # one device each, never the same
+    assert sorted(nodes) == [["5"], ["7"]]
+    assert too_many[0] == "ConfigError" and "spark.executor.resource.gpu.amount=2" in too_many[1]
+    assert too_few[0] == "InsufficientSlotsError" and "room for 2" in too_few[1]
+    assert fed == 20  # the feeding tasks ran beside the nodes, which held both GPUs

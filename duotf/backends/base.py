@@ -4,7 +4,8 @@ Two small interfaces, written down here and implemented once per engine:
 
 - :class:`Backend`, the lifecycle: which engine objects it runs on (:meth:`Backend.accepts`),
   how many nodes can run at once, start one long-running function per node as a gang (all or
-  none), and close.
+  none), and close; a backend that can hold GPUs for its nodes also says whether it can
+  (:meth:`Backend.check_gpus`) and hands each node its devices' addresses.
 - :class:`FeedAdapter`, the feed: a collection of the engine as the driver's feed planner sees
   it: rows per partition, and the engine job that runs one epoch's feeding tasks or the
   inference tasks, one task per partition. What a task does with its partition is
@@ -27,7 +28,8 @@ from ..node import NodeOutcome
 
 __all__ = ["Backend", "FeedAdapter", "EngineJob", "ThreadJob", "NodeFunction", "routable_ip"]
 
-#: ``fn(node_id, executor_id, attempt) -> NodeOutcome``; runs a node to its end.
+#: ``fn(node_id, executor_id, attempt, gpus=()) -> NodeOutcome``; runs a node to its end.
+#: ``gpus``: the addresses of the GPUs the engine holds for the node (see :mod:`duotf._gpus`).
 NodeFunction = Callable[..., NodeOutcome]
 
 
@@ -180,10 +182,31 @@ class Backend(abc.ABC):
     def capacity_hint(self) -> str:
         return "Ask for fewer nodes or give the backend more capacity."
 
+    def check_gpus(self, nodes: int, per_node: int) -> int:
+        """Raise at once when ``nodes`` nodes of ``per_node`` GPUs each (``per_node`` > 0)
+        cannot all run: :class:`ConfigError` where the engine has no GPUs configured (the
+        message names the setting to add), :class:`InsufficientSlotsError` where it has too
+        few. Else return how many nodes of ``per_node`` GPUs can run at once (what
+        :func:`duotf.run_parallel` divides among its runs). Called after
+        :meth:`check_capacity`.
+
+        A backend that passes this check takes ``start_nodes(..., gpus_per_node=per_node)`` and
+        calls each node's function with ``gpus=[address, ...]``. This default has no GPUs.
+        """
+        raise ConfigError(
+            f"ClusterSpec(gpus_per_node={per_node}) asks for GPUs, but the {self.name} backend "
+            "cannot hold GPUs for its nodes: run on Spark or Dask (see the README's GPU "
+            "section), use duotf.backends.LocalBackend(gpus=...), or set gpus_per_node=0."
+        )
+
     @abc.abstractmethod
     def start_nodes(self, fn: NodeFunction, n: int, job_id: str) -> EngineJob:
         """Start ``fn(node_id, executor_id, attempt)`` for node ids ``0..n-1``, all at once.
-        The job's result is the list of the functions' :class:`NodeOutcome`."""
+        The job's result is the list of the functions' :class:`NodeOutcome`.
+
+        Called with ``gpus_per_node=k`` (k > 0) only on a backend whose :meth:`check_gpus`
+        passed: each node then holds ``k`` GPUs of the engine's and its function gets their
+        addresses as ``gpus=[...]``."""
 
     def feed_adapter(self, data, nodes: int) -> FeedAdapter:
         """The engine's view of ``data`` to feed while ``nodes`` node tasks run."""

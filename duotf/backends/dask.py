@@ -12,6 +12,13 @@ The workers are listed by one call to the scheduler (``Client.nthreads``), never
 Client's cached ``scheduler_info``, which its own periodic refresh rewrites (with no workers
 in it) while a caller reads it. A node whose worker leaves ends the job at once: its task would
 otherwise wait for ever for a worker of that address.
+
+With ``ClusterSpec(gpus_per_node=k)`` nodes go only to workers that declare a ``GPU`` resource
+of ``k`` or more (``dask worker ... --resources GPU=n``), and each node task asks for
+``resources={"GPU": k}``, so Dask's own accounting keeps other GPU tasks off those devices. A
+worker's GPUs are addresses ``0..n-1``: the first ``n`` entries of its ``CUDA_VISIBLE_DEVICES``
+where set (dask-cuda puts a worker's own device first), else devices ``0..n-1``. A worker holds
+``n // k`` of this backend's nodes at once, each on its own ``k`` addresses.
 """
 
 from __future__ import annotations
@@ -20,21 +27,23 @@ import logging
 import os
 import threading
 import time
-from typing import Dict, List
+from typing import Dict, List, Sequence, Set, Tuple
 from urllib.parse import urlparse
 
-from ..errors import BackendError, InsufficientSlotsError
+from ..errors import BackendError, ConfigError, InsufficientSlotsError
 from ..node import NodeOutcome
 from .base import Backend, EngineJob, NodeFunction, ThreadJob, routable_ip
 
 logger = logging.getLogger(__name__)
 
 
-def _dask_node(fn: NodeFunction, node_id: int) -> NodeOutcome:
+def _dask_node(fn: NodeFunction, node_id: int, gpus: Sequence[str] = ()) -> NodeOutcome:
     from distributed import get_worker, secede
 
     address = get_worker().address
     secede()
+    if gpus:
+        return fn(node_id, address, 0, gpus=list(gpus))
     return fn(node_id, address, 0)
 
 
@@ -55,6 +64,8 @@ class DaskBackend(Backend):
         self._owned_cluster = None
         self._lock = threading.Lock()
         self._placed: Dict[str, int] = {}  # worker -> this backend's nodes running there
+        #: worker -> the GPU slots (k addresses each) its nodes of this backend hold
+        self._gpu_held: Dict[str, Set[int]] = {}
 
     def __repr__(self) -> str:
         return f"DaskBackend({self.client.scheduler.address!r})"
@@ -113,12 +124,46 @@ class DaskBackend(Backend):
     def capacity_hint(self) -> str:
         return "duotf runs one node per Dask worker: start more workers or ask for fewer nodes."
 
-    def start_nodes(self, fn: NodeFunction, n: int, job_id: str) -> EngineJob:
-        workers = self._place(self._enough_workers(n), n)  # from exactly the list counted
+    def _gpu_workers(self) -> Dict[str, float]:
+        """Every worker now with the ``GPU`` resource it declares (0 where none): one RPC."""
+        info = self.client.sync(self.client.scheduler.identity, n_workers=-1)
+        return {address: float((w.get("resources") or {}).get("GPU", 0))
+                for address, w in info["workers"].items()}
+
+    def check_gpus(self, nodes: int, per_node: int) -> int:
+        gpus = self._gpu_workers()
+        if not any(gpus.values()):
+            raise ConfigError(
+                f"ClusterSpec(gpus_per_node={per_node}) asks for GPUs, but no worker of this "
+                "Dask cluster declares a GPU resource: start the workers with "
+                "`dask worker <scheduler> --resources GPU=n` (LocalCluster(resources={'GPU': n}); "
+                "dask-cuda: --resources GPU=1), n being the devices of the worker's "
+                "CUDA_VISIBLE_DEVICES, or set gpus_per_node=0.")
+        able = sorted(w for w, g in gpus.items() if g >= per_node)
+        if len(able) < nodes:
+            raise InsufficientSlotsError(
+                f"the cluster needs {nodes} nodes of {per_node} GPUs each, one node a worker, "
+                f"but {len(able)} Dask workers declare GPU={per_node} or more "
+                f"({', '.join(f'{w}: {g:g}' for w, g in sorted(gpus.items()))}). Start more "
+                f"workers with --resources GPU={per_node}, or ask for fewer nodes or GPUs.",
+                needed=nodes, available=len(able), backend=self.name)
+        return sum(int(g // per_node) for g in gpus.values())
+
+    def start_nodes(self, fn: NodeFunction, n: int, job_id: str,
+                    gpus_per_node: int = 0) -> EngineJob:
+        k = gpus_per_node
+        if k:
+            held = self._place_gpus(n, k)
+            workers = [w for w, _ in held]
+            gpus = [[str(slot * k + i) for i in range(k)] for _, slot in held]
+        else:
+            held = []
+            workers = self._place(self._enough_workers(n), n)  # from exactly the list counted
+            gpus = [[] for _ in workers]
         try:
-            futures = self._submit(fn, workers, job_id)
+            futures = self._submit(fn, workers, job_id, gpus)
         except BaseException:
-            self._release(workers)
+            self._release(workers, held)
             raise
         client = self.client
 
@@ -148,7 +193,7 @@ class DaskBackend(Backend):
                 # Release the keys: a finished node must never be "recomputed elsewhere" when
                 # its worker leaves.
                 cancel()
-                self._release(workers)
+                self._release(workers, held)
 
         def cancel() -> None:
             if futures:
@@ -166,8 +211,35 @@ class DaskBackend(Backend):
                 self._placed[w] = self._placed.get(w, 0) + 1
         return chosen
 
-    def _release(self, workers: List[str]) -> None:
+    def _place_gpus(self, n: int, k: int) -> List[Tuple[str, int]]:
+        """``n`` distinct workers, each with a GPU slot (``k`` of its addresses) that none of
+        this backend's running nodes holds: ``(worker, slot)``, held until :meth:`_release`.
+        Workers running the fewest of this backend's nodes first (ties by address)."""
+        gpus = self._gpu_workers()
         with self._lock:
+            free = {w: [s for s in range(int(g // k)) if s not in self._gpu_held.get(w, ())]
+                    for w, g in gpus.items()}
+            able = sorted((w for w in free if free[w]), key=lambda w: (self._placed.get(w, 0), w))
+            if len(able) < n:
+                raise InsufficientSlotsError(
+                    f"the cluster needs {n} nodes of {k} GPUs each, one node a worker, but "
+                    f"{len(able)} Dask workers have {k} GPUs free now (declared: "
+                    f"{', '.join(f'{w}: {g:g}' for w, g in sorted(gpus.items()))}). Start more "
+                    f"workers with --resources GPU={k}, or run fewer clusters at once.",
+                    needed=n, available=len(able), backend=self.name)
+            held = [(w, free[w][0]) for w in able[:n]]
+            for w, slot in held:
+                self._placed[w] = self._placed.get(w, 0) + 1
+                self._gpu_held.setdefault(w, set()).add(slot)
+        return held
+
+    def _release(self, workers: List[str], gpus: Sequence[Tuple[str, int]] = ()) -> None:
+        with self._lock:
+            for w, slot in gpus:
+                slots = self._gpu_held.get(w, set())
+                slots.discard(slot)
+                if not slots:
+                    self._gpu_held.pop(w, None)
             for w in workers:
                 left = self._placed.get(w, 0) - 1
                 if left > 0:
@@ -175,15 +247,18 @@ class DaskBackend(Backend):
                 else:
                     self._placed.pop(w, None)
 
-    def _submit(self, fn: NodeFunction, workers: List[str], job_id: str) -> list:
+    def _submit(self, fn: NodeFunction, workers: List[str], job_id: str,
+                gpus: List[List[str]]) -> list:
         return [
             self.client.submit(
-                _dask_node, fn, i,
+                _dask_node, fn, i, gpus[i],
                 key=f"duotf-{job_id}-node-{i}",
                 workers=[workers[i]],
                 allow_other_workers=False,
                 pure=False,
                 retries=0,
+                # Dask's own accounting of the worker's GPU resource (None: no resource asked)
+                resources={"GPU": len(gpus[i])} if gpus[i] else None,
             )
             for i in range(len(workers))
         ]

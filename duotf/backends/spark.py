@@ -4,6 +4,12 @@ One node takes one task slot (``spark.task.cpus`` cores) for its whole life. On 
 YARN cluster whose executors have exactly one slot (``spark.executor.cores`` equal to
 ``spark.task.cpus``) that is one node per executor; in ``local[N]`` mode N nodes share the one
 executor, each in a process and a working directory of its own.
+
+With ``ClusterSpec(gpus_per_node=k)`` the barrier stage carries a stage-level resource profile
+(task resources only: ``spark.task.cpus`` cores and ``k`` ``gpu``), so Spark gives each node
+task ``k`` GPUs of its executor, and only the node tasks: feeding tasks take none. The executors
+must have GPUs (``spark.executor.resource.gpu.amount`` and a discovery script); the task's
+addresses become the node's ``CUDA_VISIBLE_DEVICES`` (:mod:`duotf._gpus`).
 """
 
 from __future__ import annotations
@@ -14,22 +20,37 @@ import socket
 import time
 from typing import List
 
-from ..errors import BackendError, InsufficientSlotsError
+from ..errors import BackendError, ConfigError, InsufficientSlotsError
 from ..node import NodeOutcome
 from .base import Backend, EngineJob, NodeFunction, ThreadJob
 
 logger = logging.getLogger(__name__)
 
 
-def _barrier_task(fn: NodeFunction):
+def _barrier_task(fn: NodeFunction, gpus: int = 0):
     def task(_partition):
         from pyspark import BarrierTaskContext
 
         tc = BarrierTaskContext.get()
         executor = f"{socket.gethostname()}:{os.getppid()}"
-        yield fn(tc.partitionId(), executor, tc.attemptNumber())
+        if gpus:
+            addresses = list(tc.resources()["gpu"].addresses)
+            yield fn(tc.partitionId(), executor, tc.attemptNumber(), gpus=addresses)
+        else:
+            yield fn(tc.partitionId(), executor, tc.attemptNumber())
 
     return task
+
+
+#: what a Spark application needs for nodes with GPUs, as the errors say it
+_GPU_SETTINGS = (
+    "spark.executor.resource.gpu.amount=<GPUs per executor> and "
+    "spark.executor.resource.gpu.discoveryScript=<a script that prints "
+    '{"name": "gpu", "addresses": ["0", ...]}> (on a standalone cluster the workers declare '
+    "theirs with spark.worker.resource.gpu.amount and spark.worker.resource.gpu.discoveryScript). "
+    "duotf asks for each node task's GPUs itself (a stage-level resource profile): "
+    "spark.task.resource.gpu.amount may stay unset, and feeding tasks then take no GPU"
+)
 
 
 class SparkBackend(Backend):
@@ -57,6 +78,7 @@ class SparkBackend(Backend):
         self.sc = getattr(spark, "sparkContext", spark)
         self.slot_wait = slot_wait
         self._created_session = None
+        self._profiles: dict = {}  # GPUs per node -> its resource profile (one per k, reused)
 
     def __repr__(self) -> str:
         return f"SparkBackend(master={self.sc.master!r})"
@@ -121,14 +143,65 @@ class SparkBackend(Backend):
                 needed=nodes, available=available, backend=self.name,
             )
 
-    def start_nodes(self, fn: NodeFunction, n: int, job_id: str) -> EngineJob:
+    def check_gpus(self, nodes: int, per_node: int) -> int:
+        asked = f"ClusterSpec(gpus_per_node={per_node}) asks for GPUs"
+        if self._local:
+            raise ConfigError(
+                f"{asked}, but Spark in local mode ({self.sc.master}) schedules no GPUs for its "
+                "tasks: run on a standalone, YARN or Kubernetes cluster whose executors have "
+                f"GPUs ({_GPU_SETTINGS}), or set gpus_per_node=0.")
+        amount = self._conf("spark.executor.resource.gpu.amount")
+        try:
+            per_executor = int(float(amount or 0))
+        except ValueError:
+            per_executor = 0
+        if per_executor <= 0:
+            raise ConfigError(
+                f"{asked}, but this Spark application's executors have no GPUs "
+                f"(spark.executor.resource.gpu.amount is {amount or 'unset'}): start the "
+                f"session with {_GPU_SETTINGS}; or set gpus_per_node=0.")
+        if per_executor < per_node:
+            raise ConfigError(
+                f"{asked}, but each executor has spark.executor.resource.gpu.amount={amount}: a "
+                "node's GPUs are those of its executor. Raise the executors' amount (and the "
+                "workers' GPUs) or lower gpus_per_node.")
+        executors = self._executors()
+        fit = executors * (per_executor // per_node)
+        if fit < nodes:
+            raise InsufficientSlotsError(
+                f"the cluster needs {nodes} nodes of {per_node} GPUs each but Spark "
+                f"({self.sc.master}) has {executors} executors of {per_executor} GPUs: room for "
+                f"{fit}. Start more executors with GPUs, or ask for fewer nodes or GPUs per node.",
+                needed=nodes, available=fit, backend=self.name)
+        return fit
+
+    def _executors(self) -> int:
+        """Executors registered now (the driver, which the status tracker lists too, is not)."""
+        return max(len(self.sc._jsc.sc().statusTracker().getExecutorInfos()) - 1, 0)
+
+    def _gpu_profile(self, per_node: int):
+        """Task resources of a node: its cores and ``per_node`` GPUs of its executor."""
+        from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+        if per_node not in self._profiles:
+            requests = TaskResourceRequests().cpus(max(int(self._conf("spark.task.cpus", "1")), 1))
+            requests.resource("gpu", float(per_node))
+            self._profiles[per_node] = ResourceProfileBuilder().require(requests).build
+        return self._profiles[per_node]
+
+    def start_nodes(self, fn: NodeFunction, n: int, job_id: str,
+                    gpus_per_node: int = 0) -> EngineJob:
         group = f"duotf-{job_id}"
         sc = self.sc
+        profile = self._gpu_profile(gpus_per_node) if gpus_per_node else None
 
         def call() -> List[NodeOutcome]:
             sc.setJobGroup(group, f"duotf nodes ({n})", interruptOnCancel=True)
             try:
-                rdd = sc.parallelize(range(n), n).barrier().mapPartitions(_barrier_task(fn))
+                rdd = sc.parallelize(range(n), n).barrier().mapPartitions(
+                    _barrier_task(fn, gpus_per_node))
+                if profile is not None:
+                    rdd = rdd.withResources(profile)
                 return sorted(rdd.collect(), key=lambda o: o.node_id)
             finally:
                 sc.setLocalProperty("spark.jobGroup.id", None)

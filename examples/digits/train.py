@@ -117,7 +117,7 @@ def engine_data(backend, data_path: str, partitions: int = 4):
     return (da.from_array(x, chunks=(chunk, 64)), da.from_array(y, chunks=chunk)), {"0": "x", "1": "y"}
 
 
-def make_backend(name: str, workers: int):
+def make_backend(name: str, workers: int, gpus_per_node: int = 0):
     if name == "spark":
         from pyspark.sql import SparkSession
 
@@ -133,7 +133,13 @@ def make_backend(name: str, workers: int):
     if name == "dask":
         from distributed import Client, LocalCluster
 
-        return Client(LocalCluster(n_workers=workers, threads_per_worker=2, dashboard_address=None))
+        # Each worker declares GPUs (and sees every device of the machine: with several workers
+        # on one machine, give each its own CUDA_VISIBLE_DEVICES, as dask-cuda does).
+        resources = {"GPU": gpus_per_node} if gpus_per_node else None
+        return Client(LocalCluster(n_workers=workers, threads_per_worker=2, dashboard_address=None,
+                                   resources=resources))
+    if gpus_per_node:
+        return duotf.backends.LocalBackend(gpus=workers * gpus_per_node)  # devices 0..n-1
     return None  # the embedded local backend
 
 
@@ -147,6 +153,8 @@ def cli(argv=None):
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--model-dir", default=None)
+    parser.add_argument("--gpus-per-node", type=int, default=0,
+                        help="GPUs of each node (Spark: start the session with GPU executors)")
     parser.add_argument("--input", choices=["files", "engine"], default="files",
                         help="files: TF reads the data file; engine: cluster.train() pushes the rows")
     opts = parser.parse_args(argv)
@@ -160,9 +168,9 @@ def cli(argv=None):
         "seed": opts.seed,
         "model_dir": opts.model_dir or os.path.join(data_dir, "model"),
     }
-    backend = make_backend(opts.backend, opts.workers)
+    backend = make_backend(opts.backend, opts.workers, opts.gpus_per_node)
     t0 = time.monotonic()
-    spec = duotf.ClusterSpec(workers=opts.workers)
+    spec = duotf.ClusterSpec(workers=opts.workers, gpus_per_node=opts.gpus_per_node)
     if opts.input == "engine":
         collection, args["feed"] = engine_data(backend, args["data"])
     with duotf.run(main, args, backend, spec, env={"TF_CPP_MIN_LOG_LEVEL": "2"}) as cluster:

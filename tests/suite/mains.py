@@ -111,6 +111,8 @@ def describe_main(args, ctx):
         "port": ctx.port,
         "executor_id": ctx.executor_id,
         "pid": os.getpid(),
+        "gpus": ctx.gpus,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
 
 
