@@ -113,7 +113,7 @@ def _error_info(exc: BaseException, kind: str = "exception") -> dict:
     }
 
 
-def _check_protocol(protocol: str):
+def check_protocol(protocol: str):
     """Return None when TensorFlow can serve ``protocol``, else an error dict."""
     import tensorflow as tf
 
@@ -196,7 +196,7 @@ def main(argv) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
 
     if job["protocol"] != "grpc":
-        error = _check_protocol(job["protocol"])
+        error = check_protocol(job["protocol"])
         if error is not None:
             link.send(ChildMsg.ERROR, error)
             return 3

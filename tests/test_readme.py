@@ -8,6 +8,7 @@ that runs it (by a line the block contains); a block that no test runs fails the
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pathlib
@@ -39,6 +40,8 @@ RUN_BY = {
     "scored = duotf.dask.predict(": "test_the_dask_scoring_block_scores_every_row",
     "from duotf.spark import TFEstimator, TFModel": "test_the_ml_block_fits_transforms_and_saves",
     "est = duotf.dask.TFEstimator(": "test_the_dask_ml_block_fits_and_predicts",
+    "python3 -m duotf doctor": "test_the_doctor_command_names_the_faults_and_exits_1",
+    "python3 -m duotf run": "test_the_run_command_prints_every_main_value_as_json",
 }
 
 
@@ -309,3 +312,44 @@ def test_the_dask_ml_block_fits_and_predicts(backend, engine, tmp_path):
     np.testing.assert_allclose(ns["keras_model"].predict(x, verbose=0)[:, 0], out["prediction"],
                                rtol=1e-5, atol=1e-6)
     assert len(ns["model"].history["loss"]) == 2
+
+
+# -- the command line -------------------------------------------------------------------------
+@pytest.mark.engines("dask")
+def test_the_doctor_command_names_the_faults_and_exits_1(backend, engine, tmp_path):
+    """The faults of tests/suite/test_doctor.py through the command line: another TensorFlow
+    first on the nodes' PYTHONPATH (the block's --env) and an address nobody listens on."""
+    from tests.suite.test_doctor import closed_port, shadow_tensorflow
+
+    shadow = shadow_tensorflow(tmp_path)
+    with closed_port() as sock:
+        address = "127.0.0.1:%d" % sock.getsockname()[1]
+        command = block("python3 -m duotf doctor", {
+            "python3": sys.executable, "/opt/mylibs": shadow, "namenode:8020": address,
+            "--dask-scheduler tcp://scheduler:8786": " ".join(engine.cli_args()),
+        }).replace("\\\n", " ")
+        out = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True,
+                             timeout=300)
+    rows = out.stdout
+    assert out.returncode == 1, rows + out.stderr[-3000:]
+    assert re.search(r"^tensorflow +FAIL +.*TensorFlow 0\.0\.injected", rows, re.M), rows
+    assert re.search(rf"^reach {address} +FAIL +.*refused", rows, re.M | re.I), rows
+    for name in ("slots", "python", "duotf", "distributed", "driver port", "node ports"):
+        assert re.search(rf"^{name} +OK ", rows, re.M), rows
+    assert "fix: install one TensorFlow" in rows and "check(s) failed" in rows
+
+
+@pytest.mark.engines("local", "dask")
+def test_the_run_command_prints_every_main_value_as_json(backend, engine):
+    command = block("python3 -m duotf run", {
+        "python3": sys.executable, "mypackage.train:main": "tests.suite.mains:argv_main",
+        "--dask-scheduler tcp://scheduler:8786": " ".join(engine.cli_args()),
+    }).replace("\\\n", " ")
+    out = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads(out.stdout)  # stdout holds the values and nothing else
+    assert [r["role"] for r in results] == ["worker:0", "worker:1"]
+    assert all(r["args"] == ["--epochs", "3", "--data", "/data/digits.npz"] for r in results)
+    for i in (0, 1):  # the nodes' output on stderr, prefixed, as it was written
+        assert f"[worker:{i}] argv_main worker:{i} got --epochs 3" in out.stderr, out.stderr

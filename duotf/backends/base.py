@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 import socket
 import threading
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 from ..errors import ConfigError, InsufficientSlotsError
 from ..node import NodeOutcome
@@ -184,6 +184,11 @@ class Backend(abc.ABC):
     def start_nodes(self, fn: NodeFunction, n: int, job_id: str) -> EngineJob:
         """Start ``fn(node_id, executor_id, attempt)`` for node ids ``0..n-1``, all at once.
         The job's result is the list of the functions' :class:`NodeOutcome`."""
+
+    def engine_checks(self, nodes: int) -> List[Tuple[str, str, str, str]]:
+        """What :func:`duotf.doctor` should check of this engine itself, for ``nodes`` nodes:
+        rows ``(name, "OK" | "WARN" | "FAIL", what was seen, the fix)``."""
+        return []
 
     def feed_adapter(self, data, nodes: int) -> FeedAdapter:
         """The engine's view of ``data`` to feed while ``nodes`` node tasks run."""
