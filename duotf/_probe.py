@@ -169,7 +169,14 @@ def _node_checks(job: ProbeJob, node_id: int) -> dict:
     if out.returncode != 0 or not lines:
         tail = "\n".join(out.stderr.strip().splitlines()[-5:])
         return {"error": f"{' '.join(command[:3])} exited with {out.returncode}: {tail}"}
-    return json.loads(lines[-1])
+    for line in reversed(lines):  # the findings are the last JSON line; TF may print too
+        try:
+            found = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(found, dict):
+            return found
+    return {"error": f"{' '.join(command[:3])} printed no findings: {lines[-1][:200]}"}
 
 
 # -- the node process side ---------------------------------------------------------------------

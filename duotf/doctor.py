@@ -202,7 +202,13 @@ def _minor(version: str) -> str:
 
 
 class _Exchange:
-    """The driver's side of the probes' rendezvous: who registered, where, who is done."""
+    """The driver's side of the probes' rendezvous: who registered, where, who is done.
+
+    Probes register; :meth:`start` answers every one with the addresses of one probe per
+    executor (the first to register there, which also runs the node checks: probes x executors
+    connections, not probes squared); :meth:`stop` lets them close their ports. A probe that
+    registers late is answered at once with what the others got.
+    """
 
     def __init__(self, secret: bytes, host: str):
         from . import rendezvous
@@ -212,6 +218,9 @@ class _Exchange:
         self.done: set = set()
         self.closed: set = set()
         self.first_seen: Optional[float] = None
+        self.leads: Optional[Dict[str, int]] = None  # executor -> its probe; set by start()
+        self.peers: list = []
+        self.stopped = False
         self.server = rendezvous.RendezvousServer(secret, self._on_message, self._on_close, host=host)
 
     def _on_message(self, peer, message: dict) -> None:
@@ -222,6 +231,13 @@ class _Exchange:
             if message["type"] == Msg.REGISTER and isinstance(node_id, int):
                 self.registered[node_id] = (peer, message)
                 self.first_seen = self.first_seen or time.monotonic()
+                if self.leads is not None:  # late: answer as the others were answered
+                    key = _executor_key(message)
+                    self.leads.setdefault(key, node_id)
+                    self._send(node_id, {"type": Msg.START, "peers": self.peers,
+                                         "lead": self.leads[key] == node_id})
+                    if self.stopped:
+                        self._send(node_id, {"type": Msg.STOP})
             elif message["type"] == Msg.DONE:
                 self.done.add(node_id)
             self.cond.notify_all()
@@ -240,10 +256,33 @@ class _Exchange:
                 self.cond.wait(min(left, 1.0))
             return True
 
-    def send(self, node_id: int, message: dict) -> None:
-        peer = self.registered[node_id][0]
+    def start(self) -> None:
+        from .rendezvous import Msg
+
+        with self.cond:
+            self.leads = {}
+            for i in sorted(self.registered):
+                self.leads.setdefault(_executor_key(self.registered[i][1]), i)
+            self.peers = [[i, self.registered[i][1]["host"], self.registered[i][1]["port"]]
+                          for i in sorted(self.leads.values())]
+            for i, (_, message) in self.registered.items():
+                self._send(i, {"type": Msg.START, "peers": self.peers,
+                               "lead": self.leads[_executor_key(message)] == i})
+
+    def all_done(self) -> bool:
+        return set(self.registered) <= self.done | self.closed
+
+    def stop(self) -> None:
+        from .rendezvous import Msg
+
+        with self.cond:
+            self.stopped = True
+            for i in self.registered:
+                self._send(i, {"type": Msg.STOP})
+
+    def _send(self, node_id: int, message: dict) -> None:
         try:
-            peer.send(message)
+            self.registered[node_id][0].send(message)
         except OSError as exc:
             logger.debug("doctor: probe %d is gone: %s", node_id, exc)
 
@@ -298,7 +337,6 @@ class _Doctor:
     def _probe(self, n: int, deadline: float) -> List[dict]:
         from . import rendezvous
         from ._probe import ProbeJob, run_probe
-        from .rendezvous import Msg
 
         job_id = "doctor-" + uuid.uuid4().hex[:8]
         secret = rendezvous.new_secret()
@@ -323,22 +361,9 @@ class _Doctor:
             exchange.wait(lambda: len(exchange.registered) == n or engine_job.done() or (
                 exchange.first_seen is not None
                 and time.monotonic() > exchange.first_seen + self.connect_timeout + 2), deadline)
-            with exchange.cond:
-                registered = dict(exchange.registered)
-            # One probe per executor (the first) runs the node checks, and every probe connects
-            # to each of those: probes x executors connections, not probes squared.
-            leads: Dict[str, int] = {}
-            for i in sorted(registered):
-                leads.setdefault(_executor_key(registered[i][1]), i)
-            peers = [[i, registered[i][1]["host"], registered[i][1]["port"]]
-                     for i in sorted(leads.values())]
-            for i in registered:
-                exchange.send(i, {"type": Msg.START, "peers": peers,
-                                  "lead": leads[_executor_key(registered[i][1])] == i})
-            exchange.wait(lambda: set(registered) <= exchange.done | exchange.closed
-                          or engine_job.done(), deadline)
-            for i in registered:
-                exchange.send(i, {"type": Msg.STOP})
+            exchange.start()
+            exchange.wait(lambda: exchange.all_done() or engine_job.done(), deadline)
+            exchange.stop()
             engine_job.join(max(deadline - time.monotonic(), 0))
             if not engine_job.done():
                 engine_job.cancel()
