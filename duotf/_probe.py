@@ -192,8 +192,9 @@ def _tensorflow(protocol: str) -> dict:
 
         error = check_protocol(protocol)
         found["protocol_error"] = None if error is None else error["message"]
-    except BaseException as exc:
+    except BaseException as exc:  # not TensorFlow's "no such protocol": a broken TensorFlow
         found["protocol_error"] = f"{type(exc).__name__}: {exc}"
+        found["tensorflow_broken"] = True
     return found
 
 

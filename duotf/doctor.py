@@ -459,7 +459,11 @@ class _Doctor:
         bad = [f"{_where(p)}: {n['protocol_error']}" for p, n in nodes
                if n.get("tensorflow") and n.get("protocol_error")]
         checked = [p for p, n in nodes if n.get("tensorflow")]
-        if bad:
+        if bad and any(n.get("tensorflow_broken") for _, n in nodes):
+            self.add("protocol", CheckStatus.FAIL, "\n".join(bad),
+                     "the TensorFlow the nodes import fails to make a server: reinstall it (see "
+                     "the tensorflow row)")
+        elif bad:
             self.add("protocol", CheckStatus.FAIL, "\n".join(bad),
                      f"use protocol='grpc' (stock TensorFlow serves only grpc) or a TensorFlow "
                      f"build with {protocol!r} on every executor")
