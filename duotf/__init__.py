@@ -6,6 +6,7 @@
 from .api import run
 from .cluster import Cluster, ClusterStatus, NodeInfo
 from .context import NodeContext
+from .doctor import DoctorReport, doctor
 from .errors import (
     BackendError,
     ClusterClosedError,
@@ -33,6 +34,8 @@ __all__ = [
     "run",
     "run_parallel",
     "RunResult",
+    "doctor",
+    "DoctorReport",
     "Cluster",
     "ClusterStatus",
     "ClusterSpec",

@@ -113,7 +113,7 @@ def _error_info(exc: BaseException, kind: str = "exception") -> dict:
     }
 
 
-def _check_protocol(protocol: str):
+def check_protocol(protocol: str):
     """Return None when TensorFlow can serve ``protocol``, else an error dict."""
     import tensorflow as tf
 
@@ -200,7 +200,7 @@ def main(argv) -> int:
                                    "message": job["gpu_error"], "traceback": ""})
         return 5
     if job["protocol"] != "grpc":
-        error = _check_protocol(job["protocol"])
+        error = check_protocol(job["protocol"])
         if error is not None:
             link.send(ChildMsg.ERROR, error)
             return 3

@@ -197,18 +197,9 @@ class _Agent:
         job = self.job
         a_rx, c_tx = os.pipe()  # child -> agent
         c_rx, a_tx = os.pipe()  # agent -> child
-        env = dict(os.environ)
-        env.update(job.env)
-        # The user's own PYTHONPATH first, then what this task can import (duotf, user modules).
-        env["PYTHONPATH"] = os.pathsep.join(
-            [job.env.get("PYTHONPATH", "")] + [p for p in sys.path if p]
-        ).strip(os.pathsep)
+        env = node_environment(job.env)
         env["DUOTF_NODE_ID"] = str(self.node_id)
         env["DUOTF_JOB_ID"] = job.job_id
-        env.pop("TF_CONFIG", None)
-        # TensorFlow's C++ start-up notes (INFO) are noise on every node; warnings still show.
-        # A user who wants them sets TF_CPP_MIN_LOG_LEVEL=0 (env=... or the executor's own).
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         gpu_error = None
         if self.gpu_addresses:
             # The engine's addresses pick devices of what this task's process sees (the driver
@@ -436,6 +427,22 @@ def _describe_exit(code: int) -> str:
             name = f"signal {-code}"
         return f"node process was killed by {name}"
     return f"node process exited with code {code} before main returned"
+
+
+def node_environment(extra: Dict[str, str]) -> Dict[str, str]:
+    """The environment of a node process started from this engine task, with ``extra`` (the
+    job's ``env``) on top. :mod:`duotf._probe` starts its checks with the same one."""
+    env = dict(os.environ)
+    env.update(extra)
+    # The user's own PYTHONPATH first, then what this task can import (duotf, user modules).
+    env["PYTHONPATH"] = os.pathsep.join(
+        [extra.get("PYTHONPATH", "")] + [p for p in sys.path if p]
+    ).strip(os.pathsep)
+    env.pop("TF_CONFIG", None)
+    # TensorFlow's C++ start-up notes (INFO) are noise on every node; warnings still show.
+    # A user who wants them sets TF_CPP_MIN_LOG_LEVEL=0 (env=... or the executor's own).
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    return env
 
 
 def run_node(job: NodeJob, node_id: int, executor_id: str = "", attempt: int = 0,

@@ -101,6 +101,11 @@ class Engine(abc.ABC):
     def to_pandas(self, out) -> pd.DataFrame:
         """A DataFrame that ``Cluster.inference`` returned, in order, with a fresh index."""
 
+    # -- the command line -----------------------------------------------------------------------
+    def cli_args(self) -> List[str]:
+        """The options that point ``python -m duotf`` (another process) at this engine."""
+        raise NotImplementedError(f"{type(self).__name__}: no command line options")
+
     # -- processes ------------------------------------------------------------------------------
     @abc.abstractmethod
     def feeding_processes(self) -> Processes:
@@ -172,6 +177,9 @@ class LocalEngine(Engine):
     def feeding_processes(self):
         return [psutil.Process()]  # the feeding threads run in this process
 
+    def cli_args(self):
+        return ["--backend", "local"]
+
 
 class ProcessPoolEngine(LocalEngine):
     """The test-only backend of tests/procpool_backend.py, known to duotf through nothing but its
@@ -191,6 +199,9 @@ class ProcessPoolEngine(LocalEngine):
             yield cls(backend)
         finally:
             backend.close()
+
+    def cli_args(self):
+        return super(LocalEngine, self).cli_args()  # its pool lives in this process
 
     def feeding_processes(self):
         return self.backend.pool.processes  # a callable: the pool's current workers, agents included
@@ -257,6 +268,9 @@ class DaskEngine(Engine):
 
     def to_pandas(self, out):
         return self.client.compute(out, sync=True).reset_index(drop=True)
+
+    def cli_args(self):
+        return ["--dask-scheduler", self.client.scheduler.address]
 
     def feeding_processes(self):
         return [psutil.Process(pid) for pid in self.client.run(os.getpid).values()]

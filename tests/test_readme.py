@@ -9,6 +9,7 @@ that runs it (by a line the block contains); a block that no test runs fails the
 from __future__ import annotations
 
 import ast
+import json
 import math
 import os
 import pathlib
@@ -42,6 +43,8 @@ RUN_BY = {
     "from duotf.spark import TFEstimator, TFModel": "test_the_ml_block_fits_transforms_and_saves",
     "est = duotf.dask.TFEstimator(": "test_the_dask_ml_block_fits_and_predicts",
     "spec = duotf.ClusterSpec(workers=2, gpus_per_node=1)": "test_the_gpu_block_gives_each_node_its_own_gpu",
+    "python3 -m duotf doctor": "test_the_doctor_command_names_the_faults_and_exits_1",
+    "python3 -m duotf run": "test_the_run_command_prints_every_main_value_as_json",
 }
 
 
@@ -361,3 +364,44 @@ def test_the_gpu_block_gives_each_node_its_own_gpu(spark_gpu_master):
     assert too_many[0] == "ConfigError" and "spark.executor.resource.gpu.amount=2" in too_many[1]
     assert too_few[0] == "InsufficientSlotsError" and "room for 2" in too_few[1]
     assert fed == 20  # the feeding tasks ran beside the nodes, which held both GPUs
+
+
+# -- the command line -------------------------------------------------------------------------
+@pytest.mark.engines("dask")
+def test_the_doctor_command_names_the_faults_and_exits_1(backend, engine, tmp_path):
+    """The faults of tests/suite/test_doctor.py through the command line: another TensorFlow
+    first on the nodes' PYTHONPATH (the block's --env) and an address nobody listens on."""
+    from tests.suite.test_doctor import closed_port, shadow_tensorflow
+
+    shadow = shadow_tensorflow(tmp_path)
+    with closed_port() as sock:
+        address = "127.0.0.1:%d" % sock.getsockname()[1]
+        command = block("python3 -m duotf doctor", {
+            "python3": sys.executable, "/opt/mylibs": shadow, "namenode:8020": address,
+            "--dask-scheduler tcp://scheduler:8786": " ".join(engine.cli_args()),
+        }).replace("\\\n", " ")
+        out = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True,
+                             timeout=300)
+    rows = out.stdout
+    assert out.returncode == 1, rows + out.stderr[-3000:]
+    assert re.search(r"^tensorflow +FAIL +.*TensorFlow 0\.0\.injected", rows, re.M), rows
+    assert re.search(rf"^reach {address} +FAIL +.*refused", rows, re.M | re.I), rows
+    for name in ("slots", "python", "duotf", "distributed", "driver port", "node ports"):
+        assert re.search(rf"^{name} +OK ", rows, re.M), rows
+    assert "fix: install one TensorFlow" in rows and "check(s) failed" in rows
+
+
+@pytest.mark.engines("local", "dask")
+def test_the_run_command_prints_every_main_value_as_json(backend, engine):
+    command = block("python3 -m duotf run", {
+        "python3": sys.executable, "mypackage.train:main": "tests.suite.mains:argv_main",
+        "--dask-scheduler tcp://scheduler:8786": " ".join(engine.cli_args()),
+    }).replace("\\\n", " ")
+    out = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads(out.stdout)  # stdout holds the values and nothing else
+    assert [r["role"] for r in results] == ["worker:0", "worker:1"]
+    assert all(r["args"] == ["--epochs", "3", "--data", "/data/digits.npz"] for r in results)
+    for i in (0, 1):  # the nodes' output on stderr, prefixed, as it was written
+        assert f"[worker:{i}] argv_main worker:{i} got --epochs 3" in out.stderr, out.stderr

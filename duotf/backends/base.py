@@ -21,7 +21,7 @@ from __future__ import annotations
 import abc
 import socket
 import threading
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 from ..errors import ConfigError, InsufficientSlotsError
 from ..node import NodeOutcome
@@ -207,6 +207,11 @@ class Backend(abc.ABC):
         Called with ``gpus_per_node=k`` (k > 0) only on a backend whose :meth:`check_gpus`
         passed: each node then holds ``k`` GPUs of the engine's and its function gets their
         addresses as ``gpus=[...]``."""
+
+    def engine_checks(self, nodes: int) -> List[Tuple[str, str, str, str]]:
+        """What :func:`duotf.doctor` should check of this engine itself, for ``nodes`` nodes:
+        rows ``(name, "OK" | "WARN" | "FAIL", what was seen, the fix)``."""
+        return []
 
     def feed_adapter(self, data, nodes: int) -> FeedAdapter:
         """The engine's view of ``data`` to feed while ``nodes`` node tasks run."""

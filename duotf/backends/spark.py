@@ -18,7 +18,7 @@ import logging
 import os
 import socket
 import time
-from typing import List
+from typing import List, Tuple
 
 from ..errors import BackendError, ConfigError, InsufficientSlotsError
 from ..node import NodeOutcome
@@ -188,6 +188,27 @@ class SparkBackend(Backend):
             requests.resource("gpu", float(per_node))
             self._profiles[per_node] = ResourceProfileBuilder().require(requests).build
         return self._profiles[per_node]
+
+    def engine_checks(self, nodes: int) -> List[Tuple[str, str, str, str]]:
+        import pyspark
+
+        rows = []
+        try:
+            java = str(self.sc._jvm.java.lang.System.getProperty("java.version"))
+        except Exception as exc:  # a gateway that does not answer
+            java = f"unknown ({exc})"
+        needed = 17 if int(pyspark.__version__.split(".")[0]) >= 4 else 8
+        major = java.split(".")[0] if not java.startswith("1.") else java.split(".")[1]
+        ok = major.isdigit() and int(major) >= needed
+        rows.append(("java", "OK" if ok else "FAIL", f"the driver's JVM runs Java {java}",
+                     f"pyspark {pyspark.__version__} needs Java {needed} or later (JAVA_HOME)"))
+        slots = self.slots()
+        if slots <= nodes:
+            rows.append(("feed slots", "WARN", f"{slots} task slots for {nodes} nodes: none left "
+                         "for the tasks of train() and inference()",
+                         "give each executor one core more than its nodes use, or "
+                         "local[N] with N > nodes, if you feed through the engine"))
+        return rows
 
     def start_nodes(self, fn: NodeFunction, n: int, job_id: str,
                     gpus_per_node: int = 0) -> EngineJob:

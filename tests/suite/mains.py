@@ -559,3 +559,13 @@ def talk_main(args, ctx):
     return {"me": me, "tf_cpp_min_log_level": os.environ.get("TF_CPP_MIN_LOG_LEVEL")}
 
 
+
+
+def argv_main(args, ctx):
+    """A main for the command line (``python -m duotf run``): ``args`` is the list of strings
+    after ``--``; ``--fail`` fails worker 1."""
+    me = f"{ctx.job_name}:{ctx.task_index}"
+    print(f"argv_main {me} got {' '.join(args)}")
+    if "--fail" in args and ctx.task_index == 1:
+        raise RuntimeError(f"{me} was asked to fail (--fail)")
+    return {"args": args, "node_id": ctx.node_id, "role": me}
