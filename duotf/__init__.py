@@ -20,6 +20,7 @@ from .errors import (
     NodeUnresponsiveError,
     ReservationTimeoutError,
     SchemaMismatchError,
+    TensorBoardError,
     TFRecordCorruptError,
     UnsupportedProtocolError,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "RaggedColumn",
     "TFRecordCorruptError",
     "SchemaMismatchError",
+    "TensorBoardError",
     "predict_udf",
 ]
 

@@ -39,6 +39,7 @@ RUN_BY = {
     "scored = duotf.dask.predict(": "test_the_dask_scoring_block_scores_every_row",
     "from duotf.spark import TFEstimator, TFModel": "test_the_ml_block_fits_transforms_and_saves",
     "est = duotf.dask.TFEstimator(": "test_the_dask_ml_block_fits_and_predicts",
+    "def summaries_main(args, ctx):": "test_the_tensorboard_block_serves_and_keeps_the_events",
 }
 
 
@@ -134,6 +135,16 @@ def test_your_program_trains_and_saves(backend, engine, tmp_path):
     losses = ns["results"]
     assert len(losses) == 2 and all(isinstance(v, float) and math.isfinite(v) for v in losses)
     assert (tmp_path / "digits.keras").stat().st_size > 0
+
+
+@pytest.mark.engines("spark-local")
+def test_the_tensorboard_block_serves_and_keeps_the_events(backend, engine, tmp_path):
+    ns = run_block(block("def summaries_main(args, ctx):", {
+        '"/shared/tensorboard"': repr(str(tmp_path / "tb"))}), spark=engine.session)
+    cluster = ns["cluster"]
+    assert ns["url"].startswith(f"http://{cluster.nodes[0].host}:") and ns["steps"] == [100, 100]
+    kept = list((tmp_path / "tb" / cluster.job_id).iterdir())  # the chief's events, kept
+    assert len(kept) == 1 and kept[0].name.startswith("events.out.tfevents."), kept
 
 
 @pytest.mark.engines("spark-local")

@@ -20,12 +20,13 @@ from __future__ import annotations
 import abc
 import socket
 import threading
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 from ..errors import ConfigError, InsufficientSlotsError
 from ..node import NodeOutcome
 
-__all__ = ["Backend", "FeedAdapter", "EngineJob", "ThreadJob", "NodeFunction", "routable_ip"]
+__all__ = ["Backend", "FeedAdapter", "EngineJob", "ThreadJob", "NodeFunction", "routable_ip",
+           "work_name"]
 
 #: ``fn(node_id, executor_id, attempt) -> NodeOutcome``; runs a node to its end.
 NodeFunction = Callable[..., NodeOutcome]
@@ -181,9 +182,12 @@ class Backend(abc.ABC):
         return "Ask for fewer nodes or give the backend more capacity."
 
     @abc.abstractmethod
-    def start_nodes(self, fn: NodeFunction, n: int, job_id: str) -> EngineJob:
+    def start_nodes(self, fn: NodeFunction, n: int, job_id: str,
+                    names: Optional[Sequence[str]] = None) -> EngineJob:
         """Start ``fn(node_id, executor_id, attempt)`` for node ids ``0..n-1``, all at once.
-        The job's result is the list of the functions' :class:`NodeOutcome`."""
+        The job's result is the list of the functions' :class:`NodeOutcome`. ``names``: each
+        node's name (``"worker-1"``), for what the engine's own UI shows (:func:`work_name`).
+        """
 
     def feed_adapter(self, data, nodes: int) -> FeedAdapter:
         """The engine's view of ``data`` to feed while ``nodes`` node tasks run."""
@@ -203,6 +207,12 @@ class Backend(abc.ABC):
 
     def close(self) -> None:
         """Release what the backend created (only called on backends duotf created)."""
+
+
+def work_name(job_id: str, what: str) -> str:
+    """How an engine's UI names duotf's work (a Spark job description):
+    ``"duotf <job id>: nodes (worker-0, worker-1)"``, ``"duotf <job id>: feed epoch 3/10"``."""
+    return f"duotf {job_id}: {what}"
 
 
 def routable_ip(target_host: str) -> str:

@@ -113,10 +113,10 @@ class DaskBackend(Backend):
     def capacity_hint(self) -> str:
         return "duotf runs one node per Dask worker: start more workers or ask for fewer nodes."
 
-    def start_nodes(self, fn: NodeFunction, n: int, job_id: str) -> EngineJob:
+    def start_nodes(self, fn: NodeFunction, n: int, job_id: str, names=None) -> EngineJob:
         workers = self._place(self._enough_workers(n), n)  # from exactly the list counted
         try:
-            futures = self._submit(fn, workers, job_id)
+            futures = self._submit(fn, workers, job_id, names or [str(i) for i in range(n)])
         except BaseException:
             self._release(workers)
             raise
@@ -175,11 +175,12 @@ class DaskBackend(Backend):
                 else:
                     self._placed.pop(w, None)
 
-    def _submit(self, fn: NodeFunction, workers: List[str], job_id: str) -> list:
+    def _submit(self, fn: NodeFunction, workers: List[str], job_id: str, names) -> list:
+        # The key is what the dashboard shows: "duotf-node-worker-1-<job id>".
         return [
             self.client.submit(
                 _dask_node, fn, i,
-                key=f"duotf-{job_id}-node-{i}",
+                key=f"duotf-node-{names[i]}-{job_id}",
                 workers=[workers[i]],
                 allow_other_workers=False,
                 pure=False,

@@ -38,7 +38,7 @@ class LocalBackend(Backend):
     def capacity_hint(self) -> str:
         return "Ask for fewer nodes or pass duotf.backends.LocalBackend(slots=...)."
 
-    def start_nodes(self, fn: NodeFunction, n: int, job_id: str) -> EngineJob:
+    def start_nodes(self, fn: NodeFunction, n: int, job_id: str, names=None) -> EngineJob:
         executor = f"local-{socket.gethostname()}-{os.getpid()}"
 
         def call() -> List[NodeOutcome]:
@@ -52,7 +52,8 @@ class LocalBackend(Backend):
                     errors.append(exc)
 
             threads = [
-                threading.Thread(target=one, args=(i,), name=f"duotf-local-node-{i}", daemon=True)
+                threading.Thread(target=one, args=(i,), daemon=True,
+                                 name=f"duotf-node-{names[i] if names else i}-{job_id}")
                 for i in range(n)
             ]
             for thread in threads:

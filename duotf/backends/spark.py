@@ -16,7 +16,7 @@ from typing import List
 
 from ..errors import BackendError, InsufficientSlotsError
 from ..node import NodeOutcome
-from .base import Backend, EngineJob, NodeFunction, ThreadJob
+from .base import Backend, EngineJob, NodeFunction, ThreadJob, work_name
 
 logger = logging.getLogger(__name__)
 
@@ -121,12 +121,15 @@ class SparkBackend(Backend):
                 needed=nodes, available=available, backend=self.name,
             )
 
-    def start_nodes(self, fn: NodeFunction, n: int, job_id: str) -> EngineJob:
+    def start_nodes(self, fn: NodeFunction, n: int, job_id: str, names=None) -> EngineJob:
+        # The job group is the job's id, and its description what the Spark UI shows for it
+        # (feeding jobs: "duotf <job id>: feed epoch 3/10", see SparkFeed).
         group = f"duotf-{job_id}"
+        description = work_name(job_id, f"nodes ({', '.join(names or map(str, range(n)))})")
         sc = self.sc
 
         def call() -> List[NodeOutcome]:
-            sc.setJobGroup(group, f"duotf nodes ({n})", interruptOnCancel=True)
+            sc.setJobGroup(group, description, interruptOnCancel=True)
             try:
                 rdd = sc.parallelize(range(n), n).barrier().mapPartitions(_barrier_task(fn))
                 return sorted(rdd.collect(), key=lambda o: o.node_id)
