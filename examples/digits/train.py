@@ -143,25 +143,25 @@ def make_backend(name: str, workers: int):
 
 
 def cli(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=["local", "dask", "spark"], default="local",
                         help="local: the embedded backend; dask: a LocalCluster of --workers "
-                        "workers; spark: local[workers+1], or spark-submit's --master")
-    parser.add_argument("--workers", type=int, default=2, help="TF workers (nodes)")
-    parser.add_argument("--epochs", type=int, default=30, help="passes over the training rows")
+                        "workers; spark: local[workers+1], or spark-submit's --master (default: %(default)s)")
+    parser.add_argument("--workers", type=int, default=2, help="TF workers, nodes (default: %(default)s)")
+    parser.add_argument("--epochs", type=int, default=30, help="passes over the training rows (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=64,
-                        help="global batch (each worker's step takes its share)")
-    parser.add_argument("--lr", type=float, default=0.5, help="SGD learning rate")
-    parser.add_argument("--seed", type=int, default=1, help="weight initialisation seed")
+                        help="global batch; each worker's step takes its share (default: %(default)s)")
+    parser.add_argument("--lr", type=float, default=0.5, help="SGD learning rate (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=1, help="weight initialisation seed (default: %(default)s)")
     parser.add_argument("--data-dir", default=None,
                         help="where digits.npz is written (default: a new temporary directory)")
     parser.add_argument("--model-dir", default=None,
                         help="where the chief saves weights.npz (default: <data-dir>/model)")
     parser.add_argument("--input", choices=["files", "engine"], default="files",
-                        help="files: TF reads the data file; engine: cluster.train() pushes the rows")
+                        help="files: TF reads the data file; engine: cluster.train() pushes the rows "
+                        "(default: %(default)s)")
     parser.add_argument("--quiet", action="store_true",
-                        help="do not show the nodes' output (the chief's per-epoch loss)")
+                        help="do not show the nodes' output, the chief's per-epoch loss (default: show it)")
     opts = parser.parse_args(argv)
     if not opts.quiet:  # the nodes' output, as "[worker:0] epoch 1: loss 0.1234", on stderr
         logging.basicConfig(format="%(message)s")
