@@ -9,6 +9,8 @@ import os
 import urllib.error
 import urllib.request
 
+import pytest
+
 import duotf
 from tests.engines import poll_for
 from tests.suite import mains
@@ -61,3 +63,22 @@ def test_tensorboard_serves_the_scalars_and_the_engine_names_the_work(backend, e
     shown = engine.work_names(cluster.job_id)
     for name in engine.expected_work_names(cluster.job_id, ["worker-0", "worker-1"], epochs=2):
         assert any(s.startswith(name) for s in shown), (name, shown)
+
+
+@pytest.mark.engines("local")
+def test_a_tensorboard_that_cannot_start_is_named_and_the_nodes_run_on(backend, tmp_path):
+    # A tensorboard package that fails on import, first on the nodes' path: TensorBoard's own
+    # process exits before it serves, as where it is not installed.
+    broken = tmp_path / "site" / "tensorboard"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('this tensorboard is broken')\n")
+    with duotf.run(mains.describe_main, None, backend, duotf.ClusterSpec(workers=1),
+                   tensorboard=True, env={"PYTHONPATH": str(broken.parent)}) as cluster:
+        with pytest.raises(duotf.TensorBoardError) as info:
+            cluster.tensorboard_url
+        values = cluster.wait()
+    assert values[0]["node_id"] == 0  # the node ran on without it
+    message = str(info.value)
+    assert "did not start beside worker:0" in message and "pip install tensorboard" in message
+    assert "ImportError: this tensorboard is broken" in message
+    assert info.value.node.startswith("worker:0")
