@@ -27,9 +27,10 @@ __all__ = ["Cluster", "ClusterStatus", "NodeInfo", "NodeState"]
 
 _live: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 
-#: seconds ``Cluster.tensorboard_url`` waits for the chief's report on its TensorBoard (it comes
-#: before the chief is ready: this is for a report still on its way)
-TENSORBOARD_WAIT = 10.0
+#: seconds ``Cluster.tensorboard_url`` waits for the chief's report on its TensorBoard. It comes
+#: before the chief is ready unless TensorBoard took more than the chief waits for it (60 s: a
+#: machine so loaded that importing TensorFlow takes that long)
+TENSORBOARD_WAIT = 120.0
 
 
 @atexit.register
@@ -147,8 +148,8 @@ class Cluster:
         TensorBoard starts with the nodes and takes seconds (it imports TensorFlow); the
         chief's ``main`` starts once it serves (at most 60 s later), so the address is known
         when :func:`duotf.run` returns. Raises :class:`~duotf.errors.TensorBoardError` when it
-        did not start (not installed where the chief runs, exited, silent for 60 s); the
-        nodes run on regardless.
+        did not start (not installed where the chief runs, exited), or did not serve within
+        60 s more (:data:`TENSORBOARD_WAIT` in all); the nodes run on regardless.
         """
         node_id = self._tensorboard_node
         if node_id is None or self._tensorboard_url is not None:

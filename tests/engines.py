@@ -376,7 +376,8 @@ class SparkEngine(Engine):
         group belongs to the job."""
         store = self.session.sparkContext._jsc.sc().statusStore()
         names = []
-        for job in store.jobsList(None):
+        jobs = store.jobsList(None)  # a Scala Seq
+        for job in (jobs.apply(i) for i in range(jobs.size())):
             group, description = job.jobGroup(), job.description()
             if group.isDefined() and job_id in group.get() and description.isDefined():
                 names.append(description.get())
