@@ -21,6 +21,7 @@ from .errors import (
     NodeUnresponsiveError,
     ReservationTimeoutError,
     SchemaMismatchError,
+    TensorBoardError,
     TFRecordCorruptError,
     UnsupportedProtocolError,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "RaggedColumn",
     "TFRecordCorruptError",
     "SchemaMismatchError",
+    "TensorBoardError",
     "predict_udf",
 ]
 

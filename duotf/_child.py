@@ -169,6 +169,7 @@ def tune_malloc() -> bool:
 
 
 def main(argv) -> int:
+    global _tensorboard
     tune_malloc()
     from . import keras as keras_fix  # no Keras import: a hook for when main imports it
 
@@ -182,6 +183,12 @@ def main(argv) -> int:
     inbox: list = []
     arrived = threading.Condition()
     threading.Thread(target=_heartbeat, args=(link, job["heartbeat_interval"]), daemon=True).start()
+    if job.get("tensorboard"):
+        # Started first: its seconds of start-up overlap this node's own (TensorFlow's import).
+        from ._tensorboard import TensorBoard
+
+        _tensorboard = TensorBoard(job["log_dir"], lambda info: link.send(ChildMsg.TENSORBOARD, info))
+        _tensorboard.start()
     from .feed.datafeed import FeedServer
 
     feed = FeedServer(job["secret"], on_terminate=lambda: link.send(ChildMsg.FEED_TERMINATED),
@@ -209,6 +216,11 @@ def main(argv) -> int:
     except BaseException as exc:  # the job cannot even be loaded here: say why
         link.send(ChildMsg.ERROR, _error_info(exc, kind="load"))
         return 4
+    if _tensorboard is not None:
+        # Ready once TensorBoard serves (or failed): its address reaches the driver before this
+        # node is ready, so duotf.run returns with cluster.tensorboard_url known. Its start-up
+        # ran beside this process's own; a TensorBoard that says nothing is not waited for long.
+        _tensorboard.wait(TENSORBOARD_WAIT)
     link.send(ChildMsg.READY, {"feed_port": feed.port})
 
     start = _wait_for(inbox, arrived, ChildMsg.START)[1]
@@ -223,6 +235,7 @@ def main(argv) -> int:
         task_index=start["index"],
         tf_config=start["tf_config"],
         working_dir=job["working_dir"],
+        log_dir=job.get("log_dir", ""),
         default_fs=job["default_fs"],
         protocol=job["protocol"],
         host=start["host"],
@@ -263,6 +276,12 @@ def main(argv) -> int:
     return 0
 
 
+#: the TensorBoard this node process started (duotf.run(..., tensorboard=True)), if any
+_tensorboard = None
+#: seconds a node waits for its TensorBoard to serve before it says it is ready without it
+TENSORBOARD_WAIT = 60.0
+
+
 def _json(obj) -> str:
     import json
 
@@ -279,6 +298,8 @@ if __name__ == "__main__":
     # Run the user's atexit handlers (summary writers, ...), then skip the interpreter teardown:
     # TF's thread pools can take seconds to wind down and nothing is left to save.
     atexit._run_exitfuncs()
+    if _tensorboard is not None:  # after the user's writers flushed
+        _tensorboard.stop()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -64,6 +64,8 @@ def run(
     keep_workdir: bool = False,
     log_to_driver=True,
     log_dir: Optional[str] = None,
+    tensorboard: bool = False,
+    tensorboard_dir: Optional[str] = None,
 ) -> Cluster:
     """Run ``main(args, ctx)`` once per node of a TensorFlow cluster; return when all run.
 
@@ -107,6 +109,15 @@ def run(
     log_dir:
         Keep the nodes' output files in ``<log_dir>/<job id>/``; by default they go to a
         temporary directory removed with the :class:`Cluster` object.
+    tensorboard:
+        Start TensorBoard beside the chief (or ``worker:0``), reading ``ctx.log_dir``, on a
+        free port of that host: :attr:`Cluster.tensorboard_url` gives its address. It stops
+        with the cluster. Needs the ``tensorboard`` package where the nodes run.
+    tensorboard_dir:
+        Where the nodes' ``ctx.log_dir`` is: ``<tensorboard_dir>/<job id>``, a path every node
+        can write (made absolute here) or a URL TensorFlow writes (``hdfs://``, ``gs://``), and
+        kept. By default a directory of the job's under each node host's temp directory,
+        removed with the nodes (TensorBoard shows what the chief's host holds).
 
     Returns
     -------
@@ -130,6 +141,8 @@ def run(
             keep_workdir=keep_workdir,
             log_to_driver=log_to_driver,
             log_dir=log_dir,
+            tensorboard=tensorboard,
+            tensorboard_dir=tensorboard_dir,
         )
     except BaseException:
         if owns:

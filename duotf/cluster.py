@@ -14,8 +14,8 @@ import uuid
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from .errors import ClusterClosedError, ConfigError, NodesStoppedError
-from .node import NodeJob, default_workdir_root, run_node
+from .errors import ClusterClosedError, ConfigError, NodesStoppedError, TensorBoardError
+from .node import NodeJob, default_log_dir, default_workdir_root, run_node
 from .nodelogs import NodeLogs, log_node_ids
 from .rendezvous import Msg
 from .spec import ClusterSpec, seconds
@@ -26,6 +26,11 @@ logger = logging.getLogger(__name__)
 __all__ = ["Cluster", "ClusterStatus", "NodeInfo", "NodeState"]
 
 _live: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+
+#: seconds ``Cluster.tensorboard_url`` waits for the chief's report on its TensorBoard. It comes
+#: before the chief is ready unless TensorBoard took more than the chief waits for it (60 s: a
+#: machine so loaded that importing TensorFlow takes that long)
+TENSORBOARD_WAIT = 120.0
 
 
 @atexit.register
@@ -62,6 +67,8 @@ class Cluster:
         keep_workdir: bool = False,
         log_to_driver=True,
         log_dir: Optional[str] = None,
+        tensorboard: bool = False,
+        tensorboard_dir: Optional[str] = None,
     ):
         import cloudpickle
 
@@ -96,6 +103,20 @@ class Cluster:
         self._results: Optional[List[Any]] = None
         self._closed = False
         self._log_nodes = log_node_ids(spec.roles(), log_to_driver)
+        if not isinstance(tensorboard, bool):
+            raise ConfigError(f"tensorboard={tensorboard!r}: give True (TensorBoard beside the "
+                              "chief, reading ctx.log_dir) or False")
+        chief = sorted(log_node_ids(spec.roles(), "chief"))
+        self._tensorboard_node: Optional[int] = chief[0] if tensorboard and chief else None
+        if tensorboard and not chief:
+            raise ConfigError("tensorboard=True needs a chief or a worker to run beside: the "
+                              "spec has neither")
+        self._workdir_root = default_workdir_root(self.job_id)
+        if tensorboard_dir is None:
+            self._node_log_dir, self._owns_log_dir = default_log_dir(self._workdir_root), True
+        else:
+            self._node_log_dir, self._owns_log_dir = _job_log_dir(tensorboard_dir, self.job_id), False
+        self._tensorboard_url: Optional[str] = None
         self._logs: Optional[NodeLogs] = None
         if self._log_nodes:
             self._logs = NodeLogs(spec.roles(), self.job_id, log_dir)
@@ -123,6 +144,36 @@ class Cluster:
         """The directory of the nodes' output files (``<role>-<index>.log``); None when no
         node's output goes to the driver (``log_to_driver=False``)."""
         return self._logs.directory if self._logs is not None else None
+
+    @property
+    def tensorboard_url(self) -> Optional[str]:
+        """The address of the TensorBoard that ``duotf.run(..., tensorboard=True)`` started
+        beside the chief (or ``worker:0``), ``http://<host>:<port>/``; None without
+        ``tensorboard=True``. It reads the nodes' ``ctx.log_dir`` and stops with the cluster.
+
+        TensorBoard starts with the nodes and takes seconds (it imports TensorFlow); the
+        chief's ``main`` starts once it serves (at most 60 s later), so the address is known
+        when :func:`duotf.run` returns. Raises :class:`~duotf.errors.TensorBoardError` when it
+        did not start (not installed where the chief runs, exited), or did not serve within
+        60 s more (:data:`TENSORBOARD_WAIT` in all); the nodes run on regardless.
+        """
+        node_id = self._tensorboard_node
+        if node_id is None or self._tensorboard_url is not None:
+            return self._tensorboard_url
+        report = self.supervisor.tensorboard(node_id, time.monotonic() + TENSORBOARD_WAIT)
+        where = self.nodes[node_id].describe()
+        if report is None:
+            raise TensorBoardError(
+                f"TensorBoard beside {where} did not say it serves within {TENSORBOARD_WAIT:g} s "
+                f"(the cluster is {self.status.value}); its node's output (cluster.logs) may "
+                "say why", node=where)
+        if "error" in report:
+            raise TensorBoardError(
+                f"TensorBoard did not start beside {where}: {report['error']}\nInstall it where "
+                "the nodes run (pip install tensorboard, or duotf[tensorboard]); the nodes run "
+                "on without it.", node=where)
+        self._tensorboard_url = report["url"]
+        return self._tensorboard_url
 
     def logs(self, node) -> str:
         """Everything node ``node`` (a node id, or a role such as ``"worker:1"``) wrote to its
@@ -175,14 +226,19 @@ class Cluster:
             connect_timeout=max(self.reservation_timeout, 10.0),
             env=self._env,
             default_fs=self._default_fs,
-            workdir_root=default_workdir_root(self.job_id),
+            workdir_root=self._workdir_root,
             stop_timeout=self.stop_timeout,
             keep_workdir=self._keep_workdir,
             log_nodes=self._log_nodes,
+            log_dir=self._node_log_dir,
+            owns_log_dir=self._owns_log_dir,
+            tensorboard_node=-1 if self._tensorboard_node is None else self._tensorboard_node,
         )
         logger.info("duotf: starting %d nodes on %s (job %s)", n, self.backend.name, self.job_id)
+        names = [str(node.role).replace(":", "-") for node in self.nodes]  # "worker-1"
         # Only a GPU run passes gpus_per_node: a backend that holds no GPUs keeps the plain call.
         sup.watch(self.backend.start_nodes(functools.partial(run_node, job), n, self.job_id,
+                                           names=names,
                                            **({"gpus_per_node": gpus} if gpus else {})))
 
         deadline = t0 + self.reservation_timeout
@@ -320,6 +376,21 @@ class Cluster:
         else:
             # Something already went wrong in the caller: stop at once and keep their error.
             self.shutdown(grace_secs=0, _raise=False)
+
+
+def _job_log_dir(tensorboard_dir, job_id: str) -> str:
+    """``<tensorboard_dir>/<job id>``: a URL as given, a path made absolute on the driver (the
+    nodes' current directory is their own)."""
+    import os
+    import posixpath
+
+    where = os.fspath(tensorboard_dir) if isinstance(tensorboard_dir, (str, os.PathLike)) else None
+    if not isinstance(where, str) or not where:
+        raise ConfigError(f"tensorboard_dir={tensorboard_dir!r}: give a directory path or a URL "
+                          "(hdfs://..., gs://...) that every node can write and TensorBoard read")
+    if "://" in where:
+        return posixpath.join(where, job_id)
+    return os.path.join(os.path.abspath(where), job_id)
 
 
 def _check_feed_args(epochs, feed_timeout) -> None:

@@ -31,6 +31,12 @@ class NodeContext:
         True on the chief, or on worker 0 when the spec has no chief.
     working_dir : str
         A directory of this node's own; ``main`` runs with it as the current directory.
+    log_dir : str
+        The job's log directory for TensorBoard event files (``tf.summary.create_file_writer``,
+        Keras' ``TensorBoard`` callback): ``<tensorboard_dir>/<job id>`` with
+        ``duotf.run(..., tensorboard_dir=...)`` (a path or a URL, kept), else a directory of
+        the job's on this node's host, removed with the job's nodes. With
+        ``duotf.run(..., tensorboard=True)`` TensorBoard reads it (on the chief's host).
     default_fs : str
         The cluster's default filesystem (``file://``, ``hdfs://namenode:8020``, ``s3://bucket``).
     protocol : str
@@ -58,6 +64,7 @@ class NodeContext:
         job_id: str,
         executor_id: str = "",
         gpus: Optional[List[str]] = None,
+        log_dir: str = "",
         _notify: Optional[Callable[[str], None]] = None,
         _feed_server=None,
     ):
@@ -74,6 +81,7 @@ class NodeContext:
             not has_chief and job_name == "worker" and task_index == 0
         )
         self.working_dir = working_dir
+        self.log_dir = log_dir
         self.default_fs = default_fs
         self.protocol = protocol
         self.host = host

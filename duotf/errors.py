@@ -16,6 +16,7 @@
     ├── TFRecordCorruptError (IOError)    a TFRecord file is damaged (CRC, length, truncation, stream)
     ├── SchemaMismatchError (ValueError)  a value does not fit its column of a tf.train.Example
     ├── NodesStoppedError                 shutdown stopped a main that had not returned
+    ├── TensorBoardError                  tensorboard=True, but TensorBoard did not start
     └── ClusterClosedError                the cluster is already shut down
 
 Every exception pickles with its attributes (``__reduce__``), so one raised where a node runs
@@ -35,6 +36,7 @@ __all__ = [
     "NodeFailedError",
     "NodeUnresponsiveError",
     "NodesStoppedError",
+    "TensorBoardError",
     "ClusterClosedError",
     "FeedError",
     "FeedSchemaError",
@@ -178,6 +180,12 @@ class NodesStoppedError(DuotfError):
 
     Attributes: ``stopped`` (role names), ``grace_secs``.
     """
+
+
+class TensorBoardError(DuotfError):
+    """``duotf.run(..., tensorboard=True)``: TensorBoard did not start beside the chief (not
+    installed there, exited, or silent); the nodes run on. ``node``: the node that was to run
+    it."""
 
 
 class ClusterClosedError(DuotfError):

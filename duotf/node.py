@@ -53,6 +53,7 @@ class ChildMsg(str, enum.Enum):
     SERVING = "serving"
     FEED_TERMINATED = "feed_terminated"
     FEED_FAILED = "feed_failed"  # {"why", "epoch", "partition", "seq", "rows"}
+    TENSORBOARD = "tensorboard"  # {"port": n} once the TensorBoard it started serves, or {"error"}
     RESULT = "result"  # main's return value, cloudpickled
     ERROR = "error"  # {"kind", "remote_type", "message", "traceback", ...}
 
@@ -67,6 +68,7 @@ _RELAYED = {
     ChildMsg.SERVING: Msg.SERVING,
     ChildMsg.FEED_TERMINATED: Msg.FEED_TERMINATED,
     ChildMsg.FEED_FAILED: Msg.FEED_FAILED,
+    ChildMsg.TENSORBOARD: Msg.TENSORBOARD,
 }
 
 
@@ -90,6 +92,12 @@ class NodeJob:
     #: the nodes whose output (fd 1 and 2) goes to the driver; the others' goes where the
     #: engine task's own output goes
     log_nodes: frozenset = frozenset()
+    #: every node's ``ctx.log_dir`` (a path or URL; '' for none)
+    log_dir: str = ""
+    #: ``log_dir`` is duotf's own (under ``workdir_root``): removed with the job's last node
+    owns_log_dir: bool = False
+    #: the node whose process starts TensorBoard on ``log_dir`` (-1: none)
+    tensorboard_node: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,6 +259,8 @@ class _Agent:
                 "output_captured": captured,
                 "gpus": self.gpus,
                 "gpu_error": gpu_error,
+                "log_dir": job.log_dir,
+                "tensorboard": self.node_id == job.tensorboard_node,
             },
         )
         self.child_reader = self._thread(
@@ -276,6 +286,16 @@ class _Agent:
             self.proc.wait()
         else:
             self._kill_child(signal.SIGKILL)  # anything left in its process group
+
+    def _reap_group(self) -> None:
+        """End what the node process left in its process group once it is gone (a
+        subprocess of main's, TensorBoard after a crash): nothing outlives its node. The
+        group's id names no other group while one of its processes lives."""
+        if self.proc is not None and self.proc.poll() is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def _begin_stop(self, timeout: float) -> None:
         """Stop the child on a thread of its own (once: a second SIGTERM would cut its
@@ -315,11 +335,13 @@ class _Agent:
             return self._loop()
         finally:
             self._stop_child(1.0)
+            self._reap_group()
             if self.channel is not None:
                 self.channel.close()
             reservation.close()
             if not job.keep_workdir:
-                remove_workdir(job.workdir_root, self.node_id)
+                remove_workdir(job.workdir_root, self.node_id,
+                               job.log_dir if job.owns_log_dir else None)
             if self.child_tx is not None:
                 self.child_tx.close()
             for thread in self.threads:
@@ -464,12 +486,21 @@ def node_workdir(root: str, node_id: int) -> str:
     return os.path.join(root, f"node-{node_id}")
 
 
-def remove_workdir(root: str, node_id: int) -> None:
+def default_log_dir(root: str) -> str:
+    """``ctx.log_dir`` when the user names none: beside the nodes' working directories."""
+    return os.path.join(root, "logs")
+
+
+def remove_workdir(root: str, node_id: int, log_dir: Optional[str] = None) -> None:
     """Remove a node's working directory once its process is gone, and the job's directory
-    with the last node's (several nodes share it where they share a host)."""
+    (and ``log_dir``, duotf's own, inside it) with the last node's on this host (several nodes
+    share it where they share a host)."""
+    import glob
     import shutil
 
     shutil.rmtree(node_workdir(root, node_id), ignore_errors=True)
+    if log_dir and not glob.glob(os.path.join(root, "node-*")):
+        shutil.rmtree(log_dir, ignore_errors=True)
     try:
         os.rmdir(root)
     except OSError:

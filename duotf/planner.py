@@ -10,6 +10,7 @@ but the cluster.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
@@ -98,6 +99,7 @@ def _job(sup: Supervisor, targets: List[FeedTarget], mode: str, timeout: float, 
         timeout=timeout,
         plan=plan,
         ragged=ragged,
+        job_id=sup.job_id or "",
     )
 
 
@@ -233,7 +235,8 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
     try:
         for epoch in range(epochs):
             t1 = time.monotonic()
-            sent = _run(sup, adapter.train(job), f"feeding epoch {epoch + 1}", True, targets)
+            epoch_job = dataclasses.replace(job, epoch=epoch + 1, epochs=epochs)  # names its tasks
+            sent = _run(sup, adapter.train(epoch_job), f"feeding epoch {epoch + 1}", True, targets)
             if sent is None:
                 break
             fed += sum(sent)

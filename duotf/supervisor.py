@@ -92,6 +92,7 @@ class NodeInfo:
     feed_port: Optional[int] = None
     feed_terminated: bool = False
     feed_failure: Optional[dict] = None  # what the node's feed server reported (FEED_FAILED)
+    tensorboard: Optional[dict] = None  # its TensorBoard's report: {"url": ...} or {"error": why}
     state: NodeState = NodeState.PENDING
     last_seen: float = 0.0
     peer: Any = dataclasses.field(default=None, repr=False, compare=False)
@@ -146,6 +147,19 @@ def kill_node_process(pid: int, job_id: str, node_id: int) -> bool:
     finally:
         if pidfd is not None:
             os.close(pidfd)
+
+
+def _tensorboard_report(node: NodeInfo, message: dict) -> dict:
+    """A node's TensorBoard report as ``{"url": ...}`` (its host as the driver reaches it) or
+    ``{"error": why}``; logged either way, since a URL is what a person looks for."""
+    port = message.get("port")
+    if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
+        url = f"http://{node.host}:{port}/"
+        logger.info("duotf: TensorBoard at %s (beside %s)", url, node.role)
+        return {"url": url}
+    why = str(message.get("error") or f"an unusable report {message!r}")
+    logger.warning("duotf: TensorBoard did not start beside %s: %s", node.describe(), why)
+    return {"error": why}
 
 
 def _show_tail(tail: List[str]) -> str:
@@ -315,6 +329,15 @@ class Supervisor:
         node = self.nodes[node_id]
         return node.state in ENDED or node.feed_terminated
 
+    def tensorboard(self, node_id: int, deadline: float) -> Optional[dict]:
+        """What node ``node_id`` reported of the TensorBoard it started: ``{"url": ...}`` or
+        ``{"error": why}``; waits until ``deadline`` (``time.monotonic()``) for the report,
+        less when the cluster fails or closes; None when there is none by then."""
+        node = self.nodes[node_id]
+        self.wait_for(lambda: node.tensorboard is not None or self.status is ClusterStatus.CLOSED
+                      or node.state in TERMINAL, deadline)
+        return node.tensorboard
+
     # -- messages from the nodes -------------------------------------------------------------
     def send(self, node: NodeInfo, type_: Msg, **fields) -> None:
         """Send a message to a node's agent; a node already gone is skipped (its end is known
@@ -353,6 +376,8 @@ class Supervisor:
                 node.last_seen = time.monotonic()
                 if kind is Msg.FEED_TERMINATED:
                     node.feed_terminated = True
+                elif kind is Msg.TENSORBOARD:
+                    node.tensorboard = _tensorboard_report(node, message)
                 elif kind is Msg.FEED_FAILED:
                     if node.feed_failure is None:
                         node.feed_failure = {k: message.get(k) for k in

@@ -250,11 +250,12 @@ os.environ.setdefault(SESSION_TAG, f"{os.getpid()}-{time.time_ns()}")
 
 
 def _node_processes():
-    """This session's duotf node processes (one whose environment cannot be read counts)."""
+    """This session's duotf node processes, and the TensorBoard processes they started (one
+    whose environment cannot be read counts)."""
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmdline = proc.info.get("cmdline") or []
-        if "duotf._child" not in cmdline:
+        if "duotf._child" not in cmdline and "tensorboard.main" not in cmdline:
             continue
         try:
             ours = proc.environ().get(SESSION_TAG) == os.environ[SESSION_TAG]
@@ -328,7 +329,7 @@ def no_leaks(request):
     before = _listening_ports()
     threads = set(threading.enumerate())
     yield
-    poll_for(lambda: not _node_processes(), 15, what="no duotf node process left")
+    poll_for(lambda: not _node_processes(), 15, what="no duotf node or TensorBoard process left")
     leaked = leaked_threads(threads)
     assert not leaked, describe_threads(leaked)
     leaked = _listening_ports() - before

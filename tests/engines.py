@@ -106,6 +106,16 @@ class Engine(abc.ABC):
         """The options that point ``python -m duotf`` (another process) at this engine."""
         raise NotImplementedError(f"{type(self).__name__}: no command line options")
 
+    # -- the engine's own UI -----------------------------------------------------------------------
+    def work_names(self, job_id: str) -> List[str]:
+        """The names the engine's own UI shows for duotf job ``job_id``'s work (none: the
+        engine has no UI)."""
+        return []
+
+    def expected_work_names(self, job_id: str, nodes: Sequence[str], epochs: int) -> List[str]:
+        """What each of those names starts with, for a job of ``nodes`` fed ``epochs`` times."""
+        return []
+
     # -- processes ------------------------------------------------------------------------------
     @abc.abstractmethod
     def feeding_processes(self) -> Processes:
@@ -275,6 +285,17 @@ class DaskEngine(Engine):
     def feeding_processes(self):
         return [psutil.Process(pid) for pid in self.client.run(os.getpid).values()]
 
+    def work_names(self, job_id):
+        """The task keys of the job among the scheduler's recent transitions."""
+        def keys(dask_scheduler):
+            return sorted({str(t[0]) for t in dask_scheduler.transition_log})
+
+        return [key for key in self.client.run_on_scheduler(keys) if job_id in key]
+
+    def expected_work_names(self, job_id, nodes, epochs):
+        return ([f"duotf-node-{name}-{job_id}" for name in nodes]
+                + [f"duotf-feed-{job_id}-epoch-{e}-part-" for e in range(1, epochs + 1)])
+
 
 def _spark_session(master: str, **conf):
     from pyspark.sql import SparkSession
@@ -370,6 +391,22 @@ class SparkEngine(Engine):
         return self.session.range(0, rows, numPartitions=parts).select(
             F.array_repeat(F.lit(0.5).cast("float"), width).alias("0"),
             (F.col("id") % (rows if ids else 10)).alias("1"))
+
+    def work_names(self, job_id):
+        """The descriptions of the Spark jobs (Spark's status store: what its UI shows) whose
+        group belongs to the job."""
+        store = self.session.sparkContext._jsc.sc().statusStore()
+        names = []
+        jobs = store.jobsList(None)  # a Scala Seq
+        for job in (jobs.apply(i) for i in range(jobs.size())):
+            group, description = job.jobGroup(), job.description()
+            if group.isDefined() and job_id in group.get() and description.isDefined():
+                names.append(description.get())
+        return names
+
+    def expected_work_names(self, job_id, nodes, epochs):
+        return ([f"duotf {job_id}: nodes ({', '.join(nodes)})"]
+                + [f"duotf {job_id}: feed epoch {e}/{epochs}" for e in range(1, epochs + 1)])
 
     def partitions(self, out):
         return out.glom().collect()

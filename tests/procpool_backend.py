@@ -201,7 +201,7 @@ class ProcessPoolBackend(Backend):
     def capacity_hint(self) -> str:
         return "Ask for fewer nodes or pass a ProcessPool(max_workers=...) with more workers."
 
-    def start_nodes(self, fn, n: int, job_id: str) -> EngineJob:
+    def start_nodes(self, fn, n: int, job_id: str, names=None) -> EngineJob:
         return _job([self.pool.submit(_node_task, fn, i) for i in range(n)], "procpool")
 
     def feed_hint(self) -> str:

@@ -45,6 +45,7 @@ RUN_BY = {
     "spec = duotf.ClusterSpec(workers=2, gpus_per_node=1)": "test_the_gpu_block_gives_each_node_its_own_gpu",
     "python3 -m duotf doctor": "test_the_doctor_command_names_the_faults_and_exits_1",
     "python3 -m duotf run": "test_the_run_command_prints_every_main_value_as_json",
+    "def summaries_main(args, ctx):": "test_the_tensorboard_block_serves_and_keeps_the_events",
 }
 
 
@@ -140,6 +141,16 @@ def test_your_program_trains_and_saves(backend, engine, tmp_path):
     losses = ns["results"]
     assert len(losses) == 2 and all(isinstance(v, float) and math.isfinite(v) for v in losses)
     assert (tmp_path / "digits.keras").stat().st_size > 0
+
+
+@pytest.mark.engines("spark-local")
+def test_the_tensorboard_block_serves_and_keeps_the_events(backend, engine, tmp_path):
+    ns = run_block(block("def summaries_main(args, ctx):", {
+        '"/shared/tensorboard"': repr(str(tmp_path / "tb"))}), spark=engine.session)
+    cluster = ns["cluster"]
+    assert ns["url"].startswith(f"http://{cluster.nodes[0].host}:") and ns["steps"] == [100, 100]
+    kept = list((tmp_path / "tb" / cluster.job_id).iterdir())  # the chief's events, kept
+    assert len(kept) == 1 and kept[0].name.startswith("events.out.tfevents."), kept
 
 
 @pytest.mark.engines("spark-local")

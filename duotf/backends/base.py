@@ -21,12 +21,13 @@ from __future__ import annotations
 import abc
 import socket
 import threading
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, InsufficientSlotsError
 from ..node import NodeOutcome
 
-__all__ = ["Backend", "FeedAdapter", "EngineJob", "ThreadJob", "NodeFunction", "routable_ip"]
+__all__ = ["Backend", "FeedAdapter", "EngineJob", "ThreadJob", "NodeFunction", "routable_ip",
+           "work_name"]
 
 #: ``fn(node_id, executor_id, attempt, gpus=()) -> NodeOutcome``; runs a node to its end.
 #: ``gpus``: the addresses of the GPUs the engine holds for the node (see :mod:`duotf._gpus`).
@@ -200,9 +201,11 @@ class Backend(abc.ABC):
         )
 
     @abc.abstractmethod
-    def start_nodes(self, fn: NodeFunction, n: int, job_id: str) -> EngineJob:
+    def start_nodes(self, fn: NodeFunction, n: int, job_id: str, gpus_per_node: int = 0,
+                    names: Optional[Sequence[str]] = None) -> EngineJob:
         """Start ``fn(node_id, executor_id, attempt)`` for node ids ``0..n-1``, all at once.
-        The job's result is the list of the functions' :class:`NodeOutcome`.
+        The job's result is the list of the functions' :class:`NodeOutcome`. ``names``: each
+        node's name (``"worker-1"``), for what the engine's own UI shows (:func:`work_name`).
 
         Called with ``gpus_per_node=k`` (k > 0) only on a backend whose :meth:`check_gpus`
         passed: each node then holds ``k`` GPUs of the engine's and its function gets their
@@ -231,6 +234,12 @@ class Backend(abc.ABC):
 
     def close(self) -> None:
         """Release what the backend created (only called on backends duotf created)."""
+
+
+def work_name(job_id: str, what: str) -> str:
+    """How an engine's UI names duotf's work (a Spark job description):
+    ``"duotf <job id>: nodes (worker-0, worker-1)"``, ``"duotf <job id>: feed epoch 3/10"``."""
+    return f"duotf {job_id}: {what}"
 
 
 def routable_ip(target_host: str) -> str:

@@ -150,7 +150,7 @@ class DaskBackend(Backend):
         return sum(int(g // per_node) for g in gpus.values())
 
     def start_nodes(self, fn: NodeFunction, n: int, job_id: str,
-                    gpus_per_node: int = 0) -> EngineJob:
+                    gpus_per_node: int = 0, names=None) -> EngineJob:
         k = gpus_per_node
         if k:
             held = self._place_gpus(n, k)
@@ -161,7 +161,8 @@ class DaskBackend(Backend):
             workers = self._place(self._enough_workers(n), n)  # from exactly the list counted
             gpus = [[] for _ in workers]
         try:
-            futures = self._submit(fn, workers, job_id, gpus)
+            futures = self._submit(fn, workers, job_id, gpus,
+                                   names or [str(i) for i in range(n)])
         except BaseException:
             self._release(workers, held)
             raise
@@ -248,11 +249,12 @@ class DaskBackend(Backend):
                     self._placed.pop(w, None)
 
     def _submit(self, fn: NodeFunction, workers: List[str], job_id: str,
-                gpus: List[List[str]]) -> list:
+                gpus: List[List[str]], names) -> list:
+        # The key is what the dashboard shows: "duotf-node-worker-1-<job id>".
         return [
             self.client.submit(
                 _dask_node, fn, i, gpus[i],
-                key=f"duotf-{job_id}-node-{i}",
+                key=f"duotf-node-{names[i]}-{job_id}",
                 workers=[workers[i]],
                 allow_other_workers=False,
                 pure=False,

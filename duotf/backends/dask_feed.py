@@ -7,6 +7,7 @@ handed back as a collection of the input's kind with one output partition per in
 
 from __future__ import annotations
 
+import uuid
 from typing import Dict, List, Optional
 
 from ..errors import ConfigError
@@ -105,6 +106,9 @@ class DaskFeed(FeedAdapter):
             sent = [0] * len(self.parts)  # a partition with no range (empty, or left over) sends none
             done: set = set()
             pending = [pid for pid in sorted(after) if job.plan[pid]]
+            # the dashboard's name of a task: "duotf-feed-<job id>-epoch-3-part-7-<token>"
+            # (the token: a key of its own per call, never one Dask still holds)
+            token = uuid.uuid4().hex[:8]
             running = as_completed()
 
             blocks: Dict[int, object] = {}  # pid -> its partition, computed ahead
@@ -118,7 +122,8 @@ class DaskFeed(FeedAdapter):
                 for pid in [q for q in pending if after[q] <= done]:
                     pending.remove(pid)
                     future = client.submit(train_partition, job, pid, block(pid), pure=False,
-                                           priority=len(self.parts) - pid)
+                                           priority=len(self.parts) - pid,
+                                           key=f"{job.key_prefix}-part-{pid}-{token}")
                     futures[future] = pid
                     running.add(future)
                 # the partition each chain takes next is computed while the current one feeds
@@ -144,7 +149,10 @@ class DaskFeed(FeedAdapter):
 
         from ..feed.tasks import infer_partition
 
-        tasks = [dask.delayed(infer_partition)(job, i, p, keep) for i, p in enumerate(self.parts)]
+        token = uuid.uuid4().hex[:8]
+        tasks = [dask.delayed(infer_partition)(job, i, p, keep,
+                                               dask_key_name=f"{job.key_prefix}-part-{i}-{token}")
+                 for i, p in enumerate(self.parts)]
         return self._run(tasks, self._collection, "dask-inference")
 
     def _collection(self, futures):

@@ -76,7 +76,7 @@ class LocalBackend(Backend):
         return len(self._gpus) // per_node
 
     def start_nodes(self, fn: NodeFunction, n: int, job_id: str,
-                    gpus_per_node: int = 0) -> EngineJob:
+                    gpus_per_node: int = 0, names=None) -> EngineJob:
         executor = f"local-{socket.gethostname()}-{os.getpid()}"
         k = gpus_per_node
         held = self._take_gpus(n, k) if k else []
@@ -95,7 +95,8 @@ class LocalBackend(Backend):
                     errors.append(exc)
 
             threads = [
-                threading.Thread(target=one, args=(i,), name=f"duotf-local-node-{i}", daemon=True)
+                threading.Thread(target=one, args=(i,), daemon=True,
+                                 name=f"duotf-node-{names[i] if names else i}-{job_id}")
                 for i in range(n)
             ]
             try:

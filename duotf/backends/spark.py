@@ -22,7 +22,7 @@ from typing import List, Tuple
 
 from ..errors import BackendError, ConfigError, InsufficientSlotsError
 from ..node import NodeOutcome
-from .base import Backend, EngineJob, NodeFunction, ThreadJob
+from .base import Backend, EngineJob, NodeFunction, ThreadJob, work_name
 
 logger = logging.getLogger(__name__)
 
@@ -211,13 +211,16 @@ class SparkBackend(Backend):
         return rows
 
     def start_nodes(self, fn: NodeFunction, n: int, job_id: str,
-                    gpus_per_node: int = 0) -> EngineJob:
+                    gpus_per_node: int = 0, names=None) -> EngineJob:
+        # The job group is the job's id, and its description what the Spark UI shows for it
+        # (feeding jobs: "duotf <job id>: feed epoch 3/10", see SparkFeed).
         group = f"duotf-{job_id}"
+        description = work_name(job_id, f"nodes ({', '.join(names or map(str, range(n)))})")
         sc = self.sc
         profile = self._gpu_profile(gpus_per_node) if gpus_per_node else None
 
         def call() -> List[NodeOutcome]:
-            sc.setJobGroup(group, f"duotf nodes ({n})", interruptOnCancel=True)
+            sc.setJobGroup(group, description, interruptOnCancel=True)
             try:
                 rdd = sc.parallelize(range(n), n).barrier().mapPartitions(
                     _barrier_task(fn, gpus_per_node))

@@ -14,7 +14,7 @@ import time
 from typing import Dict, List, Sequence, Union
 
 from ..errors import ConfigError, InsufficientSlotsError
-from .base import EngineJob, FeedAdapter, ThreadJob
+from .base import EngineJob, FeedAdapter, ThreadJob, work_name
 
 logger = logging.getLogger(__name__)
 
@@ -494,8 +494,11 @@ class SparkFeed(FeedAdapter):
         if self.cache is not None and self.cache.index is None:
             raise ConfigError(f"{self.cache!r} was unpersisted; make a new feed_cache()")
 
-    def _job(self, what: str, call) -> EngineJob:
-        group = f"duotf-feed-{id(self)}-{time.monotonic_ns()}"
+    def _job(self, job, call) -> EngineJob:
+        # A group of its own (cancelled alone), described as the Spark UI shows it:
+        # "duotf <job id>: feed epoch 3/10".
+        group = f"{job.key_prefix}-{time.monotonic_ns()}"
+        what = work_name(job.job_id, job.work)
         sc = self.sc
 
         def run():
@@ -536,7 +539,7 @@ class SparkFeed(FeedAdapter):
 
     def train(self, job) -> EngineJob:
         if self.cache is not None:
-            return self._job("duotf feed", self._train_cached(job))
+            return self._job(job, self._train_cached(job))
         if self.df is not None:
             from ..feed.columns import tensor_specs
 
@@ -548,7 +551,7 @@ class SparkFeed(FeedAdapter):
                 _raise_first(row[_ERROR] for row in out)
                 return [row.rows for row in out]
 
-            return self._job("duotf feed", run_df)
+            return self._job(job, run_df)
         rdd = self.rdd
 
         def run_rdd():
@@ -556,7 +559,7 @@ class SparkFeed(FeedAdapter):
             _raise_first(error for _, error in out)
             return [sent for sent, _ in out]
 
-        return self._job("duotf feed", run_rdd)
+        return self._job(job, run_rdd)
 
     def _train_cached(self, job):
         cache, sc = self.cache, self.sc
@@ -597,7 +600,7 @@ class SparkFeed(FeedAdapter):
         if self.cache is not None:
             raise ConfigError("a FeedCache is for training; pass the DataFrame itself to inference()")
         if self.df is not None:
-            return self._job("duotf inference", self._infer_df(job, keep, result_columns))
+            return self._job(job, self._infer_df(job, keep, result_columns))
         rdd = self.rdd
 
         def run_rdd():
@@ -611,7 +614,7 @@ class SparkFeed(FeedAdapter):
             _raise_first(error for _, error in out.filter(_is_error).take(1))
             return out.filter(lambda item: not _is_error(item))
 
-        return self._job("duotf inference", run_rdd)
+        return self._job(job, run_rdd)
 
     def _infer_df(self, job, keep, result_columns):
         from pyspark.sql import functions as F

@@ -38,6 +38,25 @@ class FeedJob:
     timeout: float
     plan: Optional[Dict[int, List[Tuple[int, int, int]]]] = None  # train: partition -> ranges
     ragged: Tuple[str, ...] = ()  # columns declared ragged: delivered as RaggedColumn
+    job_id: str = ""  # the cluster's job id, for what the engine's UI shows
+    epoch: int = 0  # train: the epoch (1-based) that this engine job feeds, of ``epochs``
+    epochs: int = 0
+
+    @property
+    def work(self) -> str:
+        """What this engine job does, as the engine's UI names it: ``"feed epoch 3/10"``
+        or ``"inference"``."""
+        if self.mode == "train":
+            return f"feed epoch {self.epoch}/{self.epochs}" if self.epoch else "feed"
+        return "inference"
+
+    @property
+    def key_prefix(self) -> str:
+        """The start of this job's task names where an engine names tasks (Dask keys):
+        ``"duotf-feed-<job id>-epoch-3"``, ``"duotf-infer-<job id>"``."""
+        if self.mode == "train":
+            return f"duotf-feed-{self.job_id}" + (f"-epoch-{self.epoch}" if self.epoch else "")
+        return f"duotf-infer-{self.job_id}"
 
 
 def validated(chunks: Iterable[Columns], pid: int) -> Iterator[Columns]:

@@ -15,6 +15,7 @@ weights.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import tempfile
 import time
@@ -76,8 +77,12 @@ def main(args, ctx):
         # The engine pushes the rows (cluster.train): every worker gets the same number per
         # epoch, in batches that never span two epochs, so the replicas stay in step.
         feed = ctx.get_data_feed(train=True, input_mapping=args["feed"])
-        for batch in feed.dataset(per_worker):
-            loss = train_step(batch["x"], batch["y"])
+        epoch_rows = feed.dataset(per_worker, per_epoch=True)  # one iteration: one epoch
+        for epoch in range(args["epochs"]):
+            for batch in epoch_rows:
+                loss = train_step(batch["x"], batch["y"])
+            if ctx.is_chief:
+                print(f"epoch {epoch + 1}: loss {float(loss):.4f}", flush=True)
     else:
         steps_per_epoch = len(x) // global_batch
         for epoch in range(args["epochs"]):
@@ -145,19 +150,30 @@ def make_backend(name: str, workers: int, gpus_per_node: int = 0):
 
 def cli(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=["local", "dask", "spark"], default="local")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=0.5)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--model-dir", default=None)
+    parser.add_argument("--backend", choices=["local", "dask", "spark"], default="local",
+                        help="local: the embedded backend; dask: a LocalCluster of --workers "
+                        "workers; spark: local[workers+1], or spark-submit's --master (default: %(default)s)")
+    parser.add_argument("--workers", type=int, default=2, help="TF workers, nodes (default: %(default)s)")
+    parser.add_argument("--epochs", type=int, default=30, help="passes over the training rows (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="global batch; each worker's step takes its share (default: %(default)s)")
+    parser.add_argument("--lr", type=float, default=0.5, help="SGD learning rate (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=1, help="weight initialisation seed (default: %(default)s)")
+    parser.add_argument("--data-dir", default=None,
+                        help="where digits.npz is written (default: a new temporary directory)")
+    parser.add_argument("--model-dir", default=None,
+                        help="where the chief saves weights.npz (default: <data-dir>/model)")
     parser.add_argument("--gpus-per-node", type=int, default=0,
-                        help="GPUs of each node (Spark: start the session with GPU executors)")
+                        help="GPUs of each node (Spark: start the session with GPU executors) (default: %(default)s)")
     parser.add_argument("--input", choices=["files", "engine"], default="files",
-                        help="files: TF reads the data file; engine: cluster.train() pushes the rows")
+                        help="files: TF reads the data file; engine: cluster.train() pushes the rows "
+                        "(default: %(default)s)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="do not show the nodes' output, the chief's per-epoch loss (default: show it)")
     opts = parser.parse_args(argv)
+    if not opts.quiet:  # the nodes' output, as "[worker:0] epoch 1: loss 0.1234", on stderr
+        logging.basicConfig(format="%(message)s")
+        logging.getLogger("duotf.node").setLevel(logging.INFO)
 
     data_dir = opts.data_dir or tempfile.mkdtemp(prefix="duotf-digits-")
     args = {

@@ -108,10 +108,14 @@ def dask_pipeline(client, workers: int = 2, epochs: int = 10, model_dir=None, se
 
 def cli(argv=None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=["spark", "dask"], default="spark")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--model-dir", default=None)
+    parser.add_argument("--backend", choices=["spark", "dask"], default="spark",
+                        help="spark: local[workers+1], or spark-submit's --master; dask: a "
+                        "LocalCluster of --workers workers (default: %(default)s)")
+    parser.add_argument("--workers", type=int, default=2, help="TF workers of each fit (default: %(default)s)")
+    parser.add_argument("--epochs", type=int, default=10, help="Keras fit epochs (default: %(default)s)")
+    parser.add_argument("--model-dir", default=None,
+                        help="where the fitted models are saved (default: a new temporary "
+                        "directory)")
     opts = parser.parse_args(argv)
     model_dir = opts.model_dir or tempfile.mkdtemp(prefix="duotf-pipeline-")
     env = {"TF_CPP_MIN_LOG_LEVEL": "2"}

@@ -569,3 +569,22 @@ def argv_main(args, ctx):
     if "--fail" in args and ctx.task_index == 1:
         raise RuntimeError(f"{me} was asked to fail (--fail)")
     return {"args": args, "node_id": ctx.node_id, "role": me}
+
+
+def tensorboard_main(args, ctx):
+    """Reads its feed to the end; the chief writes scalars to ctx.log_dir with tf.summary; then
+    waits for the file args['release'] (TensorBoard serves while the node runs)."""
+    import tensorflow as tf
+
+    feed = ctx.get_data_feed(train=True)
+    rows = 0
+    while not feed.should_stop():
+        rows += len(feed.next_batch(10))
+    if ctx.is_chief:
+        writer = tf.summary.create_file_writer(ctx.log_dir)
+        with writer.as_default():
+            for step, loss in enumerate(args["losses"]):
+                tf.summary.scalar("loss", loss, step=step)
+        writer.close()
+    wait_for_file(args["release"])
+    return {"rows": rows, "log_dir": ctx.log_dir}

@@ -48,6 +48,9 @@ def test_digits_example_trains_from_the_engine_feed(backend, engine, tmp_path):
     assert report["rows_per_worker"] == len(np.load(data)["y_train"]) // 2
     assert results[0]["accuracy"] == results[1]["accuracy"]
     assert results[0]["accuracy"] > 0.9, results
+    # the chief's per-epoch progress, as in the files mode
+    progress = [line for line in cluster.logs(0).splitlines() if line.startswith("epoch ")]
+    assert [line.split(":")[0] for line in progress] == [f"epoch {e}" for e in range(1, 16)]
 
 
 @pytest.mark.engines("spark-local", "dask")
