@@ -24,6 +24,7 @@ from .errors import (
     UnsupportedProtocolError,
 )
 from .feed.columns import RaggedColumn
+from .metrics import Report
 from .parallel import RunResult, run_parallel
 from .spec import ClusterSpec, Role
 
@@ -33,6 +34,7 @@ __all__ = [
     "run",
     "run_parallel",
     "RunResult",
+    "Report",
     "Cluster",
     "ClusterStatus",
     "ClusterSpec",

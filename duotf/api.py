@@ -64,6 +64,7 @@ def run(
     keep_workdir: bool = False,
     log_to_driver=True,
     log_dir: Optional[str] = None,
+    progress=None,
 ) -> Cluster:
     """Run ``main(args, ctx)`` once per node of a TensorFlow cluster; return when all run.
 
@@ -107,6 +108,12 @@ def run(
     log_dir:
         Keep the nodes' output files in ``<log_dir>/<job id>/``; by default they go to a
         temporary directory removed with the :class:`Cluster` object.
+    progress:
+        The progress bars of :meth:`Cluster.train` (one per epoch: rows fed of the epoch's
+        rows, rows/s, the latest values of ``ctx.report``) and :meth:`Cluster.inference`
+        (tqdm; ``tqdm.auto`` in Jupyter): ``None`` (default) shows them when stderr is a
+        terminal or in a notebook, ``True`` always (on stderr), ``False`` never, and a
+        file-like object writes them there.
 
     Returns
     -------
@@ -130,6 +137,7 @@ def run(
             keep_workdir=keep_workdir,
             log_to_driver=log_to_driver,
             log_dir=log_dir,
+            progress=progress,
         )
     except BaseException:
         if owns:

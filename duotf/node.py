@@ -51,6 +51,7 @@ class ChildMsg(str, enum.Enum):
     SERVING = "serving"
     FEED_TERMINATED = "feed_terminated"
     FEED_FAILED = "feed_failed"  # {"why", "epoch", "partition", "seq", "rows"}
+    REPORT = "report"  # {"reports": [...], "dropped": n}: what main gave ctx.report (duotf._reports)
     RESULT = "result"  # main's return value, cloudpickled
     ERROR = "error"  # {"kind", "remote_type", "message", "traceback", ...}
 
@@ -65,6 +66,7 @@ _RELAYED = {
     ChildMsg.SERVING: Msg.SERVING,
     ChildMsg.FEED_TERMINATED: Msg.FEED_TERMINATED,
     ChildMsg.FEED_FAILED: Msg.FEED_FAILED,
+    ChildMsg.REPORT: Msg.REPORT,
 }
 
 

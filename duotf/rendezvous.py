@@ -54,6 +54,7 @@ class Msg(str, enum.Enum):
     FEED_TERMINATED = "feed_terminated"
     FEED_FAILED = "feed_failed"  # a training range broke after delivering rows (see FeedServer)
     LOG = "log"  # {"lines": [...], "dropped": n}: the node's output (see duotf._output)
+    REPORT = "report"  # {"reports": [[step, time, {name: number}], ...], "dropped": n}: ctx.report
     # driver -> node agent
     START = "start"
     RELEASE = "release"
