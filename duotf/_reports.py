@@ -59,7 +59,7 @@ def check_report(step, metrics: Dict[str, object]) -> tuple:
     out = {}
     for name, value in metrics.items():
         if len(name) > MAX_NAME or name in ("node", "step", "time"):
-            raise ConfigError(f"ctx.report({name[:40]!r}=...): a metric name is at most {MAX_NAME} "
+            raise ConfigError(f"ctx.report({name[:40]}=...): a metric name is at most {MAX_NAME} "
                               "characters and not 'node', 'step' or 'time' (cluster.metrics' own "
                               "columns)")
         try:

@@ -15,8 +15,8 @@ import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .errors import ClusterClosedError, ConfigError, NodesStoppedError
-from .node import NodeJob, default_workdir_root, run_node
 from .metrics import NodeMetrics
+from .node import NodeJob, default_workdir_root, run_node
 from .nodelogs import NodeLogs, log_node_ids
 from .progress import FeedProgress, check_progress
 from .rendezvous import Msg

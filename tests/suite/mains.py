@@ -571,9 +571,11 @@ def report_main(args, ctx):
     rows, batches = 0, 0
     while not feed.should_stop():
         epoch = feed.epoch
-        rows += len(feed.next_batch(args["batch"]))
-        batches += 1
-        assert ctx.report(step=batches, rows=rows, epoch=epoch) is True
+        got = len(feed.next_batch(args["batch"]))
+        if got:
+            rows += got
+            batches += 1
+            assert ctx.report(step=batches, rows=rows, epoch=epoch) is True
     for i in range(args["ordered"]):
         assert ctx.report(value=i, square=np.float32(i) ** 2) is True
     refused = []
