@@ -677,11 +677,12 @@ class Supervisor:
             with self._cond:
                 missing = [x for x in self.nodes if not reached(x.state)]
                 pending = sum(1 for x in missing if x.state is NodeState.PENDING)
-            logger.info(
-                "duotf: waiting for %d of %d nodes to be %s (%d not yet registered: the %s backend "
-                "has not started their tasks, or they cannot reach the driver); giving up %.0f s "
-                "from now (reservation_timeout=%g)", len(missing), len(self.nodes), what, pending,
-                self.backend_name, max(deadline - time.monotonic(), 0), self.reservation_timeout)
+            why = (f"{pending} not registered yet: the {self.backend_name} backend has not "
+                   "started their tasks (no free slots?), or they cannot reach the driver"
+                   if pending else "every node registered; their processes are starting")
+            logger.info("duotf: waiting for %d of %d nodes to be %s (%s); giving up %.0f s from "
+                        "now (reservation_timeout=%g)", len(missing), len(self.nodes), what, why,
+                        max(deadline - time.monotonic(), 0), self.reservation_timeout)
             arrived = self.wait_for(all_reached, deadline)
         self.raise_if_failed()
         if not arrived:

@@ -182,8 +182,8 @@ def test_reports_reach_the_metrics_and_a_slow_start_is_logged(caplog, monkeypatc
         waits = [r for r in caplog.records if "waiting for" in r.getMessage()]
         assert len(waits) == 1 and waits[0].levelno == logging.INFO
         assert waits[0].getMessage().startswith(
-            "duotf: waiting for 1 of 2 nodes to be registered (1 not yet registered: the test "
-            "backend has not started their tasks")
+            "duotf: waiting for 1 of 2 nodes to be registered (1 not registered yet: the test "
+            "backend has not started their tasks (no free slots?)")
     finally:
         channel.close()
         sup.stop_nodes()
