@@ -1,13 +1,17 @@
-"""What sending the nodes' output to the driver costs: feed throughput, and a node's printing.
+"""What sending the nodes' output and reports to the driver costs: feed throughput, and a node's
+printing.
 
     python -m benchmarks.nodelogs [--rows 2000000 --epochs 5] [--lines 200000] [--repeat 2]
 
-On a Dask LocalCluster (2 workers), each measured with ``log_to_driver=False`` (the baseline:
-the output stays in the engine's task output, here a file) and ``True``, alternately, in the
-same run; best of ``--repeat``:
+On a Dask LocalCluster (2 workers), alternately in the same run, best of ``--repeat``:
 
 * feed: the tiny-row array of :mod:`benchmarks.feed` fed to 2 nodes (rows/s while every node
-  reads). The output path has no per-row work; this checks that the feed does not notice it.
+  reads), three ways: ``log_to_driver=False`` (the baseline: the output stays in the engine's
+  task output, here a file); ``log_to_driver=True``; and ``log_to_driver=True`` with what a
+  training loop sends at a realistic rate: ``ctx.report(step, rows, loss)`` every
+  ``--report-every`` batches (default 100) and a printed line an epoch. Neither path has
+  per-row work; this checks that the feed does not notice them (the cost is printed beside
+  the baseline, in percent).
 * printing: one node prints ``--lines`` lines of 80 bytes as fast as it can; the seconds its
   loop takes (the node is never made to wait for the driver: what is over the rate limit is
   dropped and counted), and the lines that reached the driver.
@@ -40,13 +44,50 @@ def print_main(args, ctx):
     return _time.perf_counter() - t0
 
 
-def feed_rate(client, data, epochs: int, log: bool) -> float:
-    with duotf.run(drain_main, {"batch": BATCH}, client, duotf.ClusterSpec(workers=2),
-                   log_to_driver=log) as cluster:
+def report_drain_main(args, ctx):
+    """:func:`benchmarks.feed.drain_main`'s loop, sending what a training loop sends: a report
+    every ``every`` batches and a printed line each epoch."""
+    import time as _time
+
+    __import__("tensorflow")
+
+    feed = ctx.get_data_feed(train=True)
+    rows, batches, epoch = 0, 0, None
+    marks = []
+    step = 0
+    for batch in feed.dataset(args["batch"]):
+        rows += int(next(iter(batch.values())).shape[0])
+        batches += 1
+        if batches % args["every"] == 0:
+            ctx.report(step=batches, rows=rows, loss=1.0 / batches)
+        if feed.epoch != epoch:
+            epoch = feed.epoch
+            print(f"epoch {epoch}: {rows} rows read so far")
+        last = _time.time()
+        if rows >= step:
+            marks.append((last, rows))
+            step = rows + 20_000
+    marks.append((last, rows))
+    return {"rows": rows, "marks": marks, "reports": batches // args["every"]}
+
+
+#: the feed runs compared: label -> (main, log_to_driver, reports)
+FEED_RUNS = {
+    "log_to_driver=False          ": (drain_main, False, False),
+    "log_to_driver=True           ": (drain_main, True, False),
+    "log_to_driver=True + reports ": (report_drain_main, True, True),
+}
+
+
+def feed_rate(client, data, epochs: int, label: str, every: int):
+    main, log, reports = FEED_RUNS[label]
+    with duotf.run(main, {"batch": BATCH, "every": every}, client, duotf.ClusterSpec(workers=2),
+                   log_to_driver=log, progress=False) as cluster:
         cluster.train(data, epochs=epochs)
         results = cluster.wait()
     whole, steady, _ = feed_rates(results)
-    return steady or whole
+    got = len(cluster.metrics) if reports else None
+    return steady or whole, got
 
 
 def print_cost(client, lines: int, log: bool):
@@ -64,6 +105,8 @@ def cli():
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--lines", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--report-every", type=int, default=100,
+                        help="batches between two reports in the reporting run (default 100)")
     opts = parser.parse_args()
 
     out = os.fdopen(os.dup(1), "w", buffering=1)
@@ -77,18 +120,28 @@ def cli():
     with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=None,
                       host="127.0.0.1") as lc, Client(lc) as client:
         data = dask_data(opts.rows, True, 250_000)
-        feed_rate(client, data, 1, False)  # warm-up
-        rates = {False: [], True: []}
+        feed_rate(client, data, 1, next(iter(FEED_RUNS)), opts.report_every)  # warm-up
+        rates = {label: [] for label in FEED_RUNS}
+        reports = []
         prints = {False: [], True: []}
         for _ in range(opts.repeat):
+            for label in FEED_RUNS:
+                rate, got = feed_rate(client, data, opts.epochs, label, opts.report_every)
+                rates[label].append(rate)
+                if got is not None:
+                    reports.append(got)
             for log in (False, True):
-                rates[log].append(feed_rate(client, data, opts.epochs, log))
                 prints[log].append(print_cost(client, opts.lines, log))
-    out.write(f"Dask LocalCluster (2 workers), best of {opts.repeat}:\n")
-    for log in (False, True):
-        label = "log_to_driver=True " if log else "log_to_driver=False"
-        out.write(f"  feed, tiny rows, {label}: {max(rates[log]):>12,.0f} rows/s  "
-                  f"(all: {', '.join(f'{r:,.0f}' for r in rates[log])})\n")
+    out.write(f"Dask LocalCluster (2 workers), {opts.rows:,} rows x {opts.epochs} epochs, "
+              f"best of {opts.repeat}:\n")
+    base = max(next(iter(rates.values())))
+    for i, (label, runs) in enumerate(rates.items()):
+        cost = f"  ({(base - max(runs)) / base:+.1%} cost vs the first)" if i else ""
+        out.write(f"  feed, tiny rows, {label}: {max(runs):>12,.0f} rows/s{cost}  "
+                  f"(all: {', '.join(f'{r:,.0f}' for r in runs)})\n")
+    out.write(f"  (the reporting runs: a report every {opts.report_every} batches of {BATCH} rows "
+              f"per node and a line an epoch; {', '.join(map(str, reports))} reports reached "
+              "cluster.metrics)\n")
     for log in (False, True):
         label = "log_to_driver=True " if log else "log_to_driver=False"
         seconds, got = min(prints[log])

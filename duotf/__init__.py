@@ -26,6 +26,7 @@ from .errors import (
     UnsupportedProtocolError,
 )
 from .feed.columns import RaggedColumn
+from .metrics import Report
 from .parallel import RunResult, run_parallel
 from .spec import ClusterSpec, Role
 
@@ -37,6 +38,7 @@ __all__ = [
     "RunResult",
     "doctor",
     "DoctorReport",
+    "Report",
     "Cluster",
     "ClusterStatus",
     "ClusterSpec",

@@ -193,6 +193,9 @@ def main(argv) -> int:
 
     feed = FeedServer(job["secret"], on_terminate=lambda: link.send(ChildMsg.FEED_TERMINATED),
                       on_failure=lambda info: link.send(ChildMsg.FEED_FAILED, info))
+    from ._reports import Reporter
+
+    reporter = Reporter(lambda payload: link.send(ChildMsg.REPORT, payload))
     heard = [time.monotonic()]
     threading.Thread(target=_reader, args=(link, inbox, arrived, heard), daemon=True).start()
     timeout = job.get("heartbeat_timeout")
@@ -245,14 +248,19 @@ def main(argv) -> int:
         gpus=job.get("gpus") or [],
         _notify=lambda what: _notify(link, what),
         _feed_server=feed,
+        _reporter=reporter,
     )
     if start["job"] == "ps":
         ctx.serve()  # a ps node only serves, until it is stopped
         return 0
     link.send(ChildMsg.RUNNING)
     try:
-        value = user_main(user_args, ctx)
-        ctx._check_feeds()
+        try:
+            value = user_main(user_args, ctx)
+            ctx._check_feeds()
+        finally:
+            # what main reported goes before how it ended (its agent reads the pipe at once)
+            reporter.flush(_REPORT_GRACE)
     except SystemExit as exc:
         if exc.code not in (None, 0):
             link.send(ChildMsg.ERROR, _error_info(exc))
@@ -280,6 +288,8 @@ def main(argv) -> int:
 _tensorboard = None
 #: seconds a node waits for its TensorBoard to serve before it says it is ready without it
 TENSORBOARD_WAIT = 60.0
+#: seconds main's last reports are given to reach the agent before its end is said
+_REPORT_GRACE = 5.0
 
 
 def _json(obj) -> str:

@@ -66,6 +66,7 @@ def run(
     log_dir: Optional[str] = None,
     tensorboard: bool = False,
     tensorboard_dir: Optional[str] = None,
+    progress=None,
 ) -> Cluster:
     """Run ``main(args, ctx)`` once per node of a TensorFlow cluster; return when all run.
 
@@ -118,6 +119,12 @@ def run(
         can write (made absolute here) or a URL TensorFlow writes (``hdfs://``, ``gs://``), and
         kept. By default a directory of the job's under each node host's temp directory,
         removed with the nodes (TensorBoard shows what the chief's host holds).
+    progress:
+        The progress bars of :meth:`Cluster.train` (one per epoch: rows fed of the epoch's
+        rows, rows/s, the latest values of ``ctx.report``) and :meth:`Cluster.inference`
+        (tqdm; ``tqdm.auto`` in Jupyter): ``None`` (default) shows them when stderr is a
+        terminal or in a notebook, ``True`` always (on stderr), ``False`` never, and a
+        file-like object writes them there.
 
     Returns
     -------
@@ -143,6 +150,7 @@ def run(
             log_dir=log_dir,
             tensorboard=tensorboard,
             tensorboard_dir=tensorboard_dir,
+            progress=progress,
         )
     except BaseException:
         if owns:

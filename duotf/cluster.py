@@ -15,8 +15,10 @@ import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .errors import ClusterClosedError, ConfigError, NodesStoppedError, TensorBoardError
+from .metrics import NodeMetrics
 from .node import NodeJob, default_log_dir, default_workdir_root, run_node
 from .nodelogs import NodeLogs, log_node_ids
+from .progress import FeedProgress, check_progress
 from .rendezvous import Msg
 from .spec import ClusterSpec, seconds
 from .supervisor import TERMINAL, ClusterStatus, NodeInfo, NodeState, Supervisor
@@ -69,6 +71,7 @@ class Cluster:
         log_dir: Optional[str] = None,
         tensorboard: bool = False,
         tensorboard_dir: Optional[str] = None,
+        progress=None,
     ):
         import cloudpickle
 
@@ -122,11 +125,14 @@ class Cluster:
             self._logs = NodeLogs(spec.roles(), self.job_id, log_dir)
             # The files outlive shutdown (cluster.logs() after the run), not the Cluster object.
             weakref.finalize(self, self._logs.remove)
+        check_progress(progress)
+        self._progress = progress
+        self._metrics = NodeMetrics(spec.roles())
         self.supervisor = Supervisor(
             spec, backend.name, reservation_timeout=reservation_timeout,
             heartbeat_timeout=heartbeat_timeout, stop_timeout=stop_timeout,
             driver_host=driver_host or backend.driver_host(), job_id=self.job_id,
-            logs=self._logs,
+            logs=self._logs, metrics=self._metrics,
         )
 
     @property
@@ -194,6 +200,29 @@ class Cluster:
             raise ConfigError(f"the output of {names[node_id]} does not go to the driver: run "
                               "with log_to_driver=True (or 'chief' for the chief's)")
         return self._logs.text(node_id)
+
+    @property
+    def metrics(self):
+        """Every node's ``ctx.report`` so far, as a pandas DataFrame: columns ``node`` (the
+        role, ``"worker:1"``), ``step``, ``time`` (seconds since the epoch, when the node
+        reported), then one per metric (NaN where a report lacks it); each node's rows in the
+        order it reported. Complete for a node once its ``main`` has returned; also after
+        :meth:`shutdown`."""
+        return self._metrics.frame()
+
+    def on_report(self, callback: Callable[..., None]) -> None:
+        """Call ``callback(report)`` with every :class:`duotf.Report` that arrives from now on
+        (``node``, ``node_id``, ``step``, ``time``, ``metrics``), each node's in its order, on
+        a driver thread of duotf's (``duotf-on-report``), so a slow callback holds up no node.
+        A callback that raises is logged (``duotf.cluster``, ERROR) and called again for the
+        next report. :meth:`shutdown` waits for the callbacks of the reports that arrived."""
+        self._metrics.on_report(callback)
+
+    def _bar(self) -> FeedProgress:
+        bar = FeedProgress(self._progress, self._metrics.latest)
+        if bar.enabled:
+            self._metrics.listener = bar.metrics_changed
+        return bar
 
     def __repr__(self) -> str:
         return (
@@ -285,6 +314,8 @@ class Cluster:
         so synchronous workers run the same number of steps. Raises the node's error within
         moments if a node dies, and :class:`~duotf.errors.FeedError` if a node takes no data for
         ``feed_timeout`` seconds. Returns counts: rows fed, rows per worker, rows left over.
+        Shows a progress bar per epoch (rows fed of the epoch's rows, rows/s, the latest
+        reported metrics) as ``duotf.run(progress=...)`` says.
 
         Data the feed would otherwise change is refused with a
         :class:`~duotf.errors.FeedSchemaError` naming the column, partition and row: a null
@@ -297,8 +328,12 @@ class Cluster:
         from . import planner
 
         _check_feed_args(epochs, feed_timeout)
-        return planner.train(self.supervisor, self.backend, data, epochs, feed_timeout, balance,
-                             ragged)
+        bar = self._bar()
+        try:
+            return planner.train(self.supervisor, self.backend, data, epochs, feed_timeout,
+                                 balance, ragged, bar)
+        finally:
+            self._metrics.listener = None
 
     def inference(self, data, *, keep=None, result_columns=None, feed_timeout: float = 600.0,
                   ragged: Sequence[str] = ()):
@@ -313,8 +348,12 @@ class Cluster:
         from . import planner
 
         _check_feed_args(1, feed_timeout)
-        return planner.inference(self.supervisor, self.backend, data, keep, result_columns,
-                                 feed_timeout, ragged)
+        bar = self._bar()
+        try:
+            return planner.inference(self.supervisor, self.backend, data, keep, result_columns,
+                                     feed_timeout, ragged, bar)
+        finally:
+            self._metrics.listener = None
 
     def _collect(self) -> List[Any]:
         if self._results is None:
@@ -346,6 +385,7 @@ class Cluster:
         cut_off = sup.begin_shutdown(grace_secs)
         sup.stop_nodes()
         unraised = sup.close()
+        self._metrics.close()  # every report has arrived: the callbacks get the last ones
         if self._logs is not None:
             self._logs.close()
         _live.discard(self)

@@ -67,6 +67,7 @@ class NodeContext:
         log_dir: str = "",
         _notify: Optional[Callable[[str], None]] = None,
         _feed_server=None,
+        _reporter=None,
     ):
         self.node_id = node_id
         self.job_name = job_name
@@ -91,6 +92,7 @@ class NodeContext:
         self.gpus: List[str] = list(gpus or [])
         self._notify = _notify
         self._feed_server = _feed_server
+        self._reporter = _reporter
         self._feeds: list = []
         self._server = None
 
@@ -136,6 +138,21 @@ class NodeContext:
         feed = DataFeed(self._feed_server, train=train, input_mapping=input_mapping)
         self._feeds.append(feed)
         return feed
+
+    def report(self, step: Optional[int] = None, **metrics) -> bool:
+        """Send metrics to the driver: ``ctx.report(step=100, loss=0.31, accuracy=0.9)``.
+
+        They arrive, in the order this node made them, in ``cluster.metrics`` (a row: node,
+        step, time, one column per metric), in the callbacks of ``cluster.on_report`` and in
+        the progress bar. ``step`` is a whole number (default: this node's count of reports so
+        far); metric values are numbers (ints, floats, numpy scalars, scalar tensors), else a
+        :class:`~duotf.errors.ConfigError`. Never waits for the driver: a node sends at most 50
+        reports/s (bursts of 500); what is over is dropped and counted (the driver logs the
+        count), and the call returns False.
+        """
+        if self._reporter is None:
+            raise RuntimeError("this context cannot report (it was not created by duotf.run)")
+        return self._reporter.report(step, metrics)
 
     def _check_feeds(self) -> None:
         """After ``main`` returned: no inference rows may be left without their results."""

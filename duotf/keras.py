@@ -25,6 +25,10 @@ The replacements are made only when the two functions have the expected signatur
 :class:`~duotf.errors.ConfigError` before training, saying what to install. Set
 ``DUOTF_KERAS_FIX=0`` (e.g. ``duotf.run(..., env={"DUOTF_KERAS_FIX": "0"})``) to leave Keras
 as it is; call :func:`enable_multi_worker_fit` to apply the fix outside a duotf node.
+
+``ReportCallback(ctx, every="epoch")`` sends ``fit``'s logs to the driver with ``ctx.report``
+(``cluster.metrics``, ``cluster.on_report``, the progress bar); it is made on first use, so that
+importing this module imports no Keras.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Optional
 
 from .errors import ConfigError
 
+# ReportCallback too, made on first use (module __getattr__): its base class is Keras's
 __all__ = ["enable_multi_worker_fit", "ENV_VAR", "TESTED_KERAS"]
 
 logger = logging.getLogger(__name__)
@@ -284,3 +289,79 @@ def install() -> bool:
     elif not any(isinstance(f, _ApplyOnImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _ApplyOnImport())
     return True
+
+
+# -- reporting fit's logs to the driver ------------------------------------------------------------
+_REPORT_CALLBACK = None
+
+
+def _report_callback_class():
+    """``ReportCallback``, made on first use: its base class is Keras's, and ``import
+    duotf.keras`` imports no Keras."""
+    global _REPORT_CALLBACK
+    if _REPORT_CALLBACK is not None:
+        return _REPORT_CALLBACK
+    import keras
+
+    class ReportCallback(keras.callbacks.Callback):
+        """Send ``fit``'s logs to the driver with ``ctx.report``: ``cluster.metrics``,
+        ``cluster.on_report`` and the progress bar get them.
+
+        Parameters
+        ----------
+        ctx:
+            The node's :class:`~duotf.NodeContext` (``main``'s second argument).
+        every:
+            ``"epoch"`` (default): each epoch's logs (``loss``, metrics, ``val_*``) at
+            ``step=epoch`` (Keras's 0-based epoch, as ``history`` and TensorBoard count);
+            ``"batch"``: each training batch's logs at ``step=`` the batches trained so far
+            (1, 2, ...); a whole number ``n``: every ``n``-th batch's. Batch reports are
+            subject to the node's report rate (50/s; the rest is dropped and counted).
+        """
+
+        def __init__(self, ctx, every="epoch"):
+            super().__init__()
+            if every == "epoch":
+                self._batches = 0
+            elif every == "batch":
+                self._batches = 1
+            elif isinstance(every, int) and not isinstance(every, bool) and every >= 1:
+                self._batches = every
+            else:
+                raise ConfigError(f"ReportCallback(every={every!r}): give 'epoch', 'batch' or a "
+                                  "whole number of batches (1 or more)")
+            if not callable(getattr(ctx, "report", None)):
+                raise ConfigError("ReportCallback(ctx): pass the node's context, main's second "
+                                  f"argument; got {type(ctx).__name__}")
+            self.ctx = ctx
+            self.every = every
+            self._seen = 0
+
+        def _send(self, step: int, logs) -> None:
+            values = {}
+            for name, value in (logs or {}).items():
+                try:
+                    values[str(name)] = float(value)
+                except (TypeError, ValueError):
+                    continue  # not a number (a learning-rate schedule object, ...): skipped
+            if values:
+                self.ctx.report(step=step, **values)
+
+        def on_epoch_end(self, epoch, logs=None):
+            if not self._batches:
+                self._send(epoch, logs)
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self._batches:
+                self._seen += 1
+                if self._seen % self._batches == 0:
+                    self._send(self._seen, logs)
+
+    _REPORT_CALLBACK = ReportCallback
+    return ReportCallback
+
+
+def __getattr__(name):
+    if name == "ReportCallback":
+        return _report_callback_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

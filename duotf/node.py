@@ -54,6 +54,7 @@ class ChildMsg(str, enum.Enum):
     FEED_TERMINATED = "feed_terminated"
     FEED_FAILED = "feed_failed"  # {"why", "epoch", "partition", "seq", "rows"}
     TENSORBOARD = "tensorboard"  # {"port": n} once the TensorBoard it started serves, or {"error"}
+    REPORT = "report"  # {"reports": [...], "dropped": n}: what main gave ctx.report (duotf._reports)
     RESULT = "result"  # main's return value, cloudpickled
     ERROR = "error"  # {"kind", "remote_type", "message", "traceback", ...}
 
@@ -69,6 +70,7 @@ _RELAYED = {
     ChildMsg.FEED_TERMINATED: Msg.FEED_TERMINATED,
     ChildMsg.FEED_FAILED: Msg.FEED_FAILED,
     ChildMsg.TENSORBOARD: Msg.TENSORBOARD,
+    ChildMsg.REPORT: Msg.REPORT,
 }
 
 

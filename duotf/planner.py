@@ -20,6 +20,7 @@ from .errors import ConfigError, DuotfError, FeedError
 from .feed import wire
 from .feed.columns import ragged_columns
 from .feed.feeder import FeedJob
+from .progress import FeedProgress
 from .supervisor import FeedTarget, JobStopped, Supervisor
 
 logger = logging.getLogger("duotf.feed")
@@ -216,7 +217,7 @@ def _markers(sup: Supervisor, targets: List[FeedTarget], kind: wire.Marker, time
 
 
 def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, balanced: bool,
-          ragged=()) -> dict:
+          ragged=(), progress: Optional[FeedProgress] = None) -> dict:
     if epochs < 1:
         raise ConfigError(f"epochs={epochs}: must be >= 1")
     ragged = ragged_columns(ragged)
@@ -230,15 +231,21 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
         logger.warning("duotf: %d rows left over after giving each of %d workers %d rows are not "
                        "fed (balance=False feeds everything, unevenly)", dropped, len(targets), per)
     job = _job(sup, targets, "train", feed_timeout, plan, ragged)
+    progress = progress if progress is not None else FeedProgress(False)
+    adapter.on_partition = progress.partition_done
+    epoch_rows = sum(counts) if per is None else per * len(targets)
     t0 = time.monotonic()
     fed, done = 0, 0
     try:
         for epoch in range(epochs):
             t1 = time.monotonic()
+            progress.start(f"feed epoch {epoch + 1}/{epochs}", epoch_rows)
             epoch_job = dataclasses.replace(job, epoch=epoch + 1, epochs=epochs)  # names its tasks
             sent = _run(sup, adapter.train(epoch_job), f"feeding epoch {epoch + 1}", True, targets)
             if sent is None:
+                progress.finish()  # a node terminated the feed: the partitions counted so far
                 break
+            progress.finish(sum(sent))  # the epoch's own count: the bar ends where it did
             fed += sum(sent)
             done += 1
             t2 = time.monotonic()
@@ -250,23 +257,31 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
         # every node's feed ends with the error: its reads raise, cluster.wait() never hangs
         _end_feeds_for(sup, targets, exc)
         raise
+    finally:
+        progress.close()
     return {"epochs": done, "rows": sum(counts), "rows_fed": fed, "rows_per_worker": per,
             "rows_dropped_per_epoch": dropped, "terminated": sup.feed_terminated(),
             "seconds": time.monotonic() - t0}
 
 
 def inference(sup: Supervisor, backend, data, keep, result_columns, feed_timeout: float,
-              ragged=()):
+              ragged=(), progress: Optional[FeedProgress] = None):
     ragged = ragged_columns(ragged)
     adapter = backend.feed_adapter(data, len(sup.nodes))
     sup.check_running("run inference")
     targets = sup.feed_targets()
     adapter.check_capacity(len(sup.nodes))
     job = _job(sup, targets, "infer", feed_timeout, ragged=ragged)
+    progress = progress if progress is not None else FeedProgress(False)
+    adapter.on_partition = progress.partition_done
     try:
+        progress.start("inference", None)  # rows answered, where the engine says
         output = _run(sup, adapter.infer(job, keep, result_columns), "inference", False, targets)
+        progress.finish()
         _markers(sup, targets, wire.Marker.END, feed_timeout)
     except BaseException as exc:
         _end_feeds_for(sup, targets, exc)
         raise
+    finally:
+        progress.close()
     return output

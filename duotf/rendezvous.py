@@ -55,6 +55,7 @@ class Msg(str, enum.Enum):
     FEED_FAILED = "feed_failed"  # a training range broke after delivering rows (see FeedServer)
     LOG = "log"  # {"lines": [...], "dropped": n}: the node's output (see duotf._output)
     TENSORBOARD = "tensorboard"  # {"port": n} once its TensorBoard serves, or {"error": why}
+    REPORT = "report"  # {"reports": [[step, time, {name: number}], ...], "dropped": n}: ctx.report
     # driver -> node agent
     START = "start"
     RELEASE = "release"

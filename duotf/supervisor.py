@@ -168,6 +168,10 @@ def _show_tail(tail: List[str]) -> str:
     return f"\n\nLast {len(tail)} lines of its output:\n" + "\n".join(tail)
 
 
+#: seconds of waiting for the nodes at start after which the wait is logged
+WAIT_NOTE_AFTER = 2.0
+
+
 class JobStopped(Exception):
     """:meth:`Supervisor.run_job` cancelled the job because ``stop_if()`` became true."""
 
@@ -191,13 +195,16 @@ class Supervisor:
         the driver's own host is killed by the driver too.
     logs:
         Where the nodes' output goes (:class:`~duotf.nodelogs.NodeLogs`); None: nowhere.
+    metrics:
+        Where the nodes' reports go (:class:`~duotf.metrics.NodeMetrics`); None: nowhere.
     """
 
     def __init__(self, spec: ClusterSpec, backend_name: str, *, reservation_timeout: float,
                  heartbeat_timeout: float, stop_timeout: float, driver_host: str,
-                 job_id: Optional[str] = None, logs=None):
+                 job_id: Optional[str] = None, logs=None, metrics=None):
         self.spec = spec
         self.logs = logs
+        self.metrics = metrics
         self.job_id = job_id
         self._driver_host = driver_host
         self.reservation_timeout = reservation_timeout
@@ -365,6 +372,15 @@ class Supervisor:
                 lines = message.get("lines")
                 if isinstance(lines, list):
                     self.logs.add(node_id, [str(x) for x in lines], int(message.get("dropped") or 0))
+            return
+        if kind is Msg.REPORT:
+            # Not under the lock either: the reports are stored and handed to the callbacks'
+            # own thread; nothing here waits for a user callback.
+            if getattr(peer, "node_id", None) == node_id and self.metrics is not None:
+                node.last_seen = time.monotonic()
+                reports = message.get("reports")
+                if isinstance(reports, list):
+                    self.metrics.add(node_id, reports, int(message.get("dropped") or 0))
             return
         with self._cond:
             if kind is Msg.REGISTER:
@@ -679,7 +695,23 @@ class Supervisor:
     def await_nodes(self, reached: Callable[[NodeState], bool], deadline: float, what: str) -> None:
         """Wait until every node's state is ``reached``; raise the cluster's failure, or at
         ``deadline`` a :class:`ReservationTimeoutError` that names the nodes missing."""
-        arrived = self.wait_for(lambda: all(reached(x.state) for x in self.nodes), deadline)
+        def all_reached():
+            return all(reached(x.state) for x in self.nodes)
+
+        arrived = self.wait_for(all_reached, min(deadline, time.monotonic() + WAIT_NOTE_AFTER))
+        if not arrived and time.monotonic() < deadline:
+            # Slots or registrations are slow (a busy engine, executors still starting): say
+            # so once, then keep waiting until the deadline.
+            with self._cond:
+                missing = [x for x in self.nodes if not reached(x.state)]
+                pending = sum(1 for x in missing if x.state is NodeState.PENDING)
+            why = (f"{pending} not registered yet: the {self.backend_name} backend has not "
+                   "started their tasks (no free slots?), or they cannot reach the driver"
+                   if pending else "every node registered; their processes are starting")
+            logger.info("duotf: waiting for %d of %d nodes to be %s (%s); giving up %.0f s from "
+                        "now (reservation_timeout=%g)", len(missing), len(self.nodes), what, why,
+                        max(deadline - time.monotonic(), 0), self.reservation_timeout)
+            arrived = self.wait_for(all_reached, deadline)
         self.raise_if_failed()
         if not arrived:
             self.fail(self._reservation_error(what))

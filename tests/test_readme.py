@@ -33,6 +33,7 @@ RUN_BY = {
     "def main(args, ctx):                       # runs once per node": "test_your_program_trains_and_saves",
     "def train_main(args, ctx):": "test_the_feeding_block_trains_and_scores_every_row",
     "def fit_main(args, ctx):": "test_the_keras_fit_block_trains_on_the_feed",
+    "def report_main(args, ctx):": "test_the_metrics_block_reports_and_shows_progress",
     "from duotf.spark import feed_cache, pack_tensors": "test_the_feed_cache_block_feeds_every_epoch",
     "from duotf.io.tfrecord import": "test_the_io_block_round_trips_the_rows",
     "spark-submit --master spark://master:7077": "test_the_spark_submit_command_runs_on_the_standalone_master",
@@ -170,6 +171,22 @@ def test_the_keras_fit_block_trains_on_the_feed(backend, engine):
     first, second = ns["losses"]
     assert first == second and len(first) == 3 and all(map(math.isfinite, first))
     assert first[-1] < first[0]
+
+
+@pytest.mark.engines("local")
+def test_the_metrics_block_reports_and_shows_progress(backend, capsys):
+    ns = run_block(block("def report_main(args, ctx):"))
+    df = ns["cluster"].metrics
+    for node in ("worker:0", "worker:1"):
+        rows = df[df["node"] == node]
+        assert rows["step"].tolist() == list(range(100, 2001, 100))  # 1,000 rows an epoch each
+        assert rows["loss"].iloc[-1] == 1 / 2000
+    out, err = capsys.readouterr()
+    assert "worker:0 2000 {'rows': 2000, 'loss': 0.0005}" in out  # the callback
+    assert "worker:1 2000" in out and "Name: loss" in out  # and the last losses
+    for epoch in (1, 2):
+        last = [s for s in re.split(r"[\r\n]", err) if f"feed epoch {epoch}/2" in s][-1]
+        assert "2000/2000" in last, err
 
 
 @pytest.mark.engines("spark-local")

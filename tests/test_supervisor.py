@@ -147,3 +147,45 @@ def test_the_driver_kills_only_a_process_tagged_as_the_node(tmp_path):
         for proc in (other, node):
             proc.kill()
             proc.wait()
+
+
+def test_reports_reach_the_metrics_and_a_slow_start_is_logged(caplog, monkeypatch):
+    import logging
+    import time
+
+    from duotf import supervisor as supervisor_module
+    from duotf.metrics import NodeMetrics
+
+    caplog.set_level(logging.INFO, logger="duotf")
+    monkeypatch.setattr(supervisor_module, "WAIT_NOTE_AFTER", 0.2)
+    spec = duotf.ClusterSpec(workers=2)
+    metrics = NodeMetrics(spec.roles())
+    sup = Supervisor(spec, "test", reservation_timeout=10, heartbeat_timeout=30, stop_timeout=1,
+                     driver_host="127.0.0.1", metrics=metrics)
+    channel = _node(sup)  # worker:0 runs; worker:1 never comes
+    try:
+        channel.send({"type": Msg.REPORT, "node_id": 0, "dropped": 3,
+                      "reports": [[1, 10.0, {"loss": 0.5, "ok": 1}], "junk", [2, 11.0, {"loss": 0.25}]]})
+        poll_for(lambda: len(metrics.reports()) == 2, 5, what="the reports stored")
+        df = metrics.frame()
+        assert list(df.columns) == ["node", "step", "time", "loss", "ok"]
+        assert df["node"].tolist() == ["worker:0"] * 2 and df["step"].tolist() == [1, 2]
+        assert df["time"].tolist() == [10.0, 11.0] and df["loss"].tolist() == [0.5, 0.25]
+        assert df["ok"].isna().tolist() == [False, True]
+        assert metrics.latest() == {"loss": 0.25, "ok": 1}
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("[worker:0] 3 reports dropped" in m for m in messages)
+        assert any("malformed report was ignored: 'junk'" in m for m in messages)
+
+        with pytest.raises(duotf.ReservationTimeoutError):
+            sup.await_nodes(lambda s: s is not NodeState.PENDING, time.monotonic() + 0.6, "registered")
+        waits = [r for r in caplog.records if "waiting for" in r.getMessage()]
+        assert len(waits) == 1 and waits[0].levelno == logging.INFO
+        assert waits[0].getMessage().startswith(
+            "duotf: waiting for 1 of 2 nodes to be registered (1 not registered yet: the test "
+            "backend has not started their tasks (no free slots?)")
+    finally:
+        channel.close()
+        sup.stop_nodes()
+        sup.close()
+        metrics.close()

@@ -19,12 +19,15 @@ value. Reservation, roles, TF_CONFIG, supervision and shutdown are written once 
 from __future__ import annotations
 
 import abc
+import logging
 import socket
 import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, InsufficientSlotsError
 from ..node import NodeOutcome
+
+logger = logging.getLogger("duotf.feed")
 
 __all__ = ["Backend", "FeedAdapter", "EngineJob", "ThreadJob", "NodeFunction", "routable_ip",
            "work_name"]
@@ -127,6 +130,21 @@ class FeedAdapter(abc.ABC):
     A backend makes one with :meth:`Backend.feed_adapter`. Partitions are numbered ``0..n-1``
     in the collection's own order; every method keeps that order.
     """
+
+    #: ``fn(pid, rows)``, set by the feed planner before it starts a job (the progress bar):
+    #: an adapter that learns a partition's result as its task ends passes it to
+    #: :meth:`partition_done`; one that learns every result with the job's own need not.
+    on_partition: Optional[Callable[[int, int], None]] = None
+
+    def partition_done(self, pid: int, rows: int) -> None:
+        """Partition ``pid``'s task ended, having sent ``rows`` rows (training: its value in
+        the job's result; inference: the rows answered). Never raises."""
+        fn = self.on_partition
+        if fn is not None:
+            try:
+                fn(pid, rows)
+            except Exception as exc:  # progress is never worth a failed feed
+                logger.debug("duotf: on_partition(%d, %d) raised %r", pid, rows, exc)
 
     def check_capacity(self, nodes: int) -> None:
         """Raise :class:`~duotf.errors.InsufficientSlotsError` at once when feeding tasks

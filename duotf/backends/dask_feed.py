@@ -135,6 +135,7 @@ class DaskFeed(FeedAdapter):
                 for future in running:
                     pid = futures[future]
                     sent[pid] = future.result()  # raises the task's own error
+                    self.partition_done(pid, sent[pid])
                     done.add(pid)
                     blocks.pop(pid, None)  # released: the block is not kept
                     submit_ready()

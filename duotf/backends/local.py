@@ -164,11 +164,17 @@ class LocalFeed(FeedAdapter):
     def train(self, job) -> EngineJob:
         from ..feed import tasks
 
-        calls = [lambda i=i, p=p: tasks.train_partition(job, i, p) for i, p in enumerate(self.parts)]
+        calls = [lambda i=i, p=p: self._done(i, tasks.train_partition(job, i, p), int)
+                 for i, p in enumerate(self.parts)]
         return ThreadJob(lambda: _parallel(calls), cancel=lambda: None, name="local-feed")
 
     def infer(self, job, keep, result_columns) -> EngineJob:
         from ..feed import tasks
 
-        calls = [lambda i=i, p=p: tasks.infer_partition(job, i, p, keep) for i, p in enumerate(self.parts)]
+        calls = [lambda i=i, p=p: self._done(i, tasks.infer_partition(job, i, p, keep), len)
+                 for i, p in enumerate(self.parts)]
         return ThreadJob(lambda: _parallel(calls), cancel=lambda: None, name="local-feed")
+
+    def _done(self, pid: int, value, rows):
+        self.partition_done(pid, rows(value))
+        return value

@@ -404,8 +404,10 @@ def keras_fit_main(args, ctx):
     with strategy.scope():
         model = _keras_linear(width, lr)
     counter = _step_counter()
+    import duotf.keras
+
     history = model.fit(feed.dataset(batch, features="x", label="y"), epochs=args["epochs"],
-                        verbose=0, callbacks=[counter])
+                        verbose=0, callbacks=[counter, duotf.keras.ReportCallback(ctx)])
     out["feed"] = dict(_fitted(model, history, counter), feed_epochs=feed.epoch)
 
     def parse(line):
@@ -588,3 +590,32 @@ def tensorboard_main(args, ctx):
         writer.close()
     wait_for_file(args["release"])
     return {"rows": rows, "log_dir": ctx.log_dir}
+
+
+def report_main(args, ctx):
+    """Reads the feed, reporting each batch (rows read so far); then ``ordered`` reports without
+    a step; a report refused for a value that is no number; and on node ``flood_node`` a flood
+    of reports, far over the rate limit (returns how many it admitted)."""
+    from duotf.errors import ConfigError
+
+    feed = ctx.get_data_feed(train=True)
+    rows, batches = 0, 0
+    while not feed.should_stop():
+        epoch = feed.epoch
+        got = len(feed.next_batch(args["batch"]))
+        if got:
+            rows += got
+            batches += 1
+            assert ctx.report(step=batches, rows=rows, epoch=epoch) is True
+    for i in range(args["ordered"]):
+        assert ctx.report(value=i, square=np.float32(i) ** 2) is True
+    refused = []
+    for bad in ({"step": 1, "loss": "high"}, {"step": 1.5, "loss": 0.5}, {"step": 2}):
+        try:
+            ctx.report(**bad)
+        except ConfigError as exc:
+            refused.append(str(exc))
+    admitted = None
+    if ctx.node_id == args.get("flood_node"):
+        admitted = sum(ctx.report(step=i, flood=i) for i in range(args["flood"]))
+    return {"batches": batches, "rows": rows, "refused": refused, "admitted": admitted}

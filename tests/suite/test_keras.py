@@ -79,6 +79,12 @@ def test_keras_fit_on_the_engine_feed_and_on_files(backend, engine, tmp_path):
                    env=ENV) as cluster:
         cluster.train(data, epochs=EPOCHS)
         first, second = cluster.wait(timeout=300)
+    # duotf.keras.ReportCallback: each fit epoch's logs, as history has them, from both workers
+    metrics = cluster.metrics
+    for node_id, node in enumerate((first, second)):
+        rows = metrics[metrics["node"] == f"worker:{node_id}"]
+        assert rows["step"].tolist() == list(range(EPOCHS))
+        assert rows["loss"].tolist() == node["feed"]["loss"]
 
     for node in (first, second):  # the fix waited for Keras's import, then applied
         assert not node["keras_before"] and node["hooks"] == 1 and node["fixed"] is True
