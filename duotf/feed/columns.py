@@ -172,6 +172,8 @@ def _numpy_kind(arr: np.ndarray) -> str:
     if arr.dtype.kind == "S":
         return "bytes"
     first = next((v for v in arr.flat if v is not None), None)
+    if isinstance(first, (list, tuple, np.ndarray)):
+        return "arrays (a nested array)"
     return f"{type(first).__name__} values" if first is not None else f"{arr.dtype} values"
 
 
