@@ -58,8 +58,11 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("shape", ["rows", "table"])
-@pytest.mark.parametrize("case", list(CASES))
+# the array<string> case as a DataFrame only (CI time): the Arrow path on Spark, where the pointers
+# went out; rows (and pandas) of lists of str are refused by the same code, tested in
+# tests/test_datafeed.py
+@pytest.mark.parametrize("case,shape", [(case, shape) for case in CASES for shape in ("rows", "table")
+                                        if not (case.startswith("type") and shape == "rows")])
 def test_refused_data_gives_a_feed_schema_error(backend, engine, tmp_path, case, shape):
     bad, value, what, where = CASES[case]
     schema = {**SCHEMA, "v": "array<string>"} if value is STRINGS else SCHEMA
