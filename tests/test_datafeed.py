@@ -604,6 +604,9 @@ def test_pandas_nulls_are_what_pandas_calls_missing():
                   pd.DataFrame({"a": ["x", None]}), pd.DataFrame({"a": [[1.0], None]})):
         with pytest.raises(FeedSchemaError, match="column 'a': a null at row 1"):
             from_pandas(frame)
+    for ragged in ((), ("a",)):  # a NaN among arrays: found once stacking them failed
+        with pytest.raises(FeedSchemaError, match="column 'a': a null at row 1"):
+            from_pandas(pd.DataFrame({"a": [[1.0], np.nan, [2.0]]}), ragged=ragged)
     cols = from_pandas(pd.DataFrame({"a": pd.array([1, 2], "Int64"), "v": [[1.0, 2.0], [3.0, 4.0]]}))
     assert cols["a"].dtype == np.int64 and cols["v"].shape == (2, 2)
 

@@ -206,6 +206,21 @@ def _inner_ragged(name: str, values: list) -> FeedSchemaError:
         f"cluster.train(..., ragged=[{name!r}])")
 
 
+def _uneven(name: str, values: list) -> FeedSchemaError:
+    """Why numpy could not stack the rows of an array column (found on the error path only): a
+    row of another length, a row that is no array, or arrays of other shapes within rows."""
+    lengths = [len(v) if hasattr(v, "__len__") else None for v in values]
+    for row, length in enumerate(lengths):
+        if length is None:
+            return feed_schema_error(
+                name, row, "type", f"{{where}} holds a {type(values[row]).__name__} value where "
+                "the rows before it hold arrays", "give every row of an array column an array of "
+                "numbers (a missing value: drop or fill it)")
+        if length != lengths[0]:
+            return _ragged(name, row, length, lengths[0])
+    return _inner_ragged(name, values)
+
+
 def _first_true(mask) -> int:
     return int(np.argmax(np.asarray(mask, dtype=bool)))
 
@@ -222,8 +237,11 @@ def _stack(name: str, values: list, ragged: Collection[str] = ()):
     if isinstance(first, (str, bytes, bytearray)):
         return list(values)
     if isinstance(first, (list, tuple, np.ndarray)):
-        lengths = np.fromiter(map(len, values), np.int64, len(values)) if VALIDATE or name in ragged else None
         if name in ragged:
+            try:
+                lengths = np.fromiter(map(len, values), np.int64, len(values))
+            except TypeError:  # a row that is no array
+                raise _uneven(name, values) from None
             splits = np.zeros(len(values) + 1, dtype=np.int64)
             np.cumsum(lengths, out=splits[1:])
             try:
@@ -239,16 +257,14 @@ def _stack(name: str, values: list, ragged: Collection[str] = ()):
                 raise _not_numbers(name, min(row, len(values) - 1),
                                    "arrays (a nested array)" if flat.ndim > 1 else _numpy_kind(flat))
             return RaggedColumn(flat, splits)
-        if VALIDATE:
-            bad = np.flatnonzero(lengths != lengths[0])
-            if bad.size:
-                raise _ragged(name, int(bad[0]), int(lengths[bad[0]]), int(lengths[0]))
         try:
+            # numpy refuses rows of different lengths or shapes itself (no pass over the rows
+            # here: only the error's row is looked for)
             arr = np.asarray(values) if not isinstance(first, np.ndarray) else np.stack(values)
-        except ValueError:  # nested arrays, or N-D arrays, of different shapes within rows
+        except (ValueError, TypeError):
             if not VALIDATE:
                 raise
-            raise _inner_ragged(name, values) from None
+            raise _uneven(name, values) from None
     else:
         arr = np.asarray(values)
     if arr.ndim > 1 and arr.dtype.kind not in "biuf":
@@ -289,11 +305,21 @@ def from_pandas(df, ragged: Collection[str] = ()) -> Columns:
         series = df[name]
         dtype = series.dtype
         if dtype == object or pd.api.types.is_string_dtype(dtype):
-            if VALIDATE:
+            values = series.tolist()
+            arrays = bool(values) and isinstance(values[0], (list, tuple, np.ndarray))
+            if VALIDATE and not arrays:
                 missing = series.isna().to_numpy()
                 if missing.any():
                     raise _null(key, _first_true(missing))
-            cols[key] = _stack(key, series.tolist(), ragged)
+            try:
+                cols[key] = _stack(key, values, ragged)
+            except FeedSchemaError:
+                # a column of arrays is checked for missing values (NaN, NA: None is _stack's)
+                # only once it failed: pandas' isna costs as much again as the stacking checks
+                missing = series.isna().to_numpy() if arrays else np.zeros(0, bool)
+                if missing.any():
+                    raise _null(key, _first_true(missing)) from None
+                raise
         elif isinstance(dtype, pd.api.extensions.ExtensionDtype):  # Int64, Float64, boolean...
             if VALIDATE:
                 missing = series.isna().to_numpy()
