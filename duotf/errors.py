@@ -128,13 +128,14 @@ class FeedError(DuotfError):
 
 class FeedSchemaError(FeedError):
     """A partition holds data the feed refuses rather than change silently: a null in a column,
-    or rows of different lengths in an array column that was not declared ragged.
+    rows of different lengths in an array column that was not declared ragged, or an array
+    column of anything but numbers (strings, bytes, nested arrays).
 
     Raised by the feeding task, before the rows are sent. Attributes: ``column``,
     ``partition``, ``row`` (the first offending row, counted from 0 within the partition),
-    ``problem`` (``"null"`` or ``"ragged"``), ``hint`` (what to change: fill or drop nulls,
-    filter or pad rows, or declare the column with ``ragged=[...]``), ``node`` (None). The
-    message is one line: what is wrong, where, and the hint.
+    ``problem`` (``"null"``, ``"ragged"`` or ``"type"``), ``hint`` (what to change: fill or drop
+    nulls, filter or pad rows, declare the column with ``ragged=[...]``, or encode the values as
+    numbers), ``node`` (None). The message is one line: what is wrong, where, and the hint.
     """
 
     def located(self, partition, offset: int) -> "FeedSchemaError":

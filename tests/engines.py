@@ -76,7 +76,8 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def table(self, parts: List[list], schema: Dict[str, str]):
         """A DataFrame whose partition i holds the tuples ``parts[i]``, of the columns ``schema``
-        (name: "long", "double", "string" or "array<float>"; lists for arrays); ``None`` is a
+        (name: "long", "double", "string", "array<float>" or "array<string>"; lists for arrays);
+        ``None`` is a
         null, as the engine holds one."""
 
     @abc.abstractmethod
@@ -124,7 +125,8 @@ class Engine(abc.ABC):
 
 
 #: how pandas holds each kind of column of ``Engine.table``, nulls included
-_PANDAS_DTYPES = {"long": "Int64", "double": "float64", "string": "object", "array<float>": "object"}
+_PANDAS_DTYPES = {"long": "Int64", "double": "float64", "string": "object", "array<float>": "object",
+                  "array<string>": "object"}
 
 
 def _pandas_frames(parts: List[list], schema: Dict[str, str]) -> list:

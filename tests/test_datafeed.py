@@ -604,6 +604,9 @@ def test_pandas_nulls_are_what_pandas_calls_missing():
                   pd.DataFrame({"a": ["x", None]}), pd.DataFrame({"a": [[1.0], None]})):
         with pytest.raises(FeedSchemaError, match="column 'a': a null at row 1"):
             from_pandas(frame)
+    for ragged in ((), ("a",)):  # a NaN among arrays: found once stacking them failed
+        with pytest.raises(FeedSchemaError, match="column 'a': a null at row 1"):
+            from_pandas(pd.DataFrame({"a": [[1.0], np.nan, [2.0]]}), ragged=ragged)
     cols = from_pandas(pd.DataFrame({"a": pd.array([1, 2], "Int64"), "v": [[1.0, 2.0], [3.0, 4.0]]}))
     assert cols["a"].dtype == np.int64 and cols["v"].shape == (2, 2)
 
@@ -622,3 +625,54 @@ def test_a_feed_schema_error_record_comes_back_typed():
     assert (err.column, err.partition, err.row, err.problem) == ("x", 3, 14, "null")
     assert str(err) == "column 'x': a null at row 14 of partition 3; fill it"
     assert _error_json(err) == record
+
+
+def test_arrays_of_strings_or_nested_arrays_are_refused_not_sent_as_pointers():
+    """An Arrow list of strings, bytes or lists became a 2-D array of objects, whose bytes went
+    on the wire as pointers: the node got garbage. Every path refuses such a column with a
+    FeedSchemaError naming it (declared ragged or not), and the wire refuses arrays of objects."""
+    import pandas as pd
+
+    from duotf.feed.columns import from_pandas, from_rows
+
+    def refused(convert, *args, **kw):
+        with pytest.raises(FeedSchemaError) as info:
+            convert(*args, **kw)
+        err = info.value
+        assert (err.column, err.problem, err.partition) == ("c", "type", None), str(err)
+        first = str(err).splitlines()[0]
+        assert first.startswith(f"column 'c': row {err.row} holds an array of ") and "encode" in first
+        return err
+
+    def batch(values, value_type):
+        return pa.RecordBatch.from_arrays([pa.array(values, pa.list_(value_type))], ["c"])
+
+    strings = batch([["a", "b"], ["c", "d"]], pa.string())
+    for arrow in (strings, batch([[b"a", b"b"], [b"c", b"d"]], pa.binary()),
+                  batch([[[1.0], [2.0]], [[3.0], [4.0]]], pa.list_(pa.float32()))):
+        for ragged in ((), ("c",)):
+            assert refused(from_arrow, arrow, ragged=ragged).row == 0
+    assert "strings" in str(refused(from_arrow, strings))
+    assert "nested array" in str(refused(from_arrow, batch([[[1.0]], [[2.0]]], pa.list_(pa.float32()))))
+    # declared ragged: the first row that holds a value is named
+    assert refused(from_arrow, batch([[], ["x"], ["y", "z"]], pa.string()), ragged=("c",)).row == 1
+    for ragged in ((), ("c",)):
+        for rows in ([(0, ["a", "b"]), (1, ["c", "d"])], [(0, [b"a"]), (1, [b"b"])]):
+            cols = [{"id": i, "c": v} for i, v in rows]
+            assert refused(from_rows, cols, ragged=ragged).row == 0
+        frame = pd.DataFrame({"c": [["a", "b"], ["c", "d"]]})
+        assert "strings" in str(refused(from_pandas, frame, ragged=ragged))
+    assert refused(from_rows, [{"c": []}, {"c": ["x", "y"]}], ragged=("c",)).row == 1
+    # rows of nested numbers of one shape are stacked; of different inner shapes, refused
+    assert from_rows([{"c": [[1, 2], [3, 4]]}, {"c": [[5, 6], [7, 8]]}])["c"].shape == (2, 2, 2)
+    with pytest.raises(FeedSchemaError, match=r"column 'c': arrays of different shapes: row 1 "
+                                              r"holds an array of shape \[2\]") as info:
+        from_rows([{"c": [[1, 2], [3, 4]]}, {"c": [[5, 6], [7]]}])
+    assert (info.value.row, info.value.problem) == (1, "ragged")
+    # the wire, behind them: never the bytes of an object
+    with pytest.raises(TypeError, match="column 'c': an array of object values"):
+        wire.pack_frame({"c": np.array([["a", "b"], ["c", "d"]], dtype=object)})
+    arrays = np.empty(2, dtype=object)
+    arrays[0], arrays[1] = np.zeros(2), np.ones(2)
+    with pytest.raises(TypeError, match="column 'c': a ndarray value in a column of str/bytes"):
+        wire.pack_frame({"c": arrays})

@@ -228,3 +228,97 @@ def test_a_client_cut_off_during_the_handshake_retries(kind, monkeypatch):
         assert len(calls) == 3  # not retried
     finally:
         target.close()
+
+
+def _junk_connection(address) -> None:
+    """A connection that sends bytes with no MAC under the job's secret, then hangs up."""
+    with socket.create_connection(address, timeout=10) as sock:
+        sock.sendall(os.urandom(64))
+
+
+def test_a_running_cluster_trains_every_row_through_a_flood_of_hostile_connections(caplog):
+    """The driver's rendezvous port and a node's feed port, at their default gates (5 s to
+    authenticate, 128 authenticating at once), flooded while ``cluster.train()`` runs on the
+    local backend: hundreds of idle and junk connections held open before it starts, more junk
+    ones while it runs. Every row arrives once an epoch, the servers hold no more than the gate
+    admits, add no thread per connection, and count refusals in a few log lines."""
+    import threading
+
+    import duotf
+    from tests.suite import mains
+
+    caplog.set_level(logging.WARNING, logger="duotf")
+    idle_each, junk_each, rows = 200, 100, 2000
+    parts = [[(float(i), i) for i in range(p, rows, 4)] for p in range(4)]
+    cluster = duotf.run(mains.feed_train_main, {"batch": 64}, "local", duotf.ClusterSpec(workers=1))
+    held, stop, during = [], threading.Event(), []
+    flooder = None
+    try:
+        node = cluster.nodes[0]
+        ports = {"rendezvous": cluster.supervisor.server.address,
+                 "feed": (node.host, node.feed_port)}
+        child = psutil.Process(node.pid)
+        me = psutil.Process()
+        threads = {"rendezvous": me.num_threads(), "feed": child.num_threads()}
+        for name, address in ports.items():
+            for _ in range(idle_each):
+                sock = socket.create_connection(address, timeout=10)
+                sock.setblocking(False)
+                held.append((name, sock))
+            for _ in range(junk_each):
+                _junk_connection(address)
+
+        def flood():  # junk ones while train() runs: a connection every 5 ms, to each port in turn
+            while not stop.wait(0.005) and len(during) < 400:
+                name = ("rendezvous", "feed")[len(during) % 2]
+                try:
+                    _junk_connection(ports[name])
+                    during.append(name)
+                except OSError:
+                    during.append(None)
+
+        def still_open(name):
+            """The held connections of ``name`` that the server has not closed."""
+            count = 0
+            for kind, sock in held:
+                if kind != name or sock.fileno() < 0:
+                    continue
+                try:
+                    while sock.recv(4096):  # the greeting, passed over
+                        pass
+                    sock.close()  # closed by the server
+                except BlockingIOError:
+                    count += 1
+                except OSError:
+                    sock.close()
+            return count
+
+        # the gates close the oldest idle ones past their 128, and add no thread for any
+        for name in ports:
+            poll_for(lambda: still_open(name) <= gate.MAX_PENDING, 10, what=f"{name}: at most 128 held")
+        assert me.num_threads() <= threads["rendezvous"] + 2
+        assert child.num_threads() <= threads["feed"] + 2
+        flooder = threading.Thread(target=flood, name="test-flood")
+        flooder.start()
+        report = cluster.train(parts, epochs=2, feed_timeout=60)
+        stop.set()
+        flooder.join(10)
+        results = cluster.wait(timeout=60)
+    finally:
+        stop.set()
+        if flooder is not None:
+            flooder.join(10)
+        for _, sock in held:
+            sock.close()
+        cluster.shutdown(grace_secs=0, _raise=False)
+    assert report["rows_fed"] == 2 * rows
+    assert {e: sorted(ids) for e, ids in results[0]["ids"].items()} == {
+        e: list(range(rows)) for e in range(results[0]["epochs"])}
+    assert results[0]["epochs"] == 2
+    assert during.count("rendezvous") > 0 and during.count("feed") > 0, during[:5]
+    # refusals in the driver counted, in a few lines; the node's too (its stderr, in its log)
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert 1 <= len(lines) <= 5, lines
+    assert sum(_refused(caplog.records)) >= junk_each + during.count("rendezvous")
+    node_lines = [line for line in cluster.logs(0).splitlines() if "refused" in line]
+    assert 1 <= len(node_lines) <= 5, node_lines

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+import os
 from typing import Collection, Dict, Iterable, Iterator, List, Tuple
 
 import numpy as np
@@ -129,6 +130,13 @@ def ragged_columns(ragged) -> Tuple[str, ...]:
 # of a problem is looked for only once there is one. Rows are counted within the chunk; the
 # feeding task places the error in its partition (FeedSchemaError.located).
 
+#: For benchmarks only (benchmarks/validation.py measures what the checks cost): with the
+#: environment variable ``DUOTF_FEED_VALIDATE=0`` in a feeding process, read once when this
+#: module is imported, the per-value checks (nulls, one length per array column) are skipped,
+#: and such data is changed or fails as it did before validation. The checks of a column's type
+#: (arrays of strings, nested arrays), which cost nothing per value, always run. Not an API.
+VALIDATE = os.environ.get("DUOTF_FEED_VALIDATE", "1").strip() != "0"
+
 def _null(name: str, row: int, inside: bool = False) -> FeedSchemaError:
     what = ("a null value inside the array at {where}" if inside else "a null at {where}")
     return feed_schema_error(
@@ -147,6 +155,72 @@ def _ragged(name: str, row: int, length: int, expected: int) -> FeedSchemaError:
         f"ragged: cluster.train(..., ragged=[{name!r}])")
 
 
+def _not_numbers(name: str, row: int, kind: str) -> FeedSchemaError:
+    return feed_schema_error(
+        name, row, "type", f"{{where}} holds an array of {kind}: arrays of strings, bytes or "
+        "other non-numbers, and nested arrays, cannot be fed (an array column must hold numbers)",
+        "encode the values as numbers (e.g. ids from a vocabulary or StringIndexer), or join "
+        "each row's values into one string or binary column (which feeds as str/bytes), or "
+        "flatten a nested array into one array of numbers per row "
+        "(pyspark.sql.functions.flatten) and reshape it in the node")
+
+
+def _numpy_kind(arr: np.ndarray) -> str:
+    """What a non-numeric array holds, in words."""
+    if arr.dtype.kind == "U":
+        return "strings"
+    if arr.dtype.kind == "S":
+        return "bytes"
+    first = next((v for v in arr.flat if v is not None), None)
+    if isinstance(first, (list, tuple, np.ndarray)):
+        return "arrays (a nested array)"
+    return f"{type(first).__name__} values" if first is not None else f"{arr.dtype} values"
+
+
+def _arrow_kind(value_type) -> str:
+    """What an Arrow list's values are, in words, where they are not numbers; None where they are."""
+    import pyarrow as pa
+
+    if pa.types.is_integer(value_type) or pa.types.is_floating(value_type) or pa.types.is_boolean(value_type):
+        return None
+    if pa.types.is_string(value_type) or pa.types.is_large_string(value_type):
+        return "strings"
+    if pa.types.is_binary(value_type) or pa.types.is_large_binary(value_type):
+        return "bytes"
+    if (pa.types.is_list(value_type) or pa.types.is_large_list(value_type)
+            or pa.types.is_fixed_size_list(value_type)):
+        return f"arrays ({value_type}: a nested array)"
+    return f"{value_type} values"
+
+
+def _inner_ragged(name: str, values: list) -> FeedSchemaError:
+    """The rows' arrays hold arrays of different shapes (rows of nested lists or of N-D arrays):
+    found on the error path only, where numpy could not stack them."""
+    shapes = [np.shape(np.asarray(v, dtype=object)) for v in values]
+    row = next((i for i, shape in enumerate(shapes) if shape != shapes[0]), 0)
+    return feed_schema_error(
+        name, row, "ragged", f"arrays of different shapes: {{where}} holds an array of shape "
+        f"{list(shapes[row])} where the rows before it hold {list(shapes[0])}",
+        "every row of an array column needs one shape: filter or pad the rows, or flatten each "
+        "row into one array of numbers and declare the column ragged: "
+        f"cluster.train(..., ragged=[{name!r}])")
+
+
+def _uneven(name: str, values: list) -> FeedSchemaError:
+    """Why numpy could not stack the rows of an array column (found on the error path only): a
+    row of another length, a row that is no array, or arrays of other shapes within rows."""
+    lengths = [len(v) if hasattr(v, "__len__") else None for v in values]
+    for row, length in enumerate(lengths):
+        if length is None:
+            return feed_schema_error(
+                name, row, "type", f"{{where}} holds a {type(values[row]).__name__} value where "
+                "the rows before it hold arrays", "give every row of an array column an array of "
+                "numbers (a missing value: drop or fill it)")
+        if length != lengths[0]:
+            return _ragged(name, row, length, lengths[0])
+    return _inner_ragged(name, values)
+
+
 def _first_true(mask) -> int:
     return int(np.argmax(np.asarray(mask, dtype=bool)))
 
@@ -157,29 +231,49 @@ def _none_mask(values: list) -> list:
 
 def _stack(name: str, values: list, ragged: Collection[str] = ()):
     """One column of Python values: a numpy array, a list of str/bytes, or a RaggedColumn."""
-    if any(map(operator.is_, values, itertools.repeat(None))):
+    if VALIDATE and any(map(operator.is_, values, itertools.repeat(None))):
         raise _null(name, _first_true(_none_mask(values)))
     first = values[0] if values else None
     if isinstance(first, (str, bytes, bytearray)):
         return list(values)
     if isinstance(first, (list, tuple, np.ndarray)):
-        lengths = np.fromiter(map(len, values), np.int64, len(values))
         if name in ragged:
+            try:
+                lengths = np.fromiter(map(len, values), np.int64, len(values))
+            except TypeError:  # a row that is no array
+                raise _uneven(name, values) from None
             splits = np.zeros(len(values) + 1, dtype=np.int64)
             np.cumsum(lengths, out=splits[1:])
-            flat = (np.concatenate(values) if isinstance(first, np.ndarray)
-                    else np.asarray(list(itertools.chain.from_iterable(values))))
-            if flat.dtype == object:
+            try:
+                flat = (np.concatenate(values) if isinstance(first, np.ndarray)
+                        else np.asarray(list(itertools.chain.from_iterable(values))))
+            except ValueError:  # rows of nested arrays of different shapes
+                flat = np.asarray(list(itertools.chain.from_iterable(values)), dtype=object)
+            if flat.dtype == object and any(_none_mask(list(flat.ravel()))):
                 raise _null(name, int(np.searchsorted(splits, _first_true(_none_mask(list(flat))),
                                                       side="right") - 1), inside=True)
+            if flat.dtype.kind not in "biuf" or flat.ndim > 1:
+                row = int(np.searchsorted(splits, 0, side="right") - 1)  # the first row with values
+                raise _not_numbers(name, min(row, len(values) - 1),
+                                   "arrays (a nested array)" if flat.ndim > 1 else _numpy_kind(flat))
             return RaggedColumn(flat, splits)
-        bad = np.flatnonzero(lengths != lengths[0])
-        if bad.size:
-            raise _ragged(name, int(bad[0]), int(lengths[bad[0]]), int(lengths[0]))
-    arr = np.asarray(values) if not isinstance(first, np.ndarray) else np.stack(values)
-    if arr.dtype == object and arr.ndim > 1:  # a None among the values of an array
-        rows = [any(map(operator.is_, row, itertools.repeat(None))) for row in values]
-        raise _null(name, _first_true(rows), inside=True)
+        try:
+            # numpy refuses rows of different lengths or shapes itself (no pass over the rows
+            # here: only the error's row is looked for)
+            arr = np.asarray(values) if not isinstance(first, np.ndarray) else np.stack(values)
+        except (ValueError, TypeError):
+            if not VALIDATE:
+                raise
+            raise _uneven(name, values) from None
+    else:
+        arr = np.asarray(values)
+    if arr.ndim > 1 and arr.dtype.kind not in "biuf":
+        if arr.dtype == object and VALIDATE:  # a None among the values of an array
+            rows = [any(map(operator.is_, np.asarray(row, dtype=object).ravel(), itertools.repeat(None)))
+                    for row in values]
+            if any(rows):
+                raise _null(name, _first_true(rows), inside=True)
+        raise _not_numbers(name, 0, _numpy_kind(arr))
     return arr
 
 
@@ -211,19 +305,31 @@ def from_pandas(df, ragged: Collection[str] = ()) -> Columns:
         series = df[name]
         dtype = series.dtype
         if dtype == object or pd.api.types.is_string_dtype(dtype):
-            missing = series.isna().to_numpy()
-            if missing.any():
-                raise _null(key, _first_true(missing))
-            cols[key] = _stack(key, series.tolist(), ragged)
+            values = series.tolist()
+            arrays = bool(values) and isinstance(values[0], (list, tuple, np.ndarray))
+            if VALIDATE and not arrays:
+                missing = series.isna().to_numpy()
+                if missing.any():
+                    raise _null(key, _first_true(missing))
+            try:
+                cols[key] = _stack(key, values, ragged)
+            except FeedSchemaError:
+                # a column of arrays is checked for missing values (NaN, NA: None is _stack's)
+                # only once it failed: pandas' isna costs as much again as the stacking checks
+                missing = series.isna().to_numpy() if arrays else np.zeros(0, bool)
+                if missing.any():
+                    raise _null(key, _first_true(missing)) from None
+                raise
         elif isinstance(dtype, pd.api.extensions.ExtensionDtype):  # Int64, Float64, boolean...
-            missing = series.isna().to_numpy()
-            if missing.any():
-                raise _null(key, _first_true(missing))
+            if VALIDATE:
+                missing = series.isna().to_numpy()
+                if missing.any():
+                    raise _null(key, _first_true(missing))
             numpy_dtype = getattr(dtype, "numpy_dtype", None)
             cols[key] = series.to_numpy(dtype=numpy_dtype) if numpy_dtype is not None else series.to_numpy()
         else:
             values = series.to_numpy()
-            if values.dtype.kind in "fc":
+            if VALIDATE and values.dtype.kind in "fc":
                 missing = np.isnan(values)
                 if missing.any():
                     raise _null(key, _first_true(missing))
@@ -281,20 +387,27 @@ def _even_offsets(n: int, width: int, dtype: str) -> bytes:
 
 def _list_column(name: str, column, ragged: Collection[str]):
     """An Arrow list column as an ``(n, width)`` array, or a RaggedColumn when declared ragged;
-    nulls (of rows or of values) and rows of different lengths are refused."""
+    nulls (of rows or of values), rows of different lengths and arrays of anything but numbers
+    (strings, bytes, nested arrays) are refused."""
     import pyarrow as pa
 
     n = len(column)
-    if column.null_count:
+    if VALIDATE and column.null_count:
         raise _null(name, _first_true(column.is_null().to_numpy(zero_copy_only=False)))
-    flat = column.flatten()
     fixed = pa.types.is_fixed_size_list(column.type)
     offsets = None
     if not fixed and n:
         # the offsets buffer as it lies (the slice's n + 1 of them), without a pyarrow array
         kind = np.int64 if pa.types.is_large_list(column.type) else np.int32
         offsets = np.frombuffer(column.buffers()[1], kind)[column.offset:column.offset + n + 1]
-    if flat.null_count:
+    not_numbers = _arrow_kind(column.type.value_type)
+    if not_numbers:
+        # by the column's type, before any value is touched: numpy would hold such values as
+        # objects, whose bytes on the wire would be pointers
+        row = 0 if fixed or not n else int(np.searchsorted(offsets - offsets[0], 0, side="right") - 1)
+        raise _not_numbers(name, min(row, max(n - 1, 0)), not_numbers)
+    flat = column.flatten()
+    if VALIDATE and flat.null_count:
         first = _first_true(flat.is_null().to_numpy(zero_copy_only=False))
         row = (first // max(column.type.list_size, 1) if fixed else
                int(np.searchsorted(offsets - offsets[0], first, side="right") - 1))
@@ -306,6 +419,8 @@ def _list_column(name: str, column, ragged: Collection[str]):
         return RaggedColumn(values, np.zeros(1, np.int64)) if name in ragged else values.reshape(0, 0)
     if name in ragged:
         return RaggedColumn(values, (offsets - offsets[0]).astype(np.int64))
+    if not VALIDATE:
+        return values.reshape(n, -1)  # as before validation: rows of other lengths reshaped
     width = int(offsets[1] - offsets[0])
     # one length in every row: the offsets are 0, w, 2w, ... (one memcmp against a cached copy)
     even = offsets if offsets[0] == 0 else offsets - offsets[0]
@@ -328,7 +443,7 @@ def from_arrow(batch, tensors: Dict[str, tuple] = None, ragged: Collection[str] 
             cols[name] = decode_tensor(column, name, *tensors[name])
         elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
             cols[name] = _list_column(name, column, ragged)
-        elif column.null_count:
+        elif VALIDATE and column.null_count:
             raise _null(name, _first_true(column.is_null().to_numpy(zero_copy_only=False)))
         elif (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
               or pa.types.is_large_binary(t)):

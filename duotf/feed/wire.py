@@ -177,10 +177,16 @@ def _encode_column(name: str, values) -> Tuple[list, list]:
             raise TypeError(f"ragged column {name!r}: dtype {flat.dtype} cannot be fed; use numbers")
         return [name, "ragged", flat.dtype.str, [], flat.nbytes], [values.row_splits, flat]
     arr = values if isinstance(values, np.ndarray) else None
+    if arr is not None and arr.dtype == object and arr.ndim > 1:
+        # rows of arrays of objects (strings, nested arrays): their bytes would be pointers
+        raise TypeError(f"column {name!r}: an array of {arr.dtype} values with shape {arr.shape} "
+                        "cannot be fed; arrays must hold numbers (encode strings as numbers or "
+                        "join them into one str/bytes column)")
     if arr is None or arr.dtype == object:
         seq = list(values)
         kind = "str" if seq and isinstance(seq[0], str) else "bytes"
-        data = [v.encode() if isinstance(v, str) else bytes(v) for v in seq]
+        data = [v.encode() if isinstance(v, str) else v if isinstance(v, bytes) else _as_bytes(name, v)
+                for v in seq]
         offsets = np.zeros(len(data) + 1, dtype=np.int64)
         np.cumsum([len(d) for d in data], out=offsets[1:])
         blob = b"".join(data)
@@ -189,6 +195,15 @@ def _encode_column(name: str, values) -> Tuple[list, list]:
         raise TypeError(f"column {name!r}: dtype {arr.dtype} cannot be fed; use numbers, str or bytes")
     arr = np.ascontiguousarray(arr)
     return [name, "nd", arr.dtype.str, list(arr.shape[1:]), arr.nbytes], [arr]
+
+
+def _as_bytes(name: str, value) -> bytes:
+    """A value of a str/bytes column that is neither: bytes-like ones are taken, anything else
+    (a number, an array, whose ``bytes()`` would be zeros or raw memory) is refused."""
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"column {name!r}: a {type(value).__name__} value in a column of str/bytes "
+                    "values cannot be fed; give every row of the column str or bytes")
 
 
 def _padding(n: int) -> int:
