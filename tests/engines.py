@@ -50,6 +50,8 @@ class Engine(abc.ABC):
 
     #: how many engine processes run node tasks (duotf gives each node one of its own while it can)
     executors = 1
+    #: a process that runs feeding tasks may also run a node's task (a killed one takes a node along)
+    feeds_beside_nodes = False
 
     def __init__(self, backend, handle=None):
         self.backend = backend
@@ -82,6 +84,13 @@ class Engine(abc.ABC):
         """Columns of numpy arrays (``blocks[i]`` is partition i; 2-D arrays are tensor
         columns) as the engine holds them best. Returns ``(data, input_mapping)``: the mapping
         to give ``get_data_feed`` so that a node sees the blocks' own column names."""
+
+    @abc.abstractmethod
+    def row_sources(self, sources: List[Callable[[], object]]):
+        """A collection whose partition i holds the rows that ``sources[i]()`` yields: a
+        picklable callable, with ``len``, called inside the engine's tasks that read the
+        partition (its count and its feed), never on the driver, so that what it raises is a
+        failure of the engine's own task."""
 
     @abc.abstractmethod
     def constant_features(self, rows: int, parts: int, width: int, chunk: int, ids: bool = False):
@@ -142,6 +151,9 @@ class LocalEngine(Engine):
     def arrays(self, blocks):
         return [dict(b) for b in blocks], None
 
+    def row_sources(self, sources):
+        return list(sources)  # a callable partition: called by the count and by the feed
+
     def constant_features(self, rows, parts, width, chunk, ids=False):
         import numpy as np
 
@@ -175,6 +187,7 @@ class ProcessPoolEngine(LocalEngine):
     a list of partitions, as for the local backend."""
 
     executors = 4  # each node's agent runs in a pool process of its own
+    feeds_beside_nodes = True  # a pool whose worker dies ends every worker, agents included
 
     @classmethod
     @contextlib.contextmanager
@@ -195,6 +208,7 @@ class DaskEngine(Engine):
     """A ``LocalCluster`` of 2 worker processes: Bags, DataFrames and Arrays through its Client."""
 
     executors = 2
+    feeds_beside_nodes = True  # a worker process runs a node's task and feeding tasks
 
     @classmethod
     @contextlib.contextmanager
@@ -226,6 +240,13 @@ class DaskEngine(Engine):
 
     def table(self, parts, schema):
         return self.frame(_pandas_frames(parts, schema))
+
+    def row_sources(self, sources):
+        import dask
+        import dask.bag as db
+
+        # a Bag's partition is the source itself (it has len): the feeding task calls it
+        return db.from_delayed([dask.delayed(lambda source: source)(s) for s in sources])
 
     def arrays(self, blocks):
         import dask.array as da
@@ -320,6 +341,11 @@ class SparkEngine(Engine):
 
     def rows(self, parts):
         return self._rdd(parts)
+
+    def row_sources(self, sources):
+        # one Python task reads the RDD (Spark pipelines flatMap into the count and the feed)
+        return self.session.sparkContext.parallelize(sources, len(sources)).flatMap(
+            lambda source: source())
 
     def frame(self, frames):
         parts = [list(zip(*(f[c].tolist() for c in f.columns))) for f in frames]

@@ -12,7 +12,7 @@ import threading
 from typing import List, Optional
 
 from ..node import NodeOutcome
-from .base import Backend, EngineJob, FeedAdapter, NodeFunction, ThreadJob
+from .base import Backend, EngineJob, FeedAdapter, NodeFunction, ThreadJob, count_error
 
 
 class LocalBackend(Backend):
@@ -93,7 +93,13 @@ class LocalFeed(FeedAdapter):
     def counts(self) -> List[int]:
         from ..feed.tasks import count_rows
 
-        return [count_rows(p) for p in self.parts]
+        counts = []
+        for pid, part in enumerate(self.parts):
+            try:
+                counts.append(count_rows(part))
+            except Exception as exc:
+                raise count_error(pid, exc) from exc
+        return counts
 
     def train(self, job) -> EngineJob:
         from ..feed import tasks
