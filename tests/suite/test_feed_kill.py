@@ -1,7 +1,7 @@
 """A feeding task lost mid-epoch: each row of an epoch reaches its node exactly once, or train()
 raises a typed error naming the epoch, the partition and the node within seconds; either way
 every node's feed ends and cluster.wait() returns or raises at once (issues 18 and 19). A
-feeding task whose data source fails is tests/suite/test_feed_fail.py."""
+feeding task whose data source fails is tests/suite/test_feed_errors.py."""
 
 from __future__ import annotations
 

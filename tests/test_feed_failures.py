@@ -1,6 +1,6 @@
 """What a failed feed says: a feeding task whose data source raises, a connection that fails,
 a node's report that names where the task ran, keepalive on feed connections, and Spark's
-errors named by their cause. No engine here: tests/suite/test_feed_fail.py runs the same
+errors named by their cause. No engine here: tests/suite/test_feed_errors.py runs the same
 failures in every engine's own tasks."""
 
 from __future__ import annotations
