@@ -69,9 +69,7 @@ class DaskFeed(FeedAdapter):
         try:
             return list(self.client.gather(futures))
         except Exception:
-            from distributed import wait
-
-            wait(futures)
+            # the future that failed the gather has erred by now; the others need no waiting
             failed = [pid for pid, future in enumerate(futures) if future.status == "error"]
             if not failed:
                 raise
