@@ -131,7 +131,7 @@ def _failure_error(what: str, failure, cause: Optional[str] = None) -> FeedError
     if cause:
         message += f"; the feeding task's error: {cause}"
     return FeedError(message, epoch=info.get("epoch"), partition=info.get("partition"),
-                     node=label, rows=info.get("rows"))
+                     node=label, rows=info.get("rows"), cause=cause)
 
 
 _GRACE = 3.0  # seconds a failed job waits for the node's error or report that says why

@@ -585,6 +585,8 @@ class RowSource:
         return self.stop - self.start
 
     def __getitem__(self, i):  # a Dask Bag looks at its partition's first row
+        if not 0 <= i < self.stop - self.start:
+            raise IndexError(i)
         return (0.5, self.start + i)
 
     def __call__(self):
