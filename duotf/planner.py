@@ -246,8 +246,10 @@ def _count(sup: Supervisor, adapter, targets: List[FeedTarget]) -> List[int]:
     except ConfigError:
         raise
     except BaseException as exc:
-        if not isinstance(exc, Exception):  # interrupted: the nodes still wait for nothing
-            _end_feeds(sup, targets, f"counting the rows was interrupted ({type(exc).__name__})")
+        if not isinstance(exc, Exception) or (isinstance(exc, DuotfError)
+                                               and not isinstance(exc, FeedError)):
+            # interrupted, or the engine refused: raised as it is, and the nodes told
+            _end_feeds(sup, targets, f"counting the rows failed: {cause_of(exc)}")
             raise
         if sup.error is not None:  # a node died (its worker lost): that is why
             try:

@@ -27,12 +27,14 @@ def _job(port, plan, epoch=3):
                    epoch=epoch)
 
 
-def _source(start, stop, fail_at):
-    """Chunks of 10 ids; raises when the chunk at ``fail_at`` is due."""
-    for a in range(start, stop, 10):
+def _source(start, stop, fail_at, chunk=10):
+    """Chunks of ``chunk`` ids, a frame each; raises when the chunk at ``fail_at`` is due. (A
+    node holds a feeding process's frames in its shared memory ring's 4 slots until they are
+    read: no test here sends more than 4 frames unread.)"""
+    for a in range(start, stop, chunk):
         if a - start == fail_at:
             raise RuntimeError(f"injected at {a}")
-        yield {"id": np.arange(a, a + 10, dtype=np.int64)}
+        yield {"id": np.arange(a, a + chunk, dtype=np.int64)}
 
 
 def test_a_source_failing_mid_range_names_epoch_partition_node_rows_and_cause():
@@ -62,12 +64,12 @@ def test_a_source_failing_before_its_first_row_gives_its_turn_back():
     reports = []
     server = FeedServer(SECRET, capacity=64, on_failure=reports.append)
     job = _job(server.port, {0: [(0, 0, 100, 0)], 1: [(0, 0, 100, 1)]}, epoch=1)
-    later = threading.Thread(target=feed_train, args=(job, 1, _source(100, 200, None)))
+    later = threading.Thread(target=feed_train, args=(job, 1, _source(100, 200, None, 100)))
     try:
         later.start()  # waits for range 0
         with pytest.raises(FeedError) as info:
-            feed_train(job, 0, _source(0, 100, 0))
-        assert feed_train(job, 0, _source(0, 100, None)) == 100  # the engine's retry
+            feed_train(job, 0, _source(0, 100, 0, 100))
+        assert feed_train(job, 0, _source(0, 100, None, 100)) == 100  # the engine's retry
         later.join(30)
         assert not later.is_alive()
     finally:

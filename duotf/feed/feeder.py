@@ -92,7 +92,7 @@ def origin() -> Dict[str, object]:
 
             ctx = TaskContext.get()
             if ctx is not None:
-                where["spark"] = (f"task {ctx.partitionId()}.{ctx.attemptNumber()} in stage "
+                where["spark"] = (f"Spark task {ctx.partitionId()}.{ctx.attemptNumber()} in stage "
                                   f"{ctx.stageId()}.{ctx.stageAttemptNumber()} (TID {ctx.taskAttemptId()})")
         except Exception:  # noqa: BLE001 - only a description
             pass
@@ -100,7 +100,7 @@ def origin() -> Dict[str, object]:
         try:
             from distributed import get_worker
 
-            where["dask"] = f"worker {get_worker().address}"
+            where["dask"] = f"Dask worker {get_worker().address}"
         except Exception:  # noqa: BLE001 - not in a Dask worker
             pass
     return where
