@@ -210,7 +210,7 @@ class _Order:
 
 
 def _where(origin: Optional[dict]) -> str:
-    """`` (Spark task 0.0 in stage 3.0 (TID 7); pid 123 on host)``: where a feeding task ran."""
+    """`` (Spark task 0.0 in stage 3 (TID 7); pid 123 on host)``: where a feeding task ran."""
     if not isinstance(origin, dict):
         return ""
     parts = [str(origin[k]) for k in ("spark", "dask") if origin.get(k)]

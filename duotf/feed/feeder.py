@@ -92,8 +92,9 @@ def origin() -> Dict[str, object]:
 
             ctx = TaskContext.get()
             if ctx is not None:
+                # as Spark names a task in its own errors ("task 0.1 in stage 3.0 (TID 7)")
                 where["spark"] = (f"Spark task {ctx.partitionId()}.{ctx.attemptNumber()} in stage "
-                                  f"{ctx.stageId()}.{ctx.stageAttemptNumber()} (TID {ctx.taskAttemptId()})")
+                                  f"{ctx.stageId()} (TID {ctx.taskAttemptId()})")
         except Exception:  # noqa: BLE001 - only a description
             pass
     if "distributed" in sys.modules:

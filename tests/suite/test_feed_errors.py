@@ -99,7 +99,12 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [
+    "count", "mid-epoch",
+    # the same path on every engine (a task's own FeedError, as for a mid-epoch one, with no
+    # node report to wait for): one engine, for CI time
+    pytest.param("before its first row", marks=pytest.mark.engines("local")),
+])
 def test_a_failing_source_fails_the_feed_at_once_and_names_it(backend, engine, case):
     expect = CASES[case]
     cluster = duotf.run(mains.feed_train_main, {"batch": 500}, backend,
@@ -130,6 +135,6 @@ def test_a_failing_source_fails_the_feed_at_once_and_names_it(backend, engine, c
         waited = time.monotonic() - t1
         assert waited < 5, f"cluster.wait() took {waited:.1f} s after the feed failed"
         print(f"\n[figures] source failing {case} ({engine.__class__.__name__.replace('Engine', '')}): "
-              f"train() raised after {raised:.2f} s, wait() {waited:.2f} s")
+              f"train() raised after {raised:.2f} s, wait() {waited:.2f} s\n{first}")
     finally:
         cluster.shutdown(grace_secs=0, _raise=False)
