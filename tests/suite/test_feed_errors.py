@@ -128,7 +128,8 @@ def test_a_failing_source_fails_the_feed_at_once_and_names_it(backend, engine, c
             assert err.node.startswith("worker:0 ") and f"failed on {err.node}: " in first, first
         else:
             assert err.node is None, err.node
-        assert raised < 10, f"train() raised {raised:.1f} s after it started"
+        # seconds on an idle machine; a shared 2-core one has needed 10 (Spark's count job)
+        assert raised < 20, f"train() raised {raised:.1f} s after it started"
         t1 = time.monotonic()
         with pytest.raises(duotf.DuotfError):  # the nodes' reads raised the feed's failure
             cluster.wait(timeout=30)
