@@ -166,10 +166,12 @@ def _run(sup: Supervisor, job, what: str, stoppable: bool, targets: List[FeedTar
             return None
         failure = sup.feed_failure()
         broken = job.exception() if job.done() else None
-        if isinstance(broken, FeedError):  # a task's own error is the more precise cause
-            if broken.cause is not None and broken.partition == failure[1].get("partition"):
-                raise _failure_error(what, failure, broken.cause) from broken
-            raise broken
+        if isinstance(broken, FeedError):
+            # The node's report says what broke; the task's error adds its data source's error
+            # where that is why. Another task's error (refused, or its connection to a node
+            # that died meanwhile) is a consequence, not the cause.
+            same = broken.cause is not None and broken.partition == failure[1].get("partition")
+            raise _failure_error(what, failure, broken.cause if same else None) from broken
         # the job's own error, unless it is only our cancellation of it
         cancelled = "cancel" in f"{type(broken).__name__} {broken}".lower()
         cause = (_cause(broken) if broken is not None and (ended_first[:1] == [True] or not cancelled)
@@ -197,13 +199,16 @@ def _failed(sup: Supervisor, what: str, feed: FeedJob, exc: BaseException):
         except DuotfError as node_error:
             raise node_error from exc
     failure = sup.feed_failure()
+    if failure is not None:  # what broke, with the task's error where it says why (as above)
+        if isinstance(exc, FeedError):
+            same = exc.cause is not None and exc.partition == failure[1].get("partition")
+            cause = exc.cause if same else None
+        else:
+            cause = _cause(exc)
+        raise _failure_error(what, failure, cause) from exc
     if isinstance(exc, FeedError):
-        if failure is not None and exc.cause is not None and exc.partition == failure[1].get("partition"):
-            raise _failure_error(what, failure, exc.cause) from exc
         raise exc
     cause = _cause(exc)
-    if failure is not None:
-        raise _failure_error(what, failure, cause) from exc
     partition, where = _lost_task(str(exc))
     node = _node_of(feed, partition)
     place = f" on {node}" if node else ""
