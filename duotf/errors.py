@@ -11,7 +11,7 @@
     ├── NodeError                         one node went wrong; every other node was stopped
     │   ├── NodeFailedError              main raised, or its process exited or was killed
     │   └── NodeUnresponsiveError        no heartbeat within heartbeat_timeout
-    ├── FeedError                         the engine feed failed: a node died or stopped taking data
+    ├── FeedError                         the engine feed failed: the count, a source, a feeding task, a node
     │   └── FeedSchemaError              a partition's data does not fit the feed (a null, a ragged column)
     ├── TFRecordCorruptError (IOError)    a TFRecord file is damaged (CRC, length, truncation, stream)
     ├── SchemaMismatchError (ValueError)  a value does not fit its column of a tf.train.Example
@@ -120,10 +120,18 @@ class NodeUnresponsiveError(NodeError):
 
 
 class FeedError(DuotfError):
-    """Feeding data to a node failed: it died, or took no data for ``feed_timeout`` seconds.
+    """Feeding data failed: counting the rows, a partition's data source, a feeding task or its
+    process, or a node that died or took no data for ``feed_timeout`` seconds.
 
-    Attributes: ``partition``, ``node``.
+    The first line says what failed where: ``feeding epoch E failed on <node>: ...`` (or
+    ``inference failed ...``), the partition, and the underlying error. Attributes, each None
+    where it is not known: ``epoch`` (from 1; None in inference), ``partition`` (the feed's
+    partition), ``node`` (the label of the node it was fed to), ``rows`` (rows of that range
+    delivered, or sent by the task, before it broke), ``cause`` (the data source's or the
+    engine's own error, in one line).
     """
+
+    epoch = partition = node = rows = cause = None  # where an error does not know them
 
 
 class FeedSchemaError(FeedError):
@@ -143,6 +151,13 @@ class FeedSchemaError(FeedError):
         attrs = self.attributes
         attrs.update(partition=partition, row=attrs["row"] + offset)
         return type(self)(schema_message(**attrs), **attrs)
+
+
+def cause_of(exc: BaseException) -> str:
+    """An error in one line, for the ``cause`` of another: its type and its message's first
+    line."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:500]}" if lines else type(exc).__name__
 
 
 def schema_message(column, partition, row, problem, what, hint, node=None) -> str:

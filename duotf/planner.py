@@ -16,7 +16,7 @@ import re
 import time
 from typing import Dict, List, Optional, Tuple
 
-from .errors import ConfigError, DuotfError, FeedError
+from .errors import ConfigError, DuotfError, FeedError, cause_of
 from .feed import wire
 from .feed.columns import ragged_columns
 from .feed.feeder import FeedJob
@@ -120,8 +120,7 @@ def _cause(exc: BaseException) -> str:
         for line in lines:
             if "Exception: " in line:
                 return line.rsplit("Exception: ", 1)[1].strip()[:500]
-    first = lines[0] if lines else ""
-    return f"{type(exc).__name__}: {first[:500]}"
+    return cause_of(exc)
 
 
 _PY_ERROR = re.compile(r"^(?!org\.|java\.|py4j\.|scala\.)[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
@@ -134,15 +133,19 @@ def _failure_error(what: str, failure, cause: Optional[str] = None) -> FeedError
     if cause:
         message += f"; the feeding task's error: {cause}"
     return FeedError(message, epoch=info.get("epoch"), partition=info.get("partition"),
-                     node=label, rows=info.get("rows"))
+                     node=label, rows=info.get("rows"), cause=cause)
 
 
-def _run(sup: Supervisor, job, what: str, stoppable: bool, targets: List[FeedTarget]):
+_GRACE = 3.0  # seconds a failed job waits for the node's error or report that says why
+
+
+def _run(sup: Supervisor, job, what: str, stoppable: bool, targets: List[FeedTarget],
+         feed: FeedJob):
     """The engine job's result; None when a node terminated its feed (``stoppable``). A node's
-    failure and a :class:`FeedError` are raised as they are; a training range that broke after
-    delivering rows (a node reports it at once) fails the job as a FeedError naming the epoch,
-    the partition and the node; any other failure of the job as a FeedError whose first line
-    says what failed and why."""
+    failure is raised as it is; a training range that broke after delivering rows (a node
+    reports it at once) fails the job as a FeedError naming the epoch, the partition and the
+    node, with the feeding task's error where it is known; any other failure of the job as a
+    FeedError whose first line says what failed, where, and why."""
     def stop_if():
         return (stoppable and sup.feed_terminated()) or sup.feed_failure() is not None
 
@@ -153,27 +156,126 @@ def _run(sup: Supervisor, job, what: str, stoppable: bool, targets: List[FeedTar
         failure = sup.feed_failure()
         if failure is not None and not sup.feed_terminated():
             _end_feeds(sup, targets, _failure_error(what, failure).message)
+            # Refused, the other tasks end within milliseconds, and so does the job: the error
+            # of the task whose range broke (a failed data source) is then known, not cancelled.
+            job.join(1.0)
 
     try:
-        return sup.run_job(job, stop_if=stop_if, on_stop=release)
+        # no grace here: _failed waits once, for a node's error or its report, whichever comes
+        return sup.run_job(job, stop_if=stop_if, on_stop=release, node_error_grace=0)
     except JobStopped:
         if sup.feed_terminated():
             return None
+        failure = sup.feed_failure()
         broken = job.exception() if job.done() else None
-        if isinstance(broken, FeedError):  # a task's own error is the more precise cause
-            raise broken
+        if isinstance(broken, FeedError):
+            # The node's report says what broke; the task's error adds its data source's error
+            # where that is why. Another task's error (refused, or its connection to a node
+            # that died meanwhile) is a consequence, not the cause.
+            same = broken.cause is not None and broken.partition == failure[1].get("partition")
+            raise _failure_error(what, failure, broken.cause if same else None) from broken
         # the job's own error, unless it is only our cancellation of it
         cancelled = "cancel" in f"{type(broken).__name__} {broken}".lower()
         cause = (_cause(broken) if broken is not None and (ended_first[:1] == [True] or not cancelled)
                  else None)
-        raise _failure_error(what, sup.feed_failure(), cause) from broken
+        raise _failure_error(what, failure, cause) from broken
+    except FeedError as exc:
+        _failed(sup, what, feed, exc)
     except DuotfError:
         raise
     except Exception as exc:
-        failure = sup.await_feed_failure(3.0)
-        if failure is not None:
-            raise _failure_error(what, failure, _cause(exc)) from exc
-        raise FeedError(f"{what} failed: {_cause(exc)}", partition=None, node=None) from exc
+        _failed(sup, what, feed, exc)
+
+
+def _failed(sup: Supervisor, what: str, feed: FeedJob, exc: BaseException):
+    """Raise the error for a feed job that failed with ``exc``. A node that died is usually
+    why (its error wins), or a node reports a range broken after delivering rows: one wait of
+    up to ``_GRACE`` seconds for either, none when the task's data source failed before its
+    first row (nothing else is coming)."""
+    source_only = isinstance(exc, FeedError) and exc.cause is not None and not exc.rows
+    if not source_only:
+        sup.wait_for(lambda: sup.feed_failure() is not None, time.monotonic() + _GRACE)
+    if sup.error is not None:
+        try:
+            sup.raise_if_failed()
+        except DuotfError as node_error:
+            raise node_error from exc
+    failure = sup.feed_failure()
+    if failure is not None:  # what broke, with the task's error where it says why (as above)
+        if isinstance(exc, FeedError):
+            same = exc.cause is not None and exc.partition == failure[1].get("partition")
+            cause = exc.cause if same else None
+        else:
+            cause = _cause(exc)
+        raise _failure_error(what, failure, cause) from exc
+    if isinstance(exc, FeedError):
+        raise exc
+    cause = _cause(exc)
+    partition, where = _lost_task(str(exc))
+    node = _node_of(feed, partition)
+    place = f" on {node}" if node else ""
+    task = f"the {where} failed" if where else "the engine's job failed"
+    raise FeedError(f"{what} failed{place}: {task}: {cause}", epoch=feed.epoch,
+                    partition=partition, node=node, cause=cause) from exc
+
+
+_LOST_TASK = re.compile(r"Lost task (\d+)\.(\d+) in stage (\d+)\.(\d+) \(TID (\d+)\) \(([^)]*)\)")
+
+
+def _lost_task(text: str) -> Tuple[Optional[int], Optional[str]]:
+    """``(partition, description)`` of the Spark task a job's error names ("Lost task 0.3 in
+    stage 7.0 (TID 21) (10.0.0.5 executor 1)"), or ``(None, None)``. The partition is the task's
+    index, which is the feed's partition: duotf's feeding and counting stages map the data's
+    partitions one to one."""
+    found = _LOST_TASK.search(text)
+    if not found:
+        return None, None
+    index, attempt, stage, stage_attempt, tid, where = found.groups()
+    return int(index), (f"Spark task {index}.{attempt} of stage {stage}.{stage_attempt} (TID {tid}) "
+                        f"on {where}")
+
+
+def _node_of(feed: FeedJob, partition: Optional[int]) -> Optional[str]:
+    """The node a partition's rows go to first (training: its plan; inference: by rank)."""
+    if partition is None:
+        return None
+    if feed.plan is not None:
+        ranges = feed.plan.get(partition) or []
+        return feed.labels[ranges[0][0]] if ranges else None
+    return feed.labels[partition % len(feed.labels)]
+
+
+def _count(sup: Supervisor, adapter, targets: List[FeedTarget]) -> List[int]:
+    """The rows of every partition. A count that fails fails the feed: every node's feed ends
+    with the error (their reads raise), so no node waits for data that will not come."""
+    try:
+        return adapter.counts()
+    except ConfigError:
+        raise
+    except BaseException as exc:
+        if not isinstance(exc, Exception) or (isinstance(exc, DuotfError)
+                                               and not isinstance(exc, FeedError)):
+            # interrupted, or the engine refused: raised as it is, and the nodes told
+            _end_feeds(sup, targets, f"counting the rows failed: {cause_of(exc)}")
+            raise
+        if sup.error is not None:  # a node died (its worker lost): that is why
+            try:
+                sup.raise_if_failed()
+            except DuotfError as node_error:
+                error = node_error
+        elif isinstance(exc, FeedError):  # the adapter knows the partition
+            error = FeedError(f"feeding epoch 1 failed: {str(exc).splitlines()[0]}",
+                              **{**exc.attributes, "epoch": 1})
+        else:
+            partition, where = _lost_task(str(exc))
+            counting = f"counting the rows of partition {partition}" if partition is not None \
+                else "counting the rows"
+            cause = _cause(exc)
+            error = FeedError(f"feeding epoch 1 failed: {counting} failed"
+                              f"{f' ({where})' if where else ''}: {cause}",
+                              epoch=1, partition=partition, cause=cause)
+        _end_feeds(sup, targets, str(error).splitlines()[0])
+        raise error from exc
 
 
 def _end_feeds(sup: Supervisor, targets: List[FeedTarget], why: str) -> None:
@@ -198,7 +300,8 @@ def _end_feeds_for(sup: Supervisor, targets: List[FeedTarget], exc: BaseExceptio
         _end_feeds(sup, targets, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
 
-def _markers(sup: Supervisor, targets: List[FeedTarget], kind: wire.Marker, timeout: float) -> None:
+def _markers(sup: Supervisor, targets: List[FeedTarget], kind: wire.Marker, timeout: float,
+             epoch: Optional[int] = None) -> None:
     """Queue an epoch/end marker on every target, on the data path, and wait for each ack."""
     for target in targets:
         try:
@@ -213,7 +316,7 @@ def _markers(sup: Supervisor, targets: List[FeedTarget], kind: wire.Marker, time
                 continue  # this node needs no marker any more
             sup.expect_failure(3.0)
             raise FeedError(f"could not send the {kind} marker to {target.label}: {exc}",
-                            partition=None, node=target.label) from exc
+                            epoch=epoch, node=target.label) from exc
 
 
 def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, balanced: bool,
@@ -225,7 +328,7 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
     sup.check_running("train")
     targets = sup.feed_targets()
     adapter.check_capacity(len(sup.nodes))
-    counts = adapter.counts()
+    counts = _count(sup, adapter, targets)
     plan, per, dropped = balance(counts, len(targets), drop_remainder=balanced)
     if dropped:
         logger.warning("duotf: %d rows left over after giving each of %d workers %d rows are not "
@@ -237,11 +340,11 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
     t0 = time.monotonic()
     fed, done = 0, 0
     try:
-        for epoch in range(epochs):
+        for epoch in range(1, epochs + 1):
             t1 = time.monotonic()
-            progress.start(f"feed epoch {epoch + 1}/{epochs}", epoch_rows)
-            epoch_job = dataclasses.replace(job, epoch=epoch + 1, epochs=epochs)  # names its tasks
-            sent = _run(sup, adapter.train(epoch_job), f"feeding epoch {epoch + 1}", True, targets)
+            progress.start(f"feed epoch {epoch}/{epochs}", epoch_rows)
+            feed = dataclasses.replace(job, epoch=epoch, epochs=epochs)  # names its tasks too
+            sent = _run(sup, adapter.train(feed), feed.what, True, targets, feed)
             if sent is None:
                 progress.finish()  # a node terminated the feed: the partitions counted so far
                 break
@@ -249,9 +352,9 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
             fed += sum(sent)
             done += 1
             t2 = time.monotonic()
-            _markers(sup, targets, wire.Marker.EPOCH, feed_timeout)
+            _markers(sup, targets, wire.Marker.EPOCH, feed_timeout, epoch)
             logger.debug("duotf: epoch %d fed in %.3f s, its markers acknowledged in %.3f s",
-                         epoch + 1, t2 - t1, time.monotonic() - t2)
+                         epoch, t2 - t1, time.monotonic() - t2)
         _markers(sup, targets, wire.Marker.END, feed_timeout)
     except BaseException as exc:
         # every node's feed ends with the error: its reads raise, cluster.wait() never hangs
@@ -276,7 +379,7 @@ def inference(sup: Supervisor, backend, data, keep, result_columns, feed_timeout
     adapter.on_partition = progress.partition_done
     try:
         progress.start("inference", None)  # rows answered, where the engine says
-        output = _run(sup, adapter.infer(job, keep, result_columns), "inference", False, targets)
+        output = _run(sup, adapter.infer(job, keep, result_columns), job.what, False, targets, job)
         progress.finish()
         _markers(sup, targets, wire.Marker.END, feed_timeout)
     except BaseException as exc:

@@ -325,12 +325,6 @@ class Supervisor:
                 return node.describe(), node.feed_failure
         return None
 
-    def await_feed_failure(self, within: float) -> Optional[Tuple[str, dict]]:
-        """:meth:`feed_failure`, waiting up to ``within`` seconds for one to be reported."""
-        self.wait_for(lambda: self.feed_failure() is not None, time.monotonic() + within,
-                      failure_ends=False)
-        return self.feed_failure()
-
     def takes_no_feed(self, node_id: int) -> bool:
         """True when a node needs no more feed markers: its main ended or it terminated its feed."""
         node = self.nodes[node_id]

@@ -52,6 +52,8 @@ class Engine(abc.ABC):
     executors = 1
     #: what the error names for a spec asking for GPUs, which no engine of the suite has
     gpu_setting = ""
+    #: a process that runs feeding tasks may also run a node's task (a killed one takes a node along)
+    feeds_beside_nodes = False
 
     def __init__(self, backend, handle=None):
         self.backend = backend
@@ -85,6 +87,13 @@ class Engine(abc.ABC):
         """Columns of numpy arrays (``blocks[i]`` is partition i; 2-D arrays are tensor
         columns) as the engine holds them best. Returns ``(data, input_mapping)``: the mapping
         to give ``get_data_feed`` so that a node sees the blocks' own column names."""
+
+    @abc.abstractmethod
+    def row_sources(self, sources: List[Callable[[], object]]):
+        """A collection whose partition i holds the rows that ``sources[i]()`` yields: a
+        picklable callable, with ``len``, called inside the engine's tasks that read the
+        partition (its count and its feed), never on the driver, so that what it raises is a
+        failure of the engine's own task."""
 
     @abc.abstractmethod
     def constant_features(self, rows: int, parts: int, width: int, chunk: int, ids: bool = False):
@@ -163,6 +172,9 @@ class LocalEngine(Engine):
     def arrays(self, blocks):
         return [dict(b) for b in blocks], None
 
+    def row_sources(self, sources):
+        return list(sources)  # a callable partition: called by the count and by the feed
+
     def constant_features(self, rows, parts, width, chunk, ids=False):
         import numpy as np
 
@@ -200,6 +212,7 @@ class ProcessPoolEngine(LocalEngine):
 
     executors = 4  # each node's agent runs in a pool process of its own
     gpu_setting = "cannot hold GPUs"  # the contract's default: a backend that never heard of GPUs
+    feeds_beside_nodes = True  # a pool whose worker dies ends every worker, agents included
 
     @classmethod
     @contextlib.contextmanager
@@ -224,6 +237,7 @@ class DaskEngine(Engine):
 
     executors = 2
     gpu_setting = "--resources GPU=n"
+    feeds_beside_nodes = True  # a worker process runs a node's task and feeding tasks
 
     @classmethod
     @contextlib.contextmanager
@@ -255,6 +269,13 @@ class DaskEngine(Engine):
 
     def table(self, parts, schema):
         return self.frame(_pandas_frames(parts, schema))
+
+    def row_sources(self, sources):
+        import dask
+        import dask.bag as db
+
+        # a Bag's partition is the source itself (it has len): the feeding task calls it
+        return db.from_delayed([dask.delayed(lambda source: source)(s) for s in sources])
 
     def arrays(self, blocks):
         import dask.array as da
@@ -364,6 +385,11 @@ class SparkEngine(Engine):
 
     def rows(self, parts):
         return self._rdd(parts)
+
+    def row_sources(self, sources):
+        # one Python task reads the RDD (Spark pipelines flatMap into the count and the feed)
+        return self.session.sparkContext.parallelize(sources, len(sources)).flatMap(
+            lambda source: source())
 
     def frame(self, frames):
         parts = [list(zip(*(f[c].tolist() for c in f.columns))) for f in frames]

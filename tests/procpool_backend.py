@@ -30,7 +30,7 @@ from typing import List, Optional
 
 import cloudpickle
 
-from duotf.backends import Backend, EngineJob, FeedAdapter, ThreadJob
+from duotf.backends import Backend, EngineJob, FeedAdapter, ThreadJob, count_error
 from duotf.errors import InsufficientSlotsError
 
 __all__ = ["ProcessPool", "ProcessPoolBackend", "ProcessPoolFeed"]
@@ -237,7 +237,13 @@ class ProcessPoolFeed(FeedAdapter):
 
     def counts(self) -> List[int]:
         futures = [self.backend.pool.submit(_count_rows, part) for part in self.parts]
-        return [f.result() for f in futures]
+        counts = []
+        for pid, future in enumerate(futures):
+            try:
+                counts.append(future.result())
+            except Exception as exc:  # the partition's source raised (a lost worker too)
+                raise count_error(pid, exc) from exc
+        return counts
 
     def train(self, job) -> EngineJob:
         from duotf.feed.tasks import train_partition

@@ -18,11 +18,11 @@ import logging
 from typing import Dict, Optional, Tuple, Type, Union
 
 from ..errors import ConfigError
-from .base import Backend, EngineJob, FeedAdapter, ThreadJob
+from .base import Backend, EngineJob, FeedAdapter, ThreadJob, count_error
 from .local import LocalBackend
 
 __all__ = [
-    "Backend", "FeedAdapter", "EngineJob", "ThreadJob", "LocalBackend",
+    "Backend", "FeedAdapter", "EngineJob", "ThreadJob", "LocalBackend", "count_error",
     "known_backends", "register_backend", "backend_class", "resolve_backend", "ENTRY_POINT_GROUP",
 ]
 

@@ -24,13 +24,14 @@ import socket
 import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from ..errors import ConfigError, InsufficientSlotsError
+from ..errors import ConfigError, FeedError, InsufficientSlotsError, cause_of
 from ..node import NodeOutcome
 
 logger = logging.getLogger("duotf.feed")
 
 __all__ = ["Backend", "FeedAdapter", "EngineJob", "ThreadJob", "NodeFunction", "routable_ip",
-           "work_name"]
+           "work_name", "count_error"]
+
 
 #: ``fn(node_id, executor_id, attempt, gpus=()) -> NodeOutcome``; runs a node to its end.
 #: ``gpus``: the addresses of the GPUs the engine holds for the node (see :mod:`duotf._gpus`).
@@ -152,7 +153,9 @@ class FeedAdapter(abc.ABC):
 
     @abc.abstractmethod
     def counts(self) -> List[int]:
-        """Rows in each partition, in partition order."""
+        """Rows in each partition, in partition order. A partition whose source fails raises
+        :func:`count_error` where the adapter knows which partition it is; any other error
+        is the planner's to translate (it ends every node's feed either way)."""
 
     @abc.abstractmethod
     def train(self, job) -> EngineJob:
@@ -166,6 +169,14 @@ class FeedAdapter(abc.ABC):
         the engine's columnar equivalent). The job's result is a collection of the input's
         engine and kind with one output partition per input partition, computed while the
         cluster runs and left where the engine keeps it."""
+
+
+def count_error(pid: int, exc: BaseException) -> FeedError:
+    """The error of :meth:`FeedAdapter.counts` for a partition whose rows could not be counted:
+    its data source raised ``exc``."""
+    cause = cause_of(exc)
+    return FeedError(f"counting the rows of partition {pid} failed: {cause}", partition=pid,
+                     cause=cause)
 
 
 class Backend(abc.ABC):

@@ -11,7 +11,7 @@ import uuid
 from typing import Dict, List, Optional
 
 from ..errors import ConfigError
-from .base import EngineJob, FeedAdapter, ThreadJob
+from .base import EngineJob, FeedAdapter, ThreadJob, count_error
 
 __all__ = ["DaskFeed", "kind_of"]
 
@@ -66,7 +66,18 @@ class DaskFeed(FeedAdapter):
 
         if self.kind in ("array", "arrays"):
             return [int(c) for c in self.data.chunks[0]]
-        return list(self.client.gather(self.client.compute([dask.delayed(len)(p) for p in self.parts])))
+        futures = self.client.compute([dask.delayed(len)(p) for p in self.parts])
+        try:
+            return list(self.client.gather(futures))
+        except Exception:
+            # the future that failed the gather has erred by now; the others need no waiting
+            failed = [pid for pid, future in enumerate(futures) if future.status == "error"]
+            if not failed:
+                raise
+            error = futures[failed[0]].exception()
+            raise count_error(failed[0], error) from error
+        finally:
+            self.client.cancel(futures)  # counts only: nothing to keep
 
     def _run(self, tasks, finish, name: str) -> EngineJob:
         client = self.client

@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence, Union
 
 from ..errors import ConfigError, InsufficientSlotsError
 from ..node import NodeOutcome
-from .base import Backend, EngineJob, FeedAdapter, NodeFunction, ThreadJob
+from .base import Backend, EngineJob, FeedAdapter, NodeFunction, ThreadJob, count_error
 
 
 class LocalBackend(Backend):
@@ -159,7 +159,13 @@ class LocalFeed(FeedAdapter):
     def counts(self) -> List[int]:
         from ..feed.tasks import count_rows
 
-        return [count_rows(p) for p in self.parts]
+        counts = []
+        for pid, part in enumerate(self.parts):
+            try:
+                counts.append(count_rows(part))
+            except Exception as exc:
+                raise count_error(pid, exc) from exc
+        return counts
 
     def train(self, job) -> EngineJob:
         from ..feed import tasks

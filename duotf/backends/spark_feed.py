@@ -416,7 +416,14 @@ def _arrow_infer(job, keep_fields, result_fields, tensors):
 
 
 def _rdd_counts(index, rows):
-    yield index, sum(1 for _ in rows)
+    """``(index, rows)``; ``(index, error JSON)`` when the partition's source raised (Python
+    code pipelined into this task: its error is known here, by partition)."""
+    from .base import count_error
+
+    try:
+        yield index, sum(1 for _ in rows)
+    except Exception as exc:
+        yield index, _error_json(count_error(index, exc))
 
 
 def _cached_files(job):
@@ -533,6 +540,7 @@ class SparkFeed(FeedAdapter):
         else:
             rows = self.rdd.mapPartitionsWithIndex(_rdd_counts).collect()
             counts = [0] * self.rdd.getNumPartitions()
+        _raise_first(n for _, n in rows if isinstance(n, str))
         for p, n in rows:
             counts[p] = n
         return counts

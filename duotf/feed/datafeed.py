@@ -165,9 +165,10 @@ class _Order:
                 self._next += 1
             self._cond.notify_all()
 
-    def broken(self, seq: int, rows: int, partition) -> Optional[dict]:
+    def broken(self, seq: int, rows: int, partition, origin: Optional[dict] = None) -> Optional[dict]:
         """A range's connection ended before its end: the epoch's failure (a dict) if it had
-        delivered rows, else None (its turn is given back)."""
+        delivered rows, else None (its turn is given back). ``origin``: where its feeding task
+        ran, as the task said (:func:`duotf.feed.feeder.origin`)."""
         with self._cond:
             if self._holder == seq:
                 self._holder = None
@@ -176,8 +177,9 @@ class _Order:
                 self._partial[seq] = rows
                 if self.failure is None:
                     failure = self.failure = {
-                        "why": f"the task feeding partition {partition} of epoch {self.epoch} "
-                               f"stopped after it delivered {rows} rows, before the range's end "
+                        "why": f"the task feeding partition {partition} of epoch {self.epoch}"
+                               f"{_where(origin)} stopped after it delivered {rows} rows, before "
+                               f"the range's end "
                                f"(its process died, or it failed): an engine's retry would send "
                                f"those rows again, so the epoch fails (each row reaches its "
                                f"node exactly once)",
@@ -205,6 +207,16 @@ class _Order:
     def release(self) -> None:
         with self._cond:
             self._cond.notify_all()
+
+
+def _where(origin: Optional[dict]) -> str:
+    """`` (Spark task 0.0 in stage 3 (TID 7); pid 123 on host)``: where a feeding task ran."""
+    if not isinstance(origin, dict):
+        return ""
+    parts = [str(origin[k]) for k in ("spark", "dask") if origin.get(k)]
+    if origin.get("pid"):
+        parts.append(f"pid {origin['pid']} on {origin.get('host', '?')}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 class FeedServer:
@@ -253,9 +265,13 @@ class FeedServer:
         conn = _Conn(sock)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            # A feeding task's host that is lost without closing the connection must not keep
+            # its turn for ever (its engine's retry waits behind it): its reads fail instead,
+            # and the range ends in broken() like any other.
+            wire.keepalive(sock)
             rows = 0
             seq = None  # this connection's place in the epoch's order (training)
-            partition = None
+            partition = origin = None
             while True:
                 header, cols = wire.recv_frame(sock)
                 kind = wire.frame_kind(header)
@@ -279,6 +295,7 @@ class FeedServer:
                     self._attach_ring(header, conn)
                 elif kind is Frame.ORDER:  # read no further until the earlier ranges are queued
                     seq, partition = int(header["seq"]), header.get("partition")
+                    origin = header.get("origin")
                     status, detail = self._order.wait_turn(seq, wire.WAIT_S)
                     while status == _Order.WAIT:
                         conn.send(Frame.WAIT)
@@ -322,7 +339,7 @@ class FeedServer:
         finally:
             sock.close()
             if seq is not None:  # a training range that never reached its end
-                failure = self._order.broken(seq, rows, partition)
+                failure = self._order.broken(seq, rows, partition, origin)
                 if failure is not None:
                     logger.warning("duotf: %s", failure["why"])
                     if self._on_failure is not None:

@@ -12,14 +12,16 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import os
 import queue
 import socket
+import sys
 import threading
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from ..errors import FeedError, FeedSchemaError, feed_schema_error
+from ..errors import FeedError, FeedSchemaError, cause_of, feed_schema_error
 from . import shm, wire
 from .wire import Frame
 from .columns import Columns, concat_cols, num_rows, slice_cols, split
@@ -39,7 +41,7 @@ class FeedJob:
     plan: Optional[Dict[int, List[Tuple[int, int, int]]]] = None  # train: partition -> ranges
     ragged: Tuple[str, ...] = ()  # columns declared ragged: delivered as RaggedColumn
     job_id: str = ""  # the cluster's job id, for what the engine's UI shows
-    epoch: int = 0  # train: the epoch (1-based) that this engine job feeds, of ``epochs``
+    epoch: Optional[int] = None  # train: the epoch (from 1) this engine job feeds, of ``epochs``
     epochs: int = 0
 
     @property
@@ -57,6 +59,70 @@ class FeedJob:
         if self.mode == "train":
             return f"duotf-feed-{self.job_id}" + (f"-epoch-{self.epoch}" if self.epoch else "")
         return f"duotf-infer-{self.job_id}"
+
+    @property
+    def what(self) -> str:
+        """What this job does, for the first words of its errors."""
+        return f"feeding epoch {self.epoch}" if self.epoch is not None else "inference"
+
+
+class _SourceFailed(Exception):
+    """The partition's own rows failed to come (its source raised), not the connection."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(error)
+        self.error = error
+
+
+def _source(chunks: Iterable[Columns]) -> Iterator[Columns]:
+    """``chunks`` as they come; an error of the source (other than a FeedError, which says
+    itself what failed) becomes a :class:`_SourceFailed`, so that it is never taken for a
+    connection that failed."""
+    it = iter(chunks)
+    while True:
+        try:
+            cols = next(it)
+        except StopIteration:
+            return
+        except FeedError:
+            raise
+        except Exception as exc:
+            raise _SourceFailed(exc) from exc
+        yield cols
+
+
+def _source_error(job: "FeedJob", pid: int, target: int, rows: int, exc: BaseException) -> FeedError:
+    cause = cause_of(exc)
+    when = f"after it sent {rows} rows" if rows else "before its first row"
+    label = job.labels[target]
+    return FeedError(f"{job.what} failed on {label}: the task feeding partition {pid} failed "
+                     f"{when}, its data source raised {cause}", epoch=job.epoch, partition=pid,
+                     node=label, rows=rows, cause=cause)
+
+
+def origin() -> Dict[str, object]:
+    """Where this feeding task runs, for the node's errors: host and pid, and the engine's task
+    where one is known (Spark's stage, partition and attempt; Dask's worker)."""
+    where: Dict[str, object] = {"host": socket.gethostname(), "pid": os.getpid()}
+    if "pyspark" in sys.modules:
+        try:
+            from pyspark import TaskContext
+
+            ctx = TaskContext.get()
+            if ctx is not None:
+                # as Spark names a task in its own errors ("task 0.1 in stage 3.0 (TID 7)")
+                where["spark"] = (f"Spark task {ctx.partitionId()}.{ctx.attemptNumber()} in stage "
+                                  f"{ctx.stageId()} (TID {ctx.taskAttemptId()})")
+        except Exception:  # noqa: BLE001 - only a description
+            pass
+    if "distributed" in sys.modules:
+        try:
+            from distributed import get_worker
+
+            where["dask"] = f"Dask worker {get_worker().address}"
+        except Exception:  # noqa: BLE001 - not in a Dask worker
+            pass
+    return where
 
 
 def validated(chunks: Iterable[Columns], pid: int) -> Iterator[Columns]:
@@ -106,13 +172,14 @@ def _frames(chunks: Iterable[Columns]) -> Iterator[Columns]:
         yield from split(cols, max(1, FRAME_BYTES // max(row_bytes, 1)))
 
 
-def _fail(job: FeedJob, pid: int, target: int, exc: BaseException) -> FeedError:
+def _fail(job: FeedJob, pid: int, target: int, exc: BaseException, rows: Optional[int] = None) -> FeedError:
+    label = job.labels[target]
     if isinstance(exc, socket.timeout):
-        why = f"it took no data for feed_timeout={job.timeout:g} s (alive but stuck?)"
+        why = f"the node took no data for feed_timeout={job.timeout:g} s (alive but stuck?)"
     else:
         why = f"the connection failed ({type(exc).__name__}: {exc}); the node may have died"
-    return FeedError(f"feeding partition {pid} to {job.labels[target]} failed: {why}",
-                     partition=pid, node=job.labels[target])
+    return FeedError(f"{job.what} failed on {label}: feeding partition {pid}, {why}",
+                     epoch=job.epoch, partition=pid, node=label, rows=rows)
 
 
 class _Target:
@@ -132,7 +199,7 @@ class _Target:
         if seq is not None:
             # The node reads this connection once its earlier ranges are queued; until then it
             # says it waits (every WAIT_S), so feed_timeout counts only a node that says nothing.
-            self.send(Frame.ORDER, seq=seq, partition=pid)
+            self.send(Frame.ORDER, seq=seq, partition=pid, origin=origin())
             while True:
                 header = self.reply(Frame.WAIT, Frame.TURN, Frame.DELIVERED, Frame.REFUSED)
                 if header["t"] == Frame.DELIVERED:
@@ -141,7 +208,7 @@ class _Target:
                     self.sock.close()
                     label = job.labels[target]
                     raise FeedError(f"feeding epoch {header.get('epoch')} failed on {label}: "
-                                    f"{header.get('why')}", epoch=header.get("epoch"),
+                                    f"{header.get('why')}", epoch=header.get("epoch") or job.epoch,
                                     partition=header.get("partition", pid), node=label)
                 if header["t"] != Frame.WAIT:
                     break
@@ -216,15 +283,17 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
 
     sent = 0
     ok = False
+    fed = target  # the target of the range being sent
     try:
         pos = 0
-        for cols in _frames(validated(chunks, pid)):
+        for cols in _frames(validated(_source(chunks), pid)):
             packed = cols if isinstance(cols, (wire.Packed, wire.FileFrame)) else None
             n = packed.rows if packed else num_rows(cols)
             for target, a, b, seq in ranges:
                 lo, hi = max(a, pos), min(b, pos + n)
                 if lo >= hi:
                     continue
+                fed = target
                 conn = conn_for(target, seq)
                 if conn.delivered:  # by an earlier attempt of this task (the engine retried it)
                     pass
@@ -247,7 +316,8 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
             raise FeedError(
                 f"partition {pid} gave {pos} rows where {planned} were counted before feeding: the "
                 "data changed between the count and the feed (a non-deterministic source?); "
-                "cache() or persist() it first", partition=pid, node=job.labels[ranges[0][0]])
+                "cache() or persist() it first", epoch=job.epoch, partition=pid,
+                node=job.labels[ranges[0][0]])
         for target, conn in conns.items():
             if not conn.delivered:  # terminated: the node wants no more data
                 conn.reply(Frame.ACK, Frame.TERMINATED)
@@ -265,8 +335,12 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
         except (OSError, wire.FeedProtocolError) as exc:  # the node's own error tells why
             logger.debug("partition %d: giving up its turns failed: %s", pid, exc)
         raise
+    except _SourceFailed as exc:
+        # Its connections close before their END: the node gives back the turn of a range that
+        # had no row yet, and fails the epoch for one that had (exactly once).
+        raise _source_error(job, pid, fed, sent, exc.error) from exc.error
     except (OSError, wire.FeedProtocolError) as exc:
-        raise _fail(job, pid, target, exc) from exc
+        raise _fail(job, pid, fed, exc, sent) from exc
     finally:
         for conn in conns.values():
             conn.close(ok)
@@ -348,16 +422,20 @@ def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> Iterator[Tu
                 raise _fail(job, pid, target, payload if isinstance(payload, BaseException) else
                             ConnectionError(kind))
 
+    sent = 0
     try:
-        for cols in _frames(validated(chunks, pid)):
+        for cols in _frames(validated(_source(chunks), pid)):
             wire.send_frame(sock, Frame.BATCH, cols)
+            sent += num_rows(cols)
             pending.append(cols)
             waiting += num_rows(cols)
             yield from take(block=False)
         wire.send_frame(sock, Frame.END, mode="infer", partition=pid)
         yield from take(block=True)
+    except _SourceFailed as exc:
+        raise _source_error(job, pid, target, sent, exc.error) from exc.error
     except OSError as exc:
-        raise _fail(job, pid, target, exc) from exc
+        raise _fail(job, pid, target, exc, sent) from exc
     finally:
         try:
             sock.shutdown(socket.SHUT_RDWR)

@@ -145,6 +145,25 @@ def client_handshake(sock: socket.socket, secret: bytes) -> None:
         raise FeedProtocolError(f"not this job's duotf feed endpoint: {exc}") from None
 
 
+#: TCP keepalive of a feed connection: first probe after this many idle seconds, then one
+#: every KEEPALIVE_INTERVAL, KEEPALIVE_COUNT unanswered in a row end it
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
+
+
+def keepalive(sock: socket.socket, idle: int = KEEPALIVE_IDLE, interval: int = KEEPALIVE_INTERVAL,
+              count: int = KEEPALIVE_COUNT) -> None:
+    """Let the kernel probe ``sock`` while it is idle, so that a peer whose host is gone (its
+    connection never closes: no FIN, no RST ever comes) fails its reads after about ``idle +
+    interval * count`` seconds instead of never. A live peer's kernel answers the probes even
+    while its process is slow or stopped. The timings are Linux's (elsewhere the system's
+    defaults, of hours, apply)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count)):
+        option = getattr(socket, name, None)
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
 def connect(address: Tuple[str, int], secret: bytes, timeout: float) -> socket.socket:
     """An authenticated connection to a node's feed port. Where the node's gate closes it during
     the handshake (crowded by other connections), it is tried again with backoff within

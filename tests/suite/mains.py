@@ -619,3 +619,39 @@ def report_main(args, ctx):
     if ctx.node_id == args.get("flood_node"):
         admitted = sum(ctx.report(step=i, flood=i) for i in range(args["flood"]))
     return {"batches": batches, "rows": rows, "refused": refused, "admitted": admitted}
+
+
+class _Poison(tuple):
+    """A row that raises when the feed reads its values (a source failing on this row)."""
+
+    def __getitem__(self, i):
+        raise RuntimeError(f"injected: the source failed at row {tuple.__getitem__(self, 1)}")
+
+
+class RowSource:
+    """The rows ``(0.5, i)`` for ``start <= i < stop``, made where the engine reads them
+    (``engine.row_sources``). ``fail="count"``: the source raises at once, so counting its rows
+    fails; ``fail=k``: its row ``k`` (from 0) raises when the feed converts it, after the rows
+    before it went out in the feed's chunks of 4096 (the count, which does not read values,
+    passes)."""
+
+    def __init__(self, start: int, stop: int, fail=None):
+        self.start, self.stop, self.fail = start, stop, fail
+
+    def _check(self):
+        if self.fail == "count":
+            raise RuntimeError(f"injected: the source of rows {self.start}.. failed")
+
+    def __len__(self):
+        self._check()
+        return self.stop - self.start
+
+    def __getitem__(self, i):  # a Dask Bag looks at its partition's first row
+        if not 0 <= i < self.stop - self.start:
+            raise IndexError(i)
+        return (0.5, self.start + i)
+
+    def __call__(self):
+        self._check()
+        return ((_Poison((0.5, i)) if i - self.start == self.fail else (0.5, i))
+                for i in range(self.start, self.stop))
