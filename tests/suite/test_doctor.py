@@ -33,7 +33,7 @@ def closed_port() -> socket.socket:
 
 # CI time (a TensorFlow import per executor): the engines of separate executors; local and
 # procpool pass every other check in the test below
-@pytest.mark.engines("dask", "spark-local", "spark-standalone")
+@pytest.mark.engines("dask", "spark-standalone")
 def test_every_check_passes_on_the_test_cluster(backend, engine):
     report = duotf.doctor(backend, duotf.ClusterSpec(workers=2))
     assert report.ok, report.table()

@@ -16,9 +16,9 @@ cloudpickle.register_pickle_by_value(train)
 cloudpickle.register_pickle_by_value(pipeline)
 
 
-# The example on three engines of five (CI time): every engine runs the same training paths in
+# The example on two engines of five per mode (CI time): every engine runs the same training paths in
 # test_lifecycle, test_determinism and test_keras (files and engine feed).
-@pytest.mark.engines("procpool", "dask", "spark-standalone")
+@pytest.mark.engines("dask", "spark-standalone")
 def test_digits_example_trains(backend, tmp_path):
     args = {
         "data": train.prepare_data(str(tmp_path / "digits.npz")),
@@ -33,7 +33,7 @@ def test_digits_example_trains(backend, tmp_path):
     assert (tmp_path / "model" / "weights.npz").exists()  # saved by the chief before returning
 
 
-@pytest.mark.engines("local", "dask", "spark-standalone")
+@pytest.mark.engines("local", "spark-standalone")
 def test_digits_example_trains_from_the_engine_feed(backend, engine, tmp_path):
     """The same program, the rows pushed by the engine: the same accuracy as reading the file."""
     import numpy as np
