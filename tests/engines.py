@@ -105,6 +105,47 @@ class Engine(abc.ABC):
         """The processes the engine's feeding tasks run in (a list, or a callable giving the
         current list where they come and go)."""
 
+    # -- scoring a DataFrame with a saved model (engines with a DataFrame: Dask, Spark) ---------
+    def score(self, df, model, **kwargs):
+        """``df`` scored by ``model`` with the engine's DataFrame scoring function
+        (``duotf.spark.predict`` / ``duotf.dask.predict``: ``columns=``, ``output=``,
+        ``batch_size=``), lazily; what it refuses on the driver is raised here."""
+        raise NotImplementedError(f"{type(self).__name__} scores no DataFrame")
+
+    def score_every_way(self, df, model, output: str, return_type: str = "double",
+                        batch_size: int = 1024) -> Dict[str, object]:
+        """Each way the engine offers to score ``df``'s column ``"features"`` into the column
+        ``output``, by name: the lazy scored collection, every column of ``df`` kept.
+        ``return_type`` is the Spark type of ``output`` (Dask takes the model's)."""
+        raise NotImplementedError(f"{type(self).__name__} scores no DataFrame")
+
+    def scoring_stats(self) -> Dict[int, dict]:
+        """``duotf.scoring.cache_stats()`` of the processes that run the engine's tasks, by pid."""
+        raise NotImplementedError(f"{type(self).__name__} scores no DataFrame")
+
+    @contextlib.contextmanager
+    def task_failure(self):
+        """Expect the block to fail in an engine task: yields a ``TaskFailure`` whose ``text``
+        (``"module.Type: message"`` as the task raised it, engine's context around it) is set
+        when the block raised; the test fails if it did not."""
+        failure = TaskFailure()
+        try:
+            yield failure
+        except Exception as exc:  # noqa: BLE001 - the engine's own error, turned into text
+            failure.text = self._task_error_text(exc)
+        if failure.text is None:
+            raise AssertionError("the engine task did not fail")
+
+    def _task_error_text(self, exc: BaseException) -> str:
+        """The text of an error a task raised, as the driver gets it."""
+        return f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
+
+
+class TaskFailure:
+    """What ``Engine.task_failure`` saw: ``text``, the error an engine task raised."""
+
+    text: Optional[str] = None
+
 
 #: how pandas holds each kind of column of ``Engine.table``, nulls included
 _PANDAS_DTYPES = {"long": "Int64", "double": "float64", "string": "object", "array<float>": "object"}
@@ -255,6 +296,19 @@ class DaskEngine(Engine):
     def feeding_processes(self):
         return [psutil.Process(pid) for pid in self.client.run(os.getpid).values()]
 
+    def score(self, df, model, **kwargs):
+        import duotf.dask
+
+        return duotf.dask.predict(df, model, **kwargs)
+
+    def score_every_way(self, df, model, output, return_type="double", batch_size=1024):
+        return {"duotf.dask.predict": self.score(df, model, output=output, batch_size=batch_size)}
+
+    def scoring_stats(self):
+        import duotf.scoring
+
+        return self.client.run(duotf.scoring.cache_stats)
+
 
 def _spark_session(master: str, **conf):
     from pyspark.sql import SparkSession
@@ -276,7 +330,7 @@ def _spark_session(master: str, **conf):
 
 
 _SPARK_TYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long",
-                "bool": "boolean", "object": "string"}
+                "bool": "boolean", "object": "string", "string": "string"}
 
 
 def _spark_schema(columns: Dict[str, np.dtype], tensors: Sequence[str] = ()) -> str:
@@ -369,6 +423,40 @@ class SparkEngine(Engine):
             return found
 
         return python_workers
+
+    def score(self, df, model, **kwargs):
+        import duotf.spark
+
+        return duotf.spark.predict(df, model, **kwargs)
+
+    def score_every_way(self, df, model, output, return_type="double", batch_size=1024):
+        import duotf.spark
+
+        udf = duotf.spark.predict_udf(model, return_type, batch_size=batch_size)
+        packed = duotf.spark.pack_tensors(df, "features")
+        return {
+            "predict_udf on array<float>": df.withColumn(output, udf("features")),
+            "predict on pack_tensors": self.score(packed, model, output=output,
+                                                  return_type=return_type, batch_size=batch_size),
+        }
+
+    def scoring_stats(self):
+        import json
+
+        from tests.suite import mains
+
+        # one report per Python worker that runs a task of this job: as many tasks as there
+        # are slots, at once, so each idle worker takes one
+        reports = self.session.range(0, 64, numPartitions=16).mapInArrow(
+            mains.scoring_stats, "pid long, stats string").collect()
+        return {r.pid: json.loads(r.stats) for r in reports}
+
+    def _task_error_text(self, exc):
+        from pyspark.errors import PythonException
+
+        if not isinstance(exc, PythonException):  # not a task's error: the test shows it
+            raise exc
+        return str(exc)  # the task's traceback text: "duotf.errors.X: message" within
 
 
 class SparkLocalEngine(SparkEngine):
