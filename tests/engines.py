@@ -65,7 +65,8 @@ class Engine(abc.ABC):
     # -- plain data in --------------------------------------------------------------------------
     @abc.abstractmethod
     def rows(self, parts: List[list]):
-        """A collection whose partition i holds exactly the tuples ``parts[i]``."""
+        """A collection whose partition i holds exactly the tuples ``parts[i]`` (no partition at
+        all for ``[]``)."""
 
     @abc.abstractmethod
     def frame(self, frames: List[pd.DataFrame]):
@@ -370,7 +371,10 @@ class SparkEngine(Engine):
         return self.handle
 
     def _rdd(self, parts: List[list]):
-        return self.session.sparkContext.parallelize(parts, len(parts)).flatMap(lambda part: part)
+        sc = self.session.sparkContext
+        if not parts:  # parallelize cannot make no partition
+            return sc.emptyRDD()
+        return sc.parallelize(parts, len(parts)).flatMap(lambda part: part)
 
     def rows(self, parts):
         return self._rdd(parts)

@@ -33,10 +33,13 @@ def test_a_node_that_takes_no_data_gives_a_typed_feed_error(backend, engine, tmp
 
 
 def test_inference_of_empty_partitions_gives_empty_partitions(backend, engine):
-    with duotf.run(mains.feed_infer_main, {"batch": 4}, backend, duotf.ClusterSpec(workers=2)) as cluster:
+    with duotf.run(mains.feed_infer_main, {"batch": 4, "feeds": 2}, backend,
+                   duotf.ClusterSpec(workers=2)) as cluster:
         out = cluster.inference(engine.rows([[], [], []]))
+        none = cluster.inference(engine.rows([]))  # no partition at all: none out
         cluster.wait(timeout=60)
     assert engine.partitions(out) == [[], [], []]
+    assert engine.partitions(none) == []
 
 
 @pytest.mark.parametrize("then", ["read", "return"])
