@@ -15,7 +15,7 @@ import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .errors import ClusterClosedError, ConfigError, NodesStoppedError
-from .node import NodeJob, default_workdir_root, run_node
+from .node import NodeJob, OutcomeStatus, default_workdir_root, run_node
 from .nodelogs import NodeLogs, log_node_ids
 from .rendezvous import Msg
 from .spec import ClusterSpec, seconds
@@ -258,7 +258,7 @@ class Cluster:
                 raise ClusterClosedError(f"{self!r} was shut down before its nodes ended")
             values: List[Any] = [None] * len(self.nodes)
             for outcome in outcomes:
-                if outcome.status == "done" and outcome.payload is not None:
+                if outcome.status is OutcomeStatus.DONE and outcome.payload is not None:
                     values[outcome.node_id] = cloudpickle.loads(outcome.payload)
             self._results = values
         return list(self._results)
