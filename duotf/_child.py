@@ -209,11 +209,11 @@ def main(argv) -> int:
 
     start = _wait_for(inbox, arrived, ChildMsg.START)[1]
     os.environ["TF_CONFIG"] = _json(start["tf_config"])
-    from .context import NodeContext
+    from .context import check_feeds_answered, node_context
 
     os.makedirs(job["working_dir"], exist_ok=True)
     os.chdir(job["working_dir"])
-    ctx = NodeContext(
+    ctx = node_context(
         node_id=job["node_id"],
         job_name=start["job"],
         task_index=start["index"],
@@ -225,8 +225,8 @@ def main(argv) -> int:
         port=start["port"],
         job_id=job["job_id"],
         executor_id=job.get("executor_id", ""),
-        _notify=lambda what: _notify(link, what),
-        _feed_server=feed,
+        notify=lambda what: _notify(link, what),
+        feed_server=feed,
     )
     if start["job"] == "ps":
         ctx.serve()  # a ps node only serves, until it is stopped
@@ -234,7 +234,7 @@ def main(argv) -> int:
     link.send(ChildMsg.RUNNING)
     try:
         value = user_main(user_args, ctx)
-        ctx._check_feeds()
+        check_feeds_answered(ctx)
     except SystemExit as exc:
         if exc.code not in (None, 0):
             link.send(ChildMsg.ERROR, _error_info(exc))

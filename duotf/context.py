@@ -7,7 +7,7 @@ import os
 import posixpath
 from typing import Callable, Dict, List, Optional
 
-__all__ = ["NodeContext"]
+__all__ = ["NodeContext", "node_context", "check_feeds_answered"]
 
 
 class NodeContext:
@@ -53,8 +53,6 @@ class NodeContext:
         port: int,
         job_id: str,
         executor_id: str = "",
-        _notify: Optional[Callable[[str], None]] = None,
-        _feed_server=None,
     ):
         self.node_id = node_id
         self.job_name = job_name
@@ -75,8 +73,8 @@ class NodeContext:
         self.port = port
         self.job_id = job_id
         self.executor_id = executor_id
-        self._notify = _notify
-        self._feed_server = _feed_server
+        self._notify: Optional[Callable[[str], None]] = None  # set by node_context
+        self._feed_server = None  # set by node_context
         self._feeds: list = []
         self._server = None
 
@@ -123,12 +121,6 @@ class NodeContext:
         self._feeds.append(feed)
         return feed
 
-    def _check_feeds(self) -> None:
-        """After ``main`` returned: no inference rows may be left without their results."""
-        for feed in self._feeds:
-            if not feed.train:
-                feed.check_answered("main returned")
-
     def start_server(self):
         """Start (once) and return this node's ``tf.distribute.Server`` with the spec's protocol.
 
@@ -158,3 +150,25 @@ class NodeContext:
         if self._notify is not None:
             self._notify("serving")
         server.join()
+
+
+# -- the node process's side (duotf._child): not for user code -------------------------------------
+def node_context(*, notify: Callable[[str], None], feed_server, **fields) -> NodeContext:
+    """The :class:`NodeContext` of a node process, wired to its agent and its feed.
+
+    ``fields`` are :class:`NodeContext`'s own arguments; ``notify(what)`` tells the node's
+    agent of a change it reports to the driver (``"serving"``); ``feed_server`` is the node's
+    :class:`~duotf.feed.datafeed.FeedServer`, which ``get_data_feed`` reads from.
+    """
+    ctx = NodeContext(**fields)
+    ctx._notify = notify
+    ctx._feed_server = feed_server
+    return ctx
+
+
+def check_feeds_answered(ctx: NodeContext, when: str = "main returned") -> None:
+    """Once ``main`` returned: raise the :class:`~duotf.errors.FeedError` of an inference feed
+    that ``ctx`` handed out with rows read but left without their results."""
+    for feed in ctx._feeds:
+        if not feed.train:
+            feed.check_answered(when)
