@@ -147,11 +147,21 @@ class Cluster:
     # -- start ----------------------------------------------------------------------------
     def start(self) -> "Cluster":
         """Reserve every node, hand each its TF_CONFIG, and return once every main runs
-        (:func:`duotf.run` calls it; a cluster starts once)."""
+        (:func:`duotf.run` calls it; a cluster starts once). A start that fails stops whatever
+        it started before it raises.
+        """
         t0 = time.monotonic()
         sup = self.supervisor
         if sup.status is not ClusterStatus.STARTING or self.startup_seconds is not None:
             raise ClusterClosedError(f"{self!r} was started already")
+        try:
+            return self._start(t0)
+        except BaseException:
+            self.shutdown(grace_secs=0, _raise=False)
+            raise
+
+    def _start(self, t0: float) -> "Cluster":
+        sup = self.supervisor
         n = len(self.nodes)
         self.backend.check_capacity(n)
         _live.add(self)
