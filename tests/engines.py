@@ -124,6 +124,28 @@ class Engine(abc.ABC):
         """``duotf.scoring.cache_stats()`` of the processes that run the engine's tasks, by pid."""
         raise NotImplementedError(f"{type(self).__name__} scores no DataFrame")
 
+    # -- ML stages: TFEstimator and TFModel (engines with a DataFrame: Dask, Spark) ------------
+    def ml_stages(self) -> Tuple[type, type, dict]:
+        """``(TFEstimator, TFModel, kwargs)``: the engine's ML stages, and the keyword arguments
+        a TFEstimator takes on this engine beside its parameters."""
+        raise NotImplementedError(f"{type(self).__name__} has no ML stages")
+
+    def model_at(self, path: str):
+        """A TFModel of the saved model at ``path``."""
+        raise NotImplementedError(f"{type(self).__name__} has no ML stages")
+
+    def apply_model(self, model, df):
+        """``df`` scored by the TFModel ``model``, lazily (Spark: transform; Dask: predict)."""
+        raise NotImplementedError(f"{type(self).__name__} has no ML stages")
+
+    def model_path(self, model) -> str:
+        """Where the TFModel's saved Keras model lies."""
+        raise NotImplementedError(f"{type(self).__name__} has no ML stages")
+
+    def save_and_load(self, model, folder: str):
+        """The TFModel ``model`` saved to ``folder`` the engine's way, and loaded back."""
+        raise NotImplementedError(f"{type(self).__name__} has no ML stages")
+
     @contextlib.contextmanager
     def task_failure(self):
         """Expect the block to fail in an engine task: yields a ``TaskFailure`` whose ``text``
@@ -310,6 +332,26 @@ class DaskEngine(Engine):
 
         return self.client.run(duotf.scoring.cache_stats)
 
+    def ml_stages(self):
+        import duotf.dask
+
+        return duotf.dask.TFEstimator, duotf.dask.TFModel, {"client": self.client}
+
+    def model_at(self, path):
+        import duotf.dask
+
+        return duotf.dask.TFModel(path)
+
+    def apply_model(self, model, df):
+        return model.predict(df)
+
+    def model_path(self, model):
+        return model.modelPath
+
+    def save_and_load(self, model, folder):
+        model.save(folder)
+        return type(model).load(folder)
+
 
 def _spark_session(master: str, **conf):
     from pyspark.sql import SparkSession
@@ -454,6 +496,26 @@ class SparkEngine(Engine):
         reports = self.session.range(0, 64, numPartitions=16).mapInArrow(
             mains.scoring_stats, "pid long, stats string").collect()
         return {r.pid: json.loads(r.stats) for r in reports}
+
+    def ml_stages(self):
+        from duotf.spark import TFEstimator, TFModel
+
+        return TFEstimator, TFModel, {}
+
+    def model_at(self, path):
+        from duotf.spark import TFModel
+
+        return TFModel(modelPath=path)
+
+    def apply_model(self, model, df):
+        return model.transform(df)
+
+    def model_path(self, model):
+        return model.getModelPath()
+
+    def save_and_load(self, model, folder):
+        model.write().save(folder)
+        return type(model).load(folder)
 
     def _task_error_text(self, exc):
         from pyspark.errors import PythonException
