@@ -520,9 +520,13 @@ class SparkEngine(Engine):
     def _task_error_text(self, exc):
         from pyspark.errors import PythonException
 
-        if not isinstance(exc, PythonException):  # not a task's error: the test shows it
+        # toPandas warns (an error, in the tests) with the task's error as its context
+        found = exc
+        while found is not None and not isinstance(found, PythonException):
+            found = found.__cause__ or found.__context__
+        if found is None:  # not a task's error: the test shows it
             raise exc
-        return str(exc)  # the task's traceback text: "duotf.errors.X: message" within
+        return str(found)  # the task's traceback text: "duotf.errors.X: message" within
 
 
 class SparkLocalEngine(SparkEngine):
