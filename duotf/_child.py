@@ -228,11 +228,11 @@ def main(argv) -> int:
 
     start = _wait_for(inbox, arrived, ChildMsg.START)[1]
     os.environ["TF_CONFIG"] = _json(start["tf_config"])
-    from .context import NodeContext
+    from .context import check_feeds_answered, node_context
 
     os.makedirs(job["working_dir"], exist_ok=True)
     os.chdir(job["working_dir"])
-    ctx = NodeContext(
+    ctx = node_context(
         node_id=job["node_id"],
         job_name=start["job"],
         task_index=start["index"],
@@ -246,9 +246,9 @@ def main(argv) -> int:
         job_id=job["job_id"],
         executor_id=job.get("executor_id", ""),
         gpus=job.get("gpus") or [],
-        _notify=lambda what: _notify(link, what),
-        _feed_server=feed,
-        _reporter=reporter,
+        notify=lambda what: _notify(link, what),
+        feed_server=feed,
+        reporter=reporter,
     )
     if start["job"] == "ps":
         ctx.serve()  # a ps node only serves, until it is stopped
@@ -257,7 +257,7 @@ def main(argv) -> int:
     try:
         try:
             value = user_main(user_args, ctx)
-            ctx._check_feeds()
+            check_feeds_answered(ctx)
         finally:
             # what main reported goes before how it ended (its agent reads the pipe at once)
             reporter.flush(_REPORT_GRACE)

@@ -156,8 +156,4 @@ def run(
         if owns:
             backend_obj.close()
         raise
-    try:
-        return cluster.start()
-    except BaseException:
-        cluster.shutdown(grace_secs=0, _raise=False)
-        raise
+    return cluster.start()  # a start that fails shuts the cluster down

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .errors import ClusterClosedError, ConfigError, NodesStoppedError, TensorBoardError
 from .metrics import NodeMetrics
-from .node import NodeJob, default_log_dir, default_workdir_root, run_node
+from .node import NodeJob, OutcomeStatus, default_log_dir, default_workdir_root, run_node
 from .nodelogs import NodeLogs, log_node_ids
 from .progress import FeedProgress, check_progress
 from .rendezvous import Msg
@@ -233,11 +233,21 @@ class Cluster:
     # -- start ----------------------------------------------------------------------------
     def start(self) -> "Cluster":
         """Reserve every node, hand each its TF_CONFIG, and return once every main runs
-        (:func:`duotf.run` calls it; a cluster starts once)."""
+        (:func:`duotf.run` calls it; a cluster starts once). A start that fails stops whatever
+        it started before it raises.
+        """
         t0 = time.monotonic()
         sup = self.supervisor
         if sup.status is not ClusterStatus.STARTING or self.startup_seconds is not None:
             raise ClusterClosedError(f"{self!r} was started already")
+        try:
+            return self._start(t0)
+        except BaseException:
+            self.shutdown(grace_secs=0, _raise=False)
+            raise
+
+    def _start(self, t0: float) -> "Cluster":
+        sup = self.supervisor
         n = len(self.nodes)
         self.backend.check_capacity(n)
         gpus = self.spec.gpus_per_node
@@ -364,7 +374,7 @@ class Cluster:
                 raise ClusterClosedError(f"{self!r} was shut down before its nodes ended")
             values: List[Any] = [None] * len(self.nodes)
             for outcome in outcomes:
-                if outcome.status == "done" and outcome.payload is not None:
+                if outcome.status is OutcomeStatus.DONE and outcome.payload is not None:
                     values[outcome.node_id] = cloudpickle.loads(outcome.payload)
             self._results = values
         return list(self._results)

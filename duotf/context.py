@@ -7,7 +7,7 @@ import os
 import posixpath
 from typing import Callable, Dict, List, Optional
 
-__all__ = ["NodeContext"]
+__all__ = ["NodeContext", "node_context", "check_feeds_answered"]
 
 
 class NodeContext:
@@ -65,9 +65,6 @@ class NodeContext:
         executor_id: str = "",
         gpus: Optional[List[str]] = None,
         log_dir: str = "",
-        _notify: Optional[Callable[[str], None]] = None,
-        _feed_server=None,
-        _reporter=None,
     ):
         self.node_id = node_id
         self.job_name = job_name
@@ -90,9 +87,9 @@ class NodeContext:
         self.job_id = job_id
         self.executor_id = executor_id
         self.gpus: List[str] = list(gpus or [])
-        self._notify = _notify
-        self._feed_server = _feed_server
-        self._reporter = _reporter
+        self._notify: Optional[Callable[[str], None]] = None  # set by node_context
+        self._feed_server = None  # set by node_context
+        self._reporter = None  # set by node_context
         self._feeds: list = []
         self._server = None
 
@@ -154,12 +151,6 @@ class NodeContext:
             raise RuntimeError("this context cannot report (it was not created by duotf.run)")
         return self._reporter.report(step, metrics)
 
-    def _check_feeds(self) -> None:
-        """After ``main`` returned: no inference rows may be left without their results."""
-        for feed in self._feeds:
-            if not feed.train:
-                feed.check_answered("main returned")
-
     def start_server(self):
         """Start (once) and return this node's ``tf.distribute.Server`` with the spec's protocol.
 
@@ -189,3 +180,28 @@ class NodeContext:
         if self._notify is not None:
             self._notify("serving")
         server.join()
+
+
+# -- the node process's side (duotf._child): not for user code -------------------------------------
+def node_context(*, notify: Callable[[str], None], feed_server, reporter=None,
+                 **fields) -> NodeContext:
+    """The :class:`NodeContext` of a node process, wired to its agent and its feed.
+
+    ``fields`` are :class:`NodeContext`'s own arguments; ``notify(what)`` tells the node's
+    agent of a change it reports to the driver (``"serving"``); ``feed_server`` is the node's
+    :class:`~duotf.feed.datafeed.FeedServer`, which ``get_data_feed`` reads from; ``reporter``
+    sends what ``ctx.report`` is given (:mod:`duotf._reports`).
+    """
+    ctx = NodeContext(**fields)
+    ctx._notify = notify
+    ctx._feed_server = feed_server
+    ctx._reporter = reporter
+    return ctx
+
+
+def check_feeds_answered(ctx: NodeContext, when: str = "main returned") -> None:
+    """Once ``main`` returned: raise the :class:`~duotf.errors.FeedError` of an inference feed
+    that ``ctx`` handed out with rows read but left without their results."""
+    for feed in ctx._feeds:
+        if not feed.train:
+            feed.check_answered(when)

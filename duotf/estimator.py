@@ -267,7 +267,8 @@ def fit(config: FitConfig, backend, key: int, data, feed_slots: int) -> FitResul
     ``key`` identifies the engine (fits on one engine share its slots); ``feed_slots`` is what
     feeding needs beside the nodes (Spark: 1; Dask nodes leave their worker's threads free: 0).
     """
-    from . import ClusterSpec, run
+    from .api import run
+    from .spec import ClusterSpec
 
     t0 = time.monotonic()
     what = f"numWorkers={config.numWorkers}" + (f" + numPs={config.numPs}" if config.numPs else "")

@@ -102,13 +102,22 @@ class NodeJob:
     tensorboard_node: int = -1
 
 
+class OutcomeStatus(str, enum.Enum):
+    """How a node ended, as its engine task reports it (str-valued: it reads as its value)."""
+
+    DONE = "done"  # main returned (its value is the outcome's payload)
+    FAILED = "failed"  # main raised, or the node process exited or was killed
+    STOPPED = "stopped"  # stopped by the driver (shutdown, a peer's failure) or with the agent
+    REJECTED = "rejected"  # the driver turned the node away before it started (a late retry)
+
+
 @dataclasses.dataclass(frozen=True)
 class NodeOutcome:
     """What the engine's task returns for a node: its id and how it ended."""
 
     node_id: int
-    status: str  # "done", "failed", "stopped", "rejected"
-    payload: Optional[bytes] = None  # cloudpickled return value of main when status == "done"
+    status: OutcomeStatus
+    payload: Optional[bytes] = None  # cloudpickled return value of main when status is DONE
 
 
 def reserve_port() -> socket.socket:
@@ -412,12 +421,12 @@ class _Agent:
                 self._drain_output(_OUTPUT_GRACE)
                 if self.result is not None:  # main returned; how the process ended after is moot
                     self._send(Msg.DONE)
-                    return NodeOutcome(self.node_id, "done", self.result)
+                    return NodeOutcome(self.node_id, OutcomeStatus.DONE, self.result)
                 if self.stop_requested:
                     self._send(Msg.STOPPED, exitcode=code)
-                    return NodeOutcome(self.node_id, "stopped")
+                    return NodeOutcome(self.node_id, OutcomeStatus.STOPPED)
                 self._fail("exit", exitcode=code, message=_describe_exit(code))
-                return NodeOutcome(self.node_id, "failed")
+                return NodeOutcome(self.node_id, OutcomeStatus.FAILED)
             elif kind == "driver":
                 message = event[1]
                 type_ = message["type"]
@@ -429,7 +438,7 @@ class _Agent:
                     self._begin_stop(message.get("timeout", job.stop_timeout))
                 elif type_ == Msg.REJECT:
                     logger.warning("node %d rejected by the driver: %s", self.node_id, message.get("reason"))
-                    return NodeOutcome(self.node_id, "rejected")
+                    return NodeOutcome(self.node_id, OutcomeStatus.REJECTED)
             elif kind == "driver-eof":
                 # The driver is gone or closed the job: nothing may run unsupervised. The node
                 # ends through "child-eof" (reported as stopped; the driver hears no more).

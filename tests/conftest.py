@@ -241,6 +241,31 @@ def spark():
         session.stop()
 
 
+@pytest.fixture(scope="session")
+def scoring_models(tmp_path_factory):
+    """For the scoring tests: a tiny Keras model (4 values a row -> 1, and -> 3) saved as .keras
+    and exported as a SavedModel; the rows; what model.predict gives for them."""
+    import keras
+    import numpy as np
+
+    from tests.suite.data import SCORING_ROWS, SCORING_WIDTH
+
+    keras.utils.set_random_seed(3)
+    folder = tmp_path_factory.mktemp("models")
+    inputs = keras.Input((SCORING_WIDTH,), name="features")
+    hidden = keras.layers.Dense(3, activation="tanh")(inputs)
+    scalar = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    vector = keras.Model(inputs, hidden)
+    scalar.save(folder / "scalar.keras")
+    vector.save(folder / "vector.keras")
+    scalar.export(str(folder / "scalar_sm"), verbose=False)
+    x = np.random.default_rng(0).normal(size=(SCORING_ROWS, SCORING_WIDTH)).astype("float32")
+    return {"keras": str(folder / "scalar.keras"), "savedmodel": str(folder / "scalar_sm"),
+            "vector": str(folder / "vector.keras"), "x": x,
+            "expected": scalar.predict(x, verbose=0)[:, 0],
+            "expected_vector": vector.predict(x, verbose=0)}
+
+
 # -- leak check ---------------------------------------------------------------------------------
 # Every process this test session starts inherits the tag, node processes included on every
 # engine (setdefault: a process that imports this module again keeps its parent's), so the leak

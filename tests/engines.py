@@ -69,7 +69,8 @@ class Engine(abc.ABC):
     # -- plain data in --------------------------------------------------------------------------
     @abc.abstractmethod
     def rows(self, parts: List[list]):
-        """A collection whose partition i holds exactly the tuples ``parts[i]``."""
+        """A collection whose partition i holds exactly the tuples ``parts[i]`` (no partition at
+        all for ``[]``)."""
 
     @abc.abstractmethod
     def frame(self, frames: List[pd.DataFrame]):
@@ -131,6 +132,69 @@ class Engine(abc.ABC):
     def feeding_processes(self) -> Processes:
         """The processes the engine's feeding tasks run in (a list, or a callable giving the
         current list where they come and go)."""
+
+    # -- scoring a DataFrame with a saved model (engines with a DataFrame: Dask, Spark) ---------
+    def score(self, df, model, **kwargs):
+        """``df`` scored by ``model`` with the engine's DataFrame scoring function
+        (``duotf.spark.predict`` / ``duotf.dask.predict``: ``columns=``, ``output=``,
+        ``batch_size=``), lazily; what it refuses on the driver is raised here."""
+        raise NotImplementedError(f"{type(self).__name__} scores no DataFrame")
+
+    def score_every_way(self, df, model, output: str, return_type: str = "double",
+                        batch_size: int = 1024) -> Dict[str, object]:
+        """Each way the engine offers to score ``df``'s column ``"features"`` into the column
+        ``output``, by name: the lazy scored collection, every column of ``df`` kept.
+        ``return_type`` is the Spark type of ``output`` (Dask takes the model's)."""
+        raise NotImplementedError(f"{type(self).__name__} scores no DataFrame")
+
+    def scoring_stats(self) -> Dict[int, dict]:
+        """``duotf.scoring.cache_stats()`` of the processes that run the engine's tasks, by pid."""
+        raise NotImplementedError(f"{type(self).__name__} scores no DataFrame")
+
+    # -- ML stages: TFEstimator and TFModel (engines with a DataFrame: Dask, Spark) ------------
+    def ml_stages(self) -> Tuple[type, type, dict]:
+        """``(TFEstimator, TFModel, kwargs)``: the engine's ML stages, and the keyword arguments
+        a TFEstimator takes on this engine beside its parameters."""
+        raise NotImplementedError(f"{type(self).__name__} has no ML stages")
+
+    def model_at(self, path: str):
+        """A TFModel of the saved model at ``path``."""
+        raise NotImplementedError(f"{type(self).__name__} has no ML stages")
+
+    def apply_model(self, model, df):
+        """``df`` scored by the TFModel ``model``, lazily (Spark: transform; Dask: predict)."""
+        raise NotImplementedError(f"{type(self).__name__} has no ML stages")
+
+    def model_path(self, model) -> str:
+        """Where the TFModel's saved Keras model lies."""
+        raise NotImplementedError(f"{type(self).__name__} has no ML stages")
+
+    def save_and_load(self, model, folder: str):
+        """The TFModel ``model`` saved to ``folder`` the engine's way, and loaded back."""
+        raise NotImplementedError(f"{type(self).__name__} has no ML stages")
+
+    @contextlib.contextmanager
+    def task_failure(self):
+        """Expect the block to fail in an engine task: yields a ``TaskFailure`` whose ``text``
+        (``"module.Type: message"`` as the task raised it, engine's context around it) is set
+        when the block raised; the test fails if it did not."""
+        failure = TaskFailure()
+        try:
+            yield failure
+        except Exception as exc:  # noqa: BLE001 - the engine's own error, turned into text
+            failure.text = self._task_error_text(exc)
+        if failure.text is None:
+            raise AssertionError("the engine task did not fail")
+
+    def _task_error_text(self, exc: BaseException) -> str:
+        """The text of an error a task raised, as the driver gets it."""
+        return f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
+
+
+class TaskFailure:
+    """What ``Engine.task_failure`` saw: ``text``, the error an engine task raised."""
+
+    text: Optional[str] = None
 
 
 #: how pandas holds each kind of column of ``Engine.table``, nulls included
@@ -319,6 +383,39 @@ class DaskEngine(Engine):
         return ([f"duotf-node-{name}-{job_id}" for name in nodes]
                 + [f"duotf-feed-{job_id}-epoch-{e}-part-" for e in range(1, epochs + 1)])
 
+    def score(self, df, model, **kwargs):
+        import duotf.dask
+
+        return duotf.dask.predict(df, model, **kwargs)
+
+    def score_every_way(self, df, model, output, return_type="double", batch_size=1024):
+        return {"duotf.dask.predict": self.score(df, model, output=output, batch_size=batch_size)}
+
+    def scoring_stats(self):
+        import duotf.scoring
+
+        return self.client.run(duotf.scoring.cache_stats)
+
+    def ml_stages(self):
+        import duotf.dask
+
+        return duotf.dask.TFEstimator, duotf.dask.TFModel, {"client": self.client}
+
+    def model_at(self, path):
+        import duotf.dask
+
+        return duotf.dask.TFModel(path)
+
+    def apply_model(self, model, df):
+        return model.predict(df)
+
+    def model_path(self, model):
+        return model.modelPath
+
+    def save_and_load(self, model, folder):
+        model.save(folder)
+        return type(model).load(folder)
+
 
 def _spark_session(master: str, **conf):
     from pyspark.sql import SparkSession
@@ -340,7 +437,7 @@ def _spark_session(master: str, **conf):
 
 
 _SPARK_TYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long",
-                "bool": "boolean", "object": "string"}
+                "bool": "boolean", "object": "string", "string": "string"}
 
 
 def _spark_schema(columns: Dict[str, np.dtype], tensors: Sequence[str] = ()) -> str:
@@ -381,7 +478,10 @@ class SparkEngine(Engine):
         return self.handle
 
     def _rdd(self, parts: List[list]):
-        return self.session.sparkContext.parallelize(parts, len(parts)).flatMap(lambda part: part)
+        sc = self.session.sparkContext
+        if not parts:  # parallelize cannot make no partition
+            return sc.emptyRDD()
+        return sc.parallelize(parts, len(parts)).flatMap(lambda part: part)
 
     def rows(self, parts):
         return self._rdd(parts)
@@ -455,6 +555,64 @@ class SparkEngine(Engine):
             return found
 
         return python_workers
+
+    def score(self, df, model, **kwargs):
+        import duotf.spark
+
+        return duotf.spark.predict(df, model, **kwargs)
+
+    def score_every_way(self, df, model, output, return_type="double", batch_size=1024):
+        import duotf.spark
+
+        udf = duotf.spark.predict_udf(model, return_type, batch_size=batch_size)
+        packed = duotf.spark.pack_tensors(df, "features")
+        return {
+            "predict_udf on array<float>": df.withColumn(output, udf("features")),
+            "predict on pack_tensors": self.score(packed, model, output=output,
+                                                  return_type=return_type, batch_size=batch_size),
+        }
+
+    def scoring_stats(self):
+        import json
+
+        from tests.suite import mains
+
+        # one report per Python worker that runs a task of this job: as many tasks as there
+        # are slots, at once, so each idle worker takes one
+        reports = self.session.range(0, 64, numPartitions=16).mapInArrow(
+            mains.scoring_stats, "pid long, stats string").collect()
+        return {r.pid: json.loads(r.stats) for r in reports}
+
+    def ml_stages(self):
+        from duotf.spark import TFEstimator, TFModel
+
+        return TFEstimator, TFModel, {}
+
+    def model_at(self, path):
+        from duotf.spark import TFModel
+
+        return TFModel(modelPath=path)
+
+    def apply_model(self, model, df):
+        return model.transform(df)
+
+    def model_path(self, model):
+        return model.getModelPath()
+
+    def save_and_load(self, model, folder):
+        model.write().save(folder)
+        return type(model).load(folder)
+
+    def _task_error_text(self, exc):
+        from pyspark.errors import PythonException
+
+        # toPandas warns (an error, in the tests) with the task's error as its context
+        found = exc
+        while found is not None and not isinstance(found, PythonException):
+            found = found.__cause__ or found.__context__
+        if found is None:  # not a task's error: the test shows it
+            raise exc
+        return str(found)  # the task's traceback text: "duotf.errors.X: message" within
 
 
 class SparkLocalEngine(SparkEngine):

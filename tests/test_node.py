@@ -10,7 +10,7 @@ import cloudpickle
 import pytest
 
 from duotf import node
-from duotf.node import ChildMsg
+from duotf.node import ChildMsg, OutcomeStatus
 from duotf.rendezvous import Msg
 from tests.agents import AgentRun, FakeDriver, node_job
 
@@ -22,7 +22,7 @@ def test_a_stop_runs_on_a_named_agent_thread_joined_before_the_agent_returns(tmp
     try:
         peer, _ = driver.expect(Msg.READY)
         peer.send({"type": Msg.STOP, "timeout": 5})
-        assert run.join(30) and run.outcome.status == "stopped"
+        assert run.join(30) and run.outcome.status is OutcomeStatus.STOPPED
         assert "duotf-agent-stop" in [t.name for t in run.agent.threads]
         assert not [t.name for t in run.agent.threads if t.is_alive()]
     finally:

@@ -11,6 +11,7 @@ import pytest
 from duotf import rendezvous
 from duotf.feed import wire
 from duotf.feed.datafeed import FeedServer
+from duotf.node import OutcomeStatus
 from duotf.rendezvous import Msg
 from tests.agents import AgentRun, FakeDriver
 
@@ -76,7 +77,7 @@ def test_agent_ends_on_an_unknown_message_from_the_driver(tmp_path, caplog):
         peer, _ = driver.expect(Msg.READY)
         peer.send({"type": "bogus"})
         assert run.join(30), "the agent kept running after a message it does not know"
-        assert run.outcome.status == "stopped"  # its node was stopped with it
+        assert run.outcome.status is OutcomeStatus.STOPPED  # its node was stopped with it
         assert _warned(caplog, "duotf.node", "node 0", "unknown rendezvous message type 'bogus'")
     finally:
         if run.thread.is_alive():

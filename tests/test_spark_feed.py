@@ -1,4 +1,4 @@
-"""Spark-only feed acceleration: ``duotf.spark.feed_cache`` on Spark local and standalone.
+"""Spark-only feed behaviour: ``duotf.spark.feed_cache``, and a train with no free task slot.
 
 The tests take the shared suite's ``backend`` fixture, narrowed by the ``engines`` marker to
 its Spark kinds, so they run in the suite's own Spark sessions (one at a time).
@@ -7,6 +7,7 @@ its Spark kinds, so they run in the suite's own Spark sessions (one at a time).
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -85,3 +86,22 @@ def test_feed_cache_checks_its_data_and_caches_a_column_declared_ragged(backend,
     finally:
         cache.unpersist()
     assert {**first["rows"], **second["rows"]} == {i: v for part in parts for i, v in part}
+
+
+def test_train_with_every_slot_taken_raises_before_any_spark_job(backend, engine, tmp_path):
+    # one core per executor (TensorFlowOnSpark's usual setting) leaves no slot to feed from
+    nodes = backend.slots()
+    sc = engine.session.sparkContext
+    data = engine.rows([[(1.0, 1)], [(2.0, 2)]])
+    cluster = duotf.run(mains.block_main, {"release": str(tmp_path / "release")}, backend,
+                        duotf.ClusterSpec(workers=nodes))
+    try:
+        jobs = set(sc.statusTracker().getJobIdsForGroup(None))
+        t0 = time.monotonic()
+        with pytest.raises(duotf.InsufficientSlotsError, match="feeding needs a free task slot"):
+            cluster.train(data)
+        assert time.monotonic() - t0 < 10
+        assert set(sc.statusTracker().getJobIdsForGroup(None)) == jobs  # no count, no feed
+    finally:
+        (tmp_path / "release").touch()
+        cluster.shutdown(grace_secs=30)

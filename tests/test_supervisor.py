@@ -62,8 +62,14 @@ def test_a_job_ending_between_two_reads_keeps_its_own_error():
     try:
         error = RuntimeError("executor lost")
         sup.watch(_ScriptedJob(error))
-        sup.notify()  # the job's end as its callback would announce it
-        poll_for(lambda: sup.error is not None, 10, what="the job's failure recorded")
+
+        def recorded():
+            # the job's end as its callback would announce it, again until the watcher heard
+            # it: a notify before the watcher waits wakes no one
+            sup.notify()
+            return sup.error is not None
+
+        poll_for(recorded, 10, what="the job's failure recorded")
         assert isinstance(sup.error, duotf.BackendError)
         assert "the test job running the nodes failed: RuntimeError: executor lost" in str(sup.error)
         assert sup.error.__cause__ is error

@@ -10,7 +10,7 @@ import pytest
 
 from duotf import ConfigError
 from duotf.io import tfrecord
-from duotf.io.files import expand
+from duotf.io.files import expand, open_url
 from duotf.io.tfrecord import TFRecordCorruptError, read_records, write_records
 from tests.servers import http_server, s3_server
 
@@ -114,6 +114,17 @@ def test_damaged_gzip_stream(tmp_path):
     os.truncate(path, os.path.getsize(path) // 2)
     with pytest.raises(TFRecordCorruptError, match="GZIP stream is damaged|truncated"):
         list(read_records(path, "GZIP"))
+
+
+def test_reading_a_missing_local_file_makes_no_folder(tmp_path):
+    missing = tmp_path / "a" / "b" / "x.tfrecord"
+    for url in (str(missing), missing.as_uri()):  # a path, and a file:// URL
+        with pytest.raises(FileNotFoundError):
+            open_url(url, "rb")
+        assert not (tmp_path / "a").exists(), url
+    with open_url(str(missing), "wb") as f:  # a writer gets its folders
+        f.write(b"x")
+    assert missing.read_bytes() == b"x"
 
 
 def test_memory_filesystem():

@@ -165,9 +165,9 @@ class DaskFeed(FeedAdapter):
         tasks = [dask.delayed(infer_partition)(job, i, p, keep,
                                                dask_key_name=f"{job.key_prefix}-part-{i}-{token}")
                  for i, p in enumerate(self.parts)]
-        return self._run(tasks, self._collection, "dask-inference")
+        return self._run(tasks, lambda futures: self._collection(futures, keep), "dask-inference")
 
-    def _collection(self, futures):
+    def _collection(self, futures, keep):
         """Wait for every partition's results while the cluster runs, and wrap the futures
         (the results stay on the workers) in a collection of the input's kind."""
         import dask
@@ -178,15 +178,17 @@ class DaskFeed(FeedAdapter):
             if future.status == "error":
                 future.result()  # raises the task's own error
         client = self.client
+        if self.kind == "bag":  # a Bag may have no partition at all: then neither has its output
+            import dask.bag as db
+
+            return db.from_delayed([dask.delayed(f) for f in futures])
+        if not futures:  # no partition to take the output's kind from: one empty partition
+            return self._empty_output(keep)
         if self.kind == "dataframe":
             import dask.dataframe as dd
 
             meta = client.submit(_empty_like, futures[0]).result()
             return dd.from_delayed(futures, meta=meta, verify_meta=False)
-        if self.kind == "bag":
-            import dask.bag as db
-
-            return db.from_delayed([dask.delayed(f) for f in futures])
         import dask.array as da
 
         first = client.submit(_empty_like, futures[0]).result()
@@ -194,3 +196,18 @@ class DaskFeed(FeedAdapter):
         blocks = [da.from_delayed(dask.delayed(f), shape=(n,) + first.shape[1:], dtype=first.dtype)
                   for f, n in zip(futures, rows)]
         return da.concatenate(blocks) if blocks else da.from_array(first)
+
+    def _empty_output(self, keep):
+        """The output of an input with no partition (a DataFrame or Array cannot hold none: one
+        empty partition), as an empty partition of it would give."""
+        import numpy as np
+
+        from ..feed.tasks import assemble
+
+        if self.kind == "dataframe":
+            import dask.dataframe as dd
+
+            return dd.from_pandas(assemble(self.data._meta, [], keep), npartitions=1)
+        import dask.array as da
+
+        return da.from_array(np.empty((0,)), chunks=(0,))

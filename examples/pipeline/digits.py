@@ -106,6 +106,13 @@ def dask_pipeline(client, workers: int = 2, epochs: int = 10, model_dir=None, se
     return float(np.mean(scored["prediction"].to_numpy() == scored["label"].to_numpy()))
 
 
+def pipeline(engine, **kwargs) -> float:
+    """:func:`spark_pipeline` for a ``SparkSession``, :func:`dask_pipeline` for a Dask ``Client``
+    (the same keyword arguments)."""
+    run = spark_pipeline if hasattr(engine, "sparkContext") else dask_pipeline
+    return run(engine, **kwargs)
+
+
 def cli(argv=None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=["spark", "dask"], default="spark",
@@ -128,13 +135,14 @@ def cli(argv=None) -> float:
                 "PYSPARK_SUBMIT_ARGS", ""):  # a plain `python` run: local, a slot to feed from
             builder = builder.master(f"local[{opts.workers + 1}]").config("spark.ui.enabled", "false")
         spark = builder.getOrCreate()
-        accuracy = spark_pipeline(spark, opts.workers, opts.epochs, model_dir, env=env)
+        accuracy = pipeline(spark, workers=opts.workers, epochs=opts.epochs, model_dir=model_dir, env=env)
     else:
         from distributed import Client, LocalCluster
 
         with LocalCluster(n_workers=opts.workers, threads_per_worker=2,
                           dashboard_address=None) as cluster, Client(cluster) as client:
-            accuracy = dask_pipeline(client, opts.workers, opts.epochs, model_dir, env=env)
+            accuracy = pipeline(client, workers=opts.workers, epochs=opts.epochs, model_dir=model_dir,
+                                env=env)
     print(f"backend={opts.backend} workers={opts.workers} test accuracy={accuracy:.4f} "
           f"({time.monotonic() - t0:.1f} s); models in {model_dir}")
     return accuracy

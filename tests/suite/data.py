@@ -49,3 +49,23 @@ def tensor_blocks(sizes: List[int], width: int) -> List[Dict[str, np.ndarray]]:
         ids = np.arange(a, b, dtype=np.int64)
         blocks.append({"x": (ids[:, None] * 10 + np.arange(width)).astype(np.float32), "id": ids})
     return blocks
+
+
+# -- scoring (tests/suite/test_scoring.py, tests/test_spark_scoring.py, tests/test_dask_scoring.py)
+SCORING_ROWS, SCORING_WIDTH = 60, 4
+SCORING_PARTS = 2  # few tasks at once: each new Python worker imports TensorFlow
+
+
+def scoring_parts(x, ragged_row=None, parts=SCORING_PARTS) -> List[list]:
+    """The rows ``(id, features)`` of ``x`` in ``parts`` partitions; row ``ragged_row`` holds
+    one value instead of the width."""
+    rows = [(i, [float(v) for v in x[i]]) for i in range(len(x))]
+    if ragged_row is not None:
+        rows[ragged_row] = (ragged_row, [1.0])
+    size = len(rows) // parts
+    return [rows[p * size:(p + 1) * size] for p in range(parts)]
+
+
+def scoring_table(engine, x, ragged_row=None, parts=SCORING_PARTS):
+    """``scoring_parts`` as the engine's DataFrame of ``id`` long, ``features`` array<float>."""
+    return engine.table(scoring_parts(x, ragged_row, parts), {"id": "long", "features": "array<float>"})

@@ -199,11 +199,13 @@ def feed_dataset_main(args, ctx):
 
 
 def feed_infer_main(args, ctx):
-    feed = ctx.get_data_feed(train=False)
-    while not feed.should_stop():
-        batch = feed.next_batch(args["batch"])
-        if batch:
-            feed.batch_results([row[0] * 2.0 + row[1] for row in batch])
+    """Answer ``args.get("feeds", 1)`` ``cluster.inference`` calls, one after the other."""
+    for _ in range(args.get("feeds", 1)):  # one get_data_feed() for each cluster.inference()
+        feed = ctx.get_data_feed(train=False)
+        while not feed.should_stop():
+            batch = feed.next_batch(args["batch"])
+            if batch:
+                feed.batch_results([row[0] * 2.0 + row[1] for row in batch])
     return ctx.task_index
 
 

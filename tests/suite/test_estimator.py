@@ -1,6 +1,6 @@
-"""The ML stages: ``duotf.spark.TFEstimator``/``TFModel`` (fit, transform, save, load, a
-``Pipeline``, a ``CrossValidator``) and their Dask twin (fit, predict, to_local, save, load),
-with the same seed giving the same predictions on every engine."""
+"""The ML stages: ``duotf.spark.TFEstimator``/``TFModel`` and their Dask twin (fit, score,
+to_local, save, load), with the same seed giving the same predictions on every engine. Spark ML
+alone (a ``Pipeline``, a ``CrossValidator``, an estimator saved): tests/test_spark_estimator.py."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ SPARK = ("spark-local", "spark-standalone")
 _PREDICTIONS: dict = {}
 
 
-def _data():
+def linear_parts():
+    """Rows ``(id, 3 features, label)`` of a noisy linear target, in partitions of ``SIZES``."""
     rng = np.random.default_rng(11)
     parts, start = [], 0
     for size in SIZES:
@@ -59,31 +60,20 @@ def _reference(parts):
     return model.predict(x, verbose=0)[:, 0]
 
 
-def _stages(engine):
-    if hasattr(engine, "session"):
-        from duotf.spark import TFEstimator, TFModel
-
-        return TFEstimator, TFModel, {}
-    import duotf.dask
-
-    return duotf.dask.TFEstimator, duotf.dask.TFModel, {"client": engine.client}
-
-
 def _score(engine, model, df):
-    out = model.transform(df) if hasattr(model, "transform") else model.predict(df)
-    return engine.to_pandas(out).sort_values("id").reset_index(drop=True)
+    return engine.to_pandas(engine.apply_model(model, df)).sort_values("id").reset_index(drop=True)
 
 
 @pytest.mark.engines("dask", *SPARK)
 def test_fit_transform_save_load_with_the_same_predictions_on_every_engine(backend, engine, tmp_path):
-    TFEstimator, TFModel, extra = _stages(engine)
-    parts = _data()
+    TFEstimator, _, extra = engine.ml_stages()
+    parts = linear_parts()
     df = engine.table(parts, SCHEMA)
     est = TFEstimator(modelFn=mains.linear_model_fn, featuresCol="features", labelCol="label",
                       numWorkers=WORKERS, epochs=EPOCHS, batchSize=BATCH, seed=SEED,
                       modelDir=str(tmp_path / "models"), env=ENV, **extra)
     model = est.fit(df)
-    path = model.getModelPath() if hasattr(model, "getModelPath") else model.modelPath
+    path = engine.model_path(model)
     assert path.startswith(str(tmp_path / "models" / "fit-")) and path.endswith("/model.keras")
     assert list(model.history) == ["loss"] and len(model.history["loss"]) == EPOCHS
     assert all(math.isfinite(v) for v in model.history["loss"])
@@ -105,19 +95,8 @@ def test_fit_transform_save_load_with_the_same_predictions_on_every_engine(backe
     np.testing.assert_allclose(local.predict(x, verbose=0)[:, 0], predictions, rtol=1e-6)
 
     # save and load: the saved folder is whole by itself (a copy of the model in it)
-    if hasattr(model, "write"):
-        model.write().save(str(tmp_path / "tfmodel"))
-        est.write().save(str(tmp_path / "tfestimator"))
-        loaded_est = TFEstimator.load(str(tmp_path / "tfestimator"))
-        assert loaded_est.uid == est.uid and loaded_est.getOrDefault("epochs") == EPOCHS
-        assert loaded_est.getOrDefault("env") == ENV
-        assert loaded_est.getOrDefault("modelFn")().count_params() == WIDTH + 1
-        loaded = TFModel.load(str(tmp_path / "tfmodel"))
-        assert loaded.getModelPath() == str(tmp_path / "tfmodel" / "model" / "model.keras")
-    else:
-        model.save(str(tmp_path / "tfmodel"))
-        loaded = TFModel.load(str(tmp_path / "tfmodel"))
-        assert loaded.modelPath == str(tmp_path / "tfmodel" / "model" / "model.keras")
+    loaded = engine.save_and_load(model, str(tmp_path / "tfmodel"))
+    assert engine.model_path(loaded) == str(tmp_path / "tfmodel" / "model" / "model.keras")
     assert loaded.history == model.history
     again = _score(engine, loaded, df)["prediction"].to_numpy()
     assert np.array_equal(again, predictions)
@@ -127,8 +106,8 @@ def test_fit_transform_save_load_with_the_same_predictions_on_every_engine(backe
 def test_a_train_fn_fits_as_tensorflowonspark_does(backend, engine, tmp_path):
     """trainFn(args, ctx), TFoS style: the user's node program gets the estimator's params and
     trainArgs, saves to args["modelPath"]; its chief's dict is the history."""
-    TFEstimator, _, extra = _stages(engine)
-    parts = _data()
+    TFEstimator, _, extra = engine.ml_stages()
+    parts = linear_parts()
     est = TFEstimator(trainFn=mains.linear_train_fn, trainArgs={"note": "mine"}, numWorkers=WORKERS,
                       epochs=1, batchSize=BATCH, seed=SEED, modelDir=str(tmp_path), env=ENV, **extra)
     model = est.fit(engine.table(parts, SCHEMA))
@@ -138,7 +117,7 @@ def test_a_train_fn_fits_as_tensorflowonspark_does(backend, engine, tmp_path):
 
 def _bad(engine, name):
     """DataFrames that a fit must refuse before anything runs."""
-    parts = _data()
+    parts = linear_parts()
     if name == "string":
         return engine.table([[(r[0], r[1], str(r[2])) for r in p] for p in parts],
                             {"id": "long", "features": "array<float>", "label": "string"})
@@ -153,7 +132,7 @@ def _bad(engine, name):
 
 @pytest.mark.engines("spark-local", "dask")
 def test_bad_input_is_a_config_error_before_anything_runs(backend, engine, tmp_path):
-    TFEstimator, TFModel, extra = _stages(engine)
+    TFEstimator, _, extra = engine.ml_stages()
     models = tmp_path / "models"
 
     def fit(data, **params):
@@ -182,47 +161,5 @@ def test_bad_input_is_a_config_error_before_anything_runs(backend, engine, tmp_p
     assert duotf.estimator.running_fits() == 0
 
     missing = str(tmp_path / "nowhere.keras")
-    model = TFModel(modelPath=missing) if hasattr(TFModel, "read") else TFModel(missing)
     with pytest.raises(duotf.ConfigError, match="nowhere.keras' does not exist"):
-        model.transform(good) if hasattr(model, "transform") else model.predict(good)
-
-
-@pytest.mark.engines("spark-local")
-def test_a_pipeline_and_a_cross_validator(backend, engine, tmp_path):
-    """VectorAssembler -> TFEstimator in a Pipeline, tuned by a CrossValidator (2 folds, 2
-    epoch values); the best PipelineModel saves and loads. (Fits that cannot have their slots
-    together with parallelism > 1: tests/test_estimator_config.py, on the slot ledger.)"""
-    from pyspark.ml import Pipeline, PipelineModel
-    from pyspark.ml.evaluation import RegressionEvaluator
-    from pyspark.ml.feature import VectorAssembler
-    from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
-
-    from duotf.spark import TFEstimator, TFModel
-
-    parts = [[(r[0], *r[1], r[2]) for r in p] for p in _data()]
-    df = engine.table(parts, {"id": "long", "x0": "double", "x1": "double", "x2": "double",
-                              "label": "double"}).cache()
-    est = TFEstimator(modelFn=mains.linear_model_fn, numWorkers=1, batchSize=BATCH, seed=SEED,
-                      modelDir=str(tmp_path / "models"), env=ENV)
-    pipeline = Pipeline(stages=[VectorAssembler(inputCols=["x0", "x1", "x2"], outputCol="features"),
-                                est])
-    grid = ParamGridBuilder().addGrid(est.epochs, [1, 2]).build()
-    evaluator = RegressionEvaluator(predictionCol="prediction", labelCol="label")
-    cv = CrossValidator(estimator=pipeline, estimatorParamMaps=grid, evaluator=evaluator,
-                        numFolds=2, seed=3)
-    cv_model = cv.fit(df)
-    assert len(cv_model.avgMetrics) == 2 and all(math.isfinite(m) for m in cv_model.avgMetrics)
-    best = cv_model.bestModel
-    assert isinstance(best.stages[-1], TFModel)
-    assert len(best.stages[-1].history["loss"]) == (1, 2)[int(np.argmin(cv_model.avgMetrics))]
-    scored = best.transform(df).orderBy("id").toPandas()
-    assert len(scored) == sum(SIZES) and "features" in scored
-
-    best.write().save(str(tmp_path / "best"))
-    pipeline.write().save(str(tmp_path / "pipeline"))
-    again = PipelineModel.load(str(tmp_path / "best")).transform(df).orderBy("id").toPandas()
-    assert np.array_equal(again["prediction"], scored["prediction"])
-    stage = Pipeline.load(str(tmp_path / "pipeline")).getStages()[1]
-    assert isinstance(stage, TFEstimator) and stage.getOrDefault("modelFn") is not None
-
-    df.unpersist()
+        engine.apply_model(engine.model_at(missing), good)

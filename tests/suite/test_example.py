@@ -57,7 +57,6 @@ def test_digits_example_trains_from_the_engine_feed(backend, engine, tmp_path):
 def test_pipeline_example_fits_transforms_and_is_accurate(backend, engine, tmp_path):
     """examples/pipeline: DataFrame -> TFEstimator.fit -> TFModel.transform (Spark, in a
     Pipeline after a VectorAssembler) or TFModel.predict (Dask) -> accuracy."""
-    run = pipeline.spark_pipeline if hasattr(engine, "session") else pipeline.dask_pipeline
-    accuracy = run(engine.handle, workers=2, epochs=5, model_dir=str(tmp_path), env=QUIET_TF)
+    accuracy = pipeline.pipeline(engine.handle, workers=2, epochs=5, model_dir=str(tmp_path), env=QUIET_TF)
     assert accuracy > 0.9, accuracy
     assert len(list(tmp_path.glob("fit-*/model.keras"))) == 1

@@ -43,10 +43,13 @@ def test_a_node_that_takes_no_data_gives_a_typed_feed_error(backend, engine, tmp
 
 
 def test_inference_of_empty_partitions_gives_empty_partitions(backend, engine):
-    with duotf.run(mains.feed_infer_main, {"batch": 4}, backend, duotf.ClusterSpec(workers=2)) as cluster:
+    with duotf.run(mains.feed_infer_main, {"batch": 4, "feeds": 2}, backend,
+                   duotf.ClusterSpec(workers=2)) as cluster:
         out = cluster.inference(engine.rows([[], [], []]))
+        none = cluster.inference(engine.rows([]))  # no partition at all: none out
         cluster.wait(timeout=60)
     assert engine.partitions(out) == [[], [], []]
+    assert engine.partitions(none) == []
 
 
 @pytest.mark.parametrize("then", ["read", "return"])
@@ -65,26 +68,6 @@ def test_inference_with_results_missing_fails_at_once(backend, engine, then):
     assert f"{what} with 1 rows read but not answered" in str(info.value)
     assert info.value.remote_type.endswith("FeedError")
     assert took < 60, f"took {took:.0f} s: the feed waited for results that could never come"
-
-
-@pytest.mark.engines("spark-local", "spark-standalone")
-def test_train_with_every_slot_taken_raises_before_any_spark_job(backend, engine, tmp_path):
-    # one core per executor (TensorFlowOnSpark's usual setting) leaves no slot to feed from
-    nodes = backend.slots()
-    sc = engine.session.sparkContext
-    data = engine.rows([[(1.0, 1)], [(2.0, 2)]])
-    cluster = duotf.run(mains.block_main, {"release": str(tmp_path / "release")}, backend,
-                        duotf.ClusterSpec(workers=nodes))
-    try:
-        jobs = set(sc.statusTracker().getJobIdsForGroup(None))
-        t0 = time.monotonic()
-        with pytest.raises(duotf.InsufficientSlotsError, match="feeding needs a free task slot"):
-            cluster.train(data)
-        assert time.monotonic() - t0 < 10
-        assert set(sc.statusTracker().getJobIdsForGroup(None)) == jobs  # no count, no feed
-    finally:
-        (tmp_path / "release").touch()
-        cluster.shutdown(grace_secs=30)
 
 
 ROWS = 6_000  # per partition: the feed converts rows in chunks of 4,096
