@@ -30,7 +30,9 @@ from .metrics import Report
 from .parallel import RunResult, run_parallel
 from .spec import ClusterSpec, Role
 
-__version__ = "0.1.0"
+from . import _version
+
+__version__ = _version.__version__
 
 __all__ = [
     "run",

@@ -43,7 +43,7 @@ BATCH_LINES, BATCH_BYTES = 2000, 1 << 20
 _READ = 64 * 1024
 
 
-class _Bucket:
+class TokenBucket:
     """A token bucket: ``take(n)`` is true when ``n`` tokens were there."""
 
     def __init__(self, rate: float, burst: float):
@@ -66,8 +66,8 @@ class OutputRelay:
         self._dropped = 0  # lines dropped since the last batch went out
         self._cond = threading.Condition()
         self._eof = False
-        self._lines = _Bucket(LINE_RATE, LINE_BURST)
-        self._bytes = _Bucket(BYTE_RATE, BYTE_BURST)
+        self._lines = TokenBucket(LINE_RATE, LINE_BURST)
+        self._bytes = TokenBucket(BYTE_RATE, BYTE_BURST)
         self._dropping_until = 0.0
         self._sent_all = threading.Event()
         self.threads = [

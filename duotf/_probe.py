@@ -64,10 +64,10 @@ class ProbeJob:
 
 
 def _versions_here() -> dict:
-    import duotf
+    from ._version import __version__
 
     found = {"python": platform.python_version(), "executable": sys.executable,
-             "duotf": duotf.__version__, "duotf_path": os.path.dirname(duotf.__file__)}
+             "duotf": __version__, "duotf_path": os.path.dirname(os.path.abspath(__file__))}
     for name in ENGINE_PACKAGES:
         module = sys.modules.get(name)
         if module is not None:
@@ -229,11 +229,11 @@ def _filesystem(url: str) -> dict:
 
 
 def node_main(argv: List[str]) -> int:
-    import duotf
+    from ._version import __version__
 
     protocol, fs_file = argv[1], argv[2]
     found = {"python": platform.python_version(), "executable": sys.executable,
-             "duotf": duotf.__version__, "duotf_path": os.path.dirname(duotf.__file__),
+             "duotf": __version__, "duotf_path": os.path.dirname(os.path.abspath(__file__)),
              "shm": _shm(), "fs": _filesystem(fs_file)}
     found.update(_tensorflow(protocol))
     sys.stdout.write("\n" + json.dumps(found) + "\n")

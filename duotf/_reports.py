@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable, Dict, Optional
 
-from ._output import _Bucket
+from ._output import TokenBucket
 from .errors import ConfigError
 
 __all__ = ["Reporter", "check_report", "RATE", "BURST", "QUEUE", "MAX_METRICS"]
@@ -83,7 +83,7 @@ class Reporter:
         self._send = send
         self._queue: "collections.deque" = collections.deque()
         self._cond = threading.Condition()
-        self._bucket = _Bucket(RATE, BURST)
+        self._bucket = TokenBucket(RATE, BURST)
         self._dropped = 0
         self._count = 0  # reports made: the step of a report without one
         self._busy = False

@@ -406,7 +406,7 @@ class _Doctor:
         self._shm(nodes)
 
     def _versions(self, probes, nodes) -> None:
-        import duotf
+        from ._version import __version__ as duotf_version
 
         driver_py = platform.python_version()
         rows = [(_where(p), "engine task", p["engine"]["python"]) for p in probes if p.get("lead")]
@@ -419,11 +419,11 @@ class _Doctor:
                  "(PYSPARK_PYTHON / PYSPARK_DRIVER_PYTHON, the Dask workers' environment)")
         seen = [(_where(p), p["engine"]["duotf"]) for p in probes if p.get("lead")]
         seen += [(_where(p), n["duotf"]) for p, n in nodes]
-        bad = sorted({f"{w}: duotf {v}" for w, v in seen if v != duotf.__version__})
+        bad = sorted({f"{w}: duotf {v}" for w, v in seen if v != duotf_version})
         self.add("duotf", CheckStatus.FAIL if bad else CheckStatus.OK,
-                 "\n".join(bad + [f"driver: duotf {duotf.__version__}"]) if bad else
-                 f"{duotf.__version__} on the driver and every executor",
-                 f"install duotf {duotf.__version__} on every executor")
+                 "\n".join(bad + [f"driver: duotf {duotf_version}"]) if bad else
+                 f"{duotf_version} on the driver and every executor",
+                 f"install duotf {duotf_version} on every executor")
         self._tensorflow(nodes)
         for package in ("pyspark", "distributed"):
             seen = [(_where(p), p["engine"][package]) for p in probes

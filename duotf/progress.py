@@ -102,7 +102,7 @@ class FeedProgress:
             if bar is None:
                 return
             self._parts[pid] = int(rows)
-            self._set(sum(self._parts.values()))
+            self._move_to(sum(self._parts.values()))
 
     def finish(self, rows: Optional[int] = None) -> None:
         """The job ended: the bar shows ``rows`` (the job's own count; default: the partitions
@@ -125,7 +125,7 @@ class FeedProgress:
         with self._lock:
             if self._bar is not None:
                 self._postfix()
-                self._set(self._bar.n)
+                self._move_to(self._bar.n)
 
     def close(self) -> None:
         with self._lock:
@@ -139,7 +139,7 @@ class FeedProgress:
                 logger.debug("duotf: progress bar: %s", exc)
 
     # -- under the lock ----------------------------------------------------------------------
-    def _set(self, n: int) -> None:
+    def _move_to(self, n: int) -> None:
         bar = self._bar
         try:
             if n != bar.n:

@@ -20,20 +20,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: ARCHITECTURE.md's layers, top first: a module imports from its own layer or those below
 LAYERS: List[Tuple[str, List[str]]] = [
-    ("the package's names", ["duotf"]),
+    ("the package's names and the command line", ["duotf", "duotf.__main__", "duotf.cli"]),
     ("ML stages, parallel runs, scoring", [
         "duotf.estimator", "duotf.parallel", "duotf.scoring", "duotf.spark", "duotf.dask",
         "duotf.backends.spark_ml", "duotf.backends.spark_scoring"]),
-    ("API", ["duotf.api", "duotf.cluster"]),
-    ("feed planner and supervisor", ["duotf.planner", "duotf.supervisor", "duotf.nodelogs"]),
+    ("API", ["duotf.api", "duotf.cluster", "duotf.doctor"]),
+    ("feed planner and supervisor", ["duotf.planner", "duotf.supervisor", "duotf.nodelogs",
+                                     "duotf.metrics", "duotf.progress"]),
     ("backend contract and engines", [
         "duotf.backends", "duotf.backends.base", "duotf.backends.local", "duotf.backends.spark",
         "duotf.backends.spark_feed", "duotf.backends.dask", "duotf.backends.dask_feed"]),
     ("node agent and child", ["duotf.node", "duotf._output", "duotf._child", "duotf.context",
-                              "duotf.keras"]),
+                              "duotf.keras", "duotf._reports", "duotf._gpus", "duotf._tensorboard",
+                              "duotf._probe"]),
     ("transport", ["duotf.feed", "duotf.feed.*", "duotf.rendezvous", "duotf.gate"]),
     ("io", ["duotf.io", "duotf.io.*"]),
-    ("shared by every layer", ["duotf.errors", "duotf.spec"]),
+    ("shared by every layer", ["duotf.errors", "duotf.spec", "duotf._version"]),
 ]
 
 
