@@ -102,6 +102,11 @@ def test_an_interrupted_driver_stops_every_run(backend, tmp_path):
         poll_for(lambda: len(os.listdir(gate)) >= 2, 60, what="two runs in main")
         signal.pthread_kill(main_thread, signal.SIGINT)
 
+    # A process started in the background by a non-interactive shell ignores SIGINT (so would
+    # this test's driver): the interrupt must raise KeyboardInterrupt however pytest was started.
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     sender = threading.Thread(target=interrupt, name="test-interrupt")
     sender.start()
     try:
@@ -109,6 +114,7 @@ def test_an_interrupted_driver_stops_every_run(backend, tmp_path):
             duotf.run_parallel(mains.trial_main, grid, backend, max_concurrent=2)
     finally:
         sender.join()
+        signal.signal(signal.SIGINT, previous)
     started = sorted(os.listdir(gate))
     assert started == ["in-0-0", "in-1-0"], "the third run started after the interrupt"
     # Each node's working directory goes with its cluster. On Spark, pyspark's own SIGINT
