@@ -16,9 +16,10 @@ cloudpickle.register_pickle_by_value(train)
 cloudpickle.register_pickle_by_value(pipeline)
 
 
-# The example on two engines of five per mode (CI time): every engine runs the same training paths in
+# The example in files mode on one engine and in engine mode on two (CI time; the README's
+# quickstart runs it too): every engine runs the same training paths in
 # test_lifecycle, test_determinism and test_keras (files and engine feed).
-@pytest.mark.engines("dask", "spark-standalone")
+@pytest.mark.engines("spark-standalone")
 def test_digits_example_trains(backend, tmp_path):
     args = {
         "data": train.prepare_data(str(tmp_path / "digits.npz")),
@@ -33,7 +34,7 @@ def test_digits_example_trains(backend, tmp_path):
     assert (tmp_path / "model" / "weights.npz").exists()  # saved by the chief before returning
 
 
-@pytest.mark.engines("local", "spark-standalone")
+@pytest.mark.engines("local", "dask")
 def test_digits_example_trains_from_the_engine_feed(backend, engine, tmp_path):
     """The same program, the rows pushed by the engine: the same accuracy as reading the file."""
     import numpy as np
