@@ -12,6 +12,10 @@ import duotf
 from tests.conftest import QUIET_TF, poll_for
 from tests.suite import mains
 
+# Three engines of five (CI time): in-process, Dask workers and standalone executors; procpool
+# and Spark local supervise through the same agent and driver code.
+pytestmark = pytest.mark.engines('local', 'dask', 'spark-standalone')
+
 
 def test_unsupported_protocol_rejected_before_user_code(backend, tmp_path):
     spec = duotf.ClusterSpec(workers=2, protocol="grpc+verbs")

@@ -18,6 +18,9 @@ import duotf
 from tests.conftest import QUIET_TF
 from tests.suite import mains
 
+# Four engines of five (CI time): procpool feeds through the local backend's task code.
+pytestmark = pytest.mark.engines('local', 'dask', 'spark-local', 'spark-standalone')
+
 
 def test_a_node_that_takes_no_data_gives_a_typed_feed_error(backend, engine, tmp_path):
     # 10 partitions a node, its queue holds 8 frames: a range finds no room, and its task
