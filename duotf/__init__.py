@@ -30,9 +30,9 @@ from .metrics import Report
 from .parallel import RunResult, run_parallel
 from .spec import ClusterSpec, Role
 
-from . import _version
+from ._version import __version__ as _package_version
 
-__version__ = _version.__version__
+__version__ = _package_version
 
 __all__ = [
     "run",
