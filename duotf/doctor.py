@@ -306,6 +306,12 @@ class _Doctor:
     def add(self, name: str, status: CheckStatus, detail: str, fix: str = "") -> None:
         self.checks.append(Check(name, status, detail, fix))
 
+    def verdict(self, name: str, bad: List[str], ok: str, fix: str, driver: str = "") -> None:
+        """A check that fails where ``bad`` lists what was wrong (and ``driver``, what the
+        driver has, to compare), and else says ``ok``."""
+        self.add(name, CheckStatus.FAIL if bad else CheckStatus.OK,
+                 "\n".join(bad + ([driver] if driver else [])) if bad else ok, fix)
+
     def run(self) -> DoctorReport:
         t0 = time.monotonic()
         for name, status, detail, fix in self.backend.engine_checks(self.spec.num_nodes):
@@ -398,10 +404,10 @@ class _Doctor:
         for host, port in self.reach:
             key = f"{host}:{port}"
             bad = [f"{_where(p)}: {p['reach'][key]}" for p in probes if p["reach"].get(key)]
-            self.add(f"reach {key}", CheckStatus.FAIL if bad else CheckStatus.OK,
-                     "\n".join(bad) if bad else f"reachable from {len(probes)} probe tasks",
-                     f"let every executor open TCP connections to {key} (firewall, security "
-                     "group, the service's bind address)")
+            self.verdict(f"reach {key}", bad,
+                         f"reachable from {len(probes)} probe tasks",
+                         f"let every executor open TCP connections to {key} (firewall, security "
+                         "group, the service's bind address)")
         self._filesystem(nodes)
         self._shm(nodes)
 
@@ -412,18 +418,18 @@ class _Doctor:
         rows = [(_where(p), "engine task", p["engine"]["python"]) for p in probes if p.get("lead")]
         rows += [(_where(p), "node process", n["python"]) for p, n in nodes]
         bad = [f"{w} ({what}): Python {v}" for w, what, v in rows if _minor(v) != _minor(driver_py)]
-        self.add("python", CheckStatus.FAIL if bad else CheckStatus.OK,
-                 "\n".join(bad + [f"driver: Python {driver_py}"]) if bad else
-                 f"{_minor(driver_py)} on the driver ({driver_py}) and every executor",
-                 "run the driver and the executors on the same Python minor version "
-                 "(PYSPARK_PYTHON / PYSPARK_DRIVER_PYTHON, the Dask workers' environment)")
+        self.verdict("python", bad,
+                     f"{_minor(driver_py)} on the driver ({driver_py}) and every executor",
+                     "run the driver and the executors on the same Python minor version "
+                     "(PYSPARK_PYTHON / PYSPARK_DRIVER_PYTHON, the Dask workers' environment)",
+                     driver=f"driver: Python {driver_py}")
         seen = [(_where(p), p["engine"]["duotf"]) for p in probes if p.get("lead")]
         seen += [(_where(p), n["duotf"]) for p, n in nodes]
         bad = sorted({f"{w}: duotf {v}" for w, v in seen if v != duotf_version})
-        self.add("duotf", CheckStatus.FAIL if bad else CheckStatus.OK,
-                 "\n".join(bad + [f"driver: duotf {duotf_version}"]) if bad else
-                 f"{duotf_version} on the driver and every executor",
-                 f"install duotf {duotf_version} on every executor")
+        self.verdict("duotf", bad,
+                     f"{duotf_version} on the driver and every executor",
+                     f"install duotf {duotf_version} on every executor",
+                     driver=f"driver: duotf {duotf_version}")
         self._tensorflow(nodes)
         for package in ("pyspark", "distributed"):
             seen = [(_where(p), p["engine"][package]) for p in probes
@@ -432,11 +438,11 @@ class _Doctor:
                 continue
             mine = _driver_version(package)
             bad = sorted({f"{w}: {package} {v}" for w, v in seen if v != mine})
-            self.add(package, CheckStatus.FAIL if bad else CheckStatus.OK,
-                     "\n".join(bad + [f"driver: {package} {mine}"]) if bad else
-                     f"{mine} on the driver and every executor",
-                     f"install {package} {mine} on every executor (or the executors' version "
-                     "on the driver)")
+            self.verdict(package, bad,
+                         f"{mine} on the driver and every executor",
+                         f"install {package} {mine} on every executor (or the executors' version "
+                         "on the driver)",
+                         driver=f"driver: {package} {mine}")
 
     def _tensorflow(self, nodes) -> None:
         mine = _driver_version("tensorflow")
@@ -475,11 +481,10 @@ class _Doctor:
         address = "the driver"
         bad = [f"{_where(p)}: {p['driver_error']}" for p in probes if p.get("driver_error")]
         bad += [f"{_where(p)}: {p['exchange_error']}" for p in probes if p.get("exchange_error")]
-        self.add("driver port", CheckStatus.FAIL if bad else CheckStatus.OK,
-                 "\n".join(bad) if bad else
-                 f"{len(probes)} probe tasks reached {address} at {self.driver_host}",
-                 "set driver_host (--driver-host; Spark: spark.driver.host) to an address of this "
-                 "machine the executors can reach, and let them connect to its ports")
+        self.verdict("driver port", bad,
+                     f"{len(probes)} probe tasks reached {address} at {self.driver_host}",
+                     "set driver_host (--driver-host; Spark: spark.driver.host) to an address of this "
+                     "machine the executors can reach, and let them connect to its ports")
 
     def _node_ports(self, probes) -> None:
         checked = [p for p in probes if p.get("peers") is not None]
@@ -492,10 +497,10 @@ class _Doctor:
         bad = [f"{_where(p)} -> {address}: {error}" for p in checked
                for address, error in sorted(p["peers"].items()) if error]
         pairs = sum(len(p["peers"]) for p in checked)
-        self.add("node ports", CheckStatus.FAIL if bad else CheckStatus.OK,
-                 "\n".join(bad) if bad else f"{pairs} connections between probe tasks opened",
-                 "let the executors open TCP connections to each other on any port (each "
-                 "TensorFlow node listens on a port of its own, from the ephemeral range)")
+        self.verdict("node ports", bad,
+                     f"{pairs} connections between probe tasks opened",
+                     "let the executors open TCP connections to each other on any port (each "
+                     "TensorFlow node listens on a port of its own, from the ephemeral range)")
 
     def _filesystem(self, nodes) -> None:
         found = [(p, n["fs"]) for p, n in nodes if n.get("fs")]
@@ -503,11 +508,10 @@ class _Doctor:
             return
         bad = [f"{_where(p)}: {fs['url']}: {fs['error']}" for p, fs in found if fs["error"]]
         where = self.url or f"the default filesystem ({self.backend.default_fs()})"
-        self.add("filesystem", CheckStatus.FAIL if bad else CheckStatus.OK,
-                 "\n".join(bad) if bad else
-                 f"wrote, read and removed a file in {where} on {len(found)} executor(s)",
-                 "give a folder every node can write (url=..., --url), with the filesystem's "
-                 "package and credentials on every executor")
+        self.verdict("filesystem", bad,
+                     f"wrote, read and removed a file in {where} on {len(found)} executor(s)",
+                     "give a folder every node can write (url=..., --url), with the filesystem's "
+                     "package and credentials on every executor")
 
     def _shm(self, nodes) -> None:
         if not nodes:

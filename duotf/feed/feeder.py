@@ -74,23 +74,6 @@ class _SourceFailed(Exception):
         self.error = error
 
 
-def _source(chunks: Iterable[Columns]) -> Iterator[Columns]:
-    """``chunks`` as they come; an error of the source (other than a FeedError, which says
-    itself what failed) becomes a :class:`_SourceFailed`, so that it is never taken for a
-    connection that failed."""
-    it = iter(chunks)
-    while True:
-        try:
-            cols = next(it)
-        except StopIteration:
-            return
-        except FeedError:
-            raise
-        except Exception as exc:
-            raise _SourceFailed(exc) from exc
-        yield cols
-
-
 def _source_error(job: "FeedJob", pid: int, target: int, rows: int, exc: BaseException) -> FeedError:
     cause = cause_of(exc)
     when = f"after it sent {rows} rows" if rows else "before its first row"
@@ -129,7 +112,9 @@ def validated(chunks: Iterable[Columns], pid: int) -> Iterator[Columns]:
     """``chunks`` of partition ``pid`` as they come, once each fits the rows before it: an array
     column keeps its row shape from chunk to chunk. A chunk refused while it was made (a
     :class:`FeedSchemaError` of the conversion) is placed in the partition: its row is counted
-    from the partition's start."""
+    from the partition's start. Any other error of the source (but a FeedError, which says itself
+    what failed) becomes a :class:`_SourceFailed`, so that it is never taken for a connection
+    that failed."""
     shapes: Dict[str, tuple] = {}
     pos = 0
     it = iter(chunks)
@@ -140,6 +125,10 @@ def validated(chunks: Iterable[Columns], pid: int) -> Iterator[Columns]:
             return
         except FeedSchemaError as exc:
             raise exc.located(pid, pos) from exc
+        except FeedError:
+            raise
+        except Exception as exc:
+            raise _SourceFailed(exc) from exc
         if isinstance(cols, (wire.Packed, wire.FileFrame)):
             pos += cols.rows
             yield cols
@@ -286,7 +275,7 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
     fed = target  # the target of the range being sent
     try:
         pos = 0
-        for cols in _frames(validated(_source(chunks), pid)):
+        for cols in _frames(validated(chunks, pid)):
             packed = cols if isinstance(cols, (wire.Packed, wire.FileFrame)) else None
             n = packed.rows if packed else num_rows(cols)
             for target, a, b, seq in ranges:
@@ -424,7 +413,7 @@ def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> Iterator[Tu
 
     sent = 0
     try:
-        for cols in _frames(validated(_source(chunks), pid)):
+        for cols in _frames(validated(chunks, pid)):
             wire.send_frame(sock, Frame.BATCH, cols)
             sent += num_rows(cols)
             pending.append(cols)
