@@ -426,9 +426,12 @@ def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> Iterator[Tu
     except OSError as exc:
         raise _fail(job, pid, target, exc, sent) from exc
     finally:
+        # Shut down, let the reader see it, and only then close: a socket closed under a thread
+        # blocked in it frees its descriptor for the next socket the process opens, and the
+        # reader would wait on that one (seen once in CI: a reader left for the feed timeout).
         try:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        reader.join(job.timeout)
         sock.close()
-        reader.join(5)
