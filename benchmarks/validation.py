@@ -18,7 +18,9 @@ pair and received as the node does (``wire.send_frame`` / ``wire.recv_frame``). 
 End to end (``--feed``): a real cluster of 2 worker nodes drains ``feed.dataset(100)``
 (benchmarks/feed.py's ``drain_main``) from the same data with the checks on and off, in
 alternating rounds, and the feed rates (rows/s while every node reads) are printed side by side
-with their ratio: on the local backend, Arrow record batches (the path of a Spark DataFrame's
+with their ratio, and the CPU time the feeding processes spent per row (this process for the
+local backend, the Dask workers' processes for Dask; the nodes' processes aside), which a small
+machine's swings of wall-clock rate leave steady: on the local backend, Arrow record batches (the path of a Spark DataFrame's
 feeding task) and pandas frames as partitions; on Dask, a Dask DataFrame of such frames. The
 checks are switched off in the processes that feed (this one for the local backend, every Dask
 worker with ``client.run``) through ``duotf.feed.columns.VALIDATE``, the benchmark-only switch
@@ -170,19 +172,29 @@ def per_batch_pandas(opts) -> None:
           "of conversion + send)")
 
 
-def _feed_rate(backend, data, epochs: int) -> float:
-    """Rows/s while every node read (benchmarks/feed.py's measure), one cluster run."""
+def _cpu(procs) -> float:
+    """User + system CPU seconds of ``procs`` themselves (their children, the nodes, aside)."""
+    return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+
+def _feed_rate(backend, data, epochs: int, feeders) -> tuple:
+    """Rows/s while every node read (benchmarks/feed.py's measure), one cluster run; and the
+    CPU microseconds the feeding processes spent per row fed (a 2-core machine's wall-clock
+    rates swing by a quarter from run to run; CPU time spent does not)."""
     import duotf
     from benchmarks.feed import BATCH, drain_main, feed_rates
 
     with duotf.run(drain_main, {"batch": BATCH}, backend, duotf.ClusterSpec(workers=2),
                    env={"TF_CPP_MIN_LOG_LEVEL": "3"}) as cluster:
+        procs = feeders()
+        cpu0 = _cpu(procs)
         report = cluster.train(data, epochs=epochs)
+        cpu = _cpu(procs) - cpu0
         results = cluster.wait()
     fed = sum(r["rows"] for r in results)
     assert fed == report["rows_fed"], (fed, report)
     whole, steady, _ = feed_rates(results)
-    return steady or whole
+    return steady or whole, cpu / fed * 1e6
 
 
 def end_to_end(opts) -> None:
@@ -210,6 +222,10 @@ def end_to_end(opts) -> None:
 
         def switch(flag):
             _validating(flag)
+
+        def feeders():
+            import psutil
+            return [psutil.Process()]
     else:
         import dask
         import dask.dataframe as dd
@@ -225,20 +241,30 @@ def end_to_end(opts) -> None:
         def switch(flag):
             client.run(_validating, flag)
             _validating(flag)
+
+        def feeders():
+            import os as _os
+
+            import psutil
+            return [psutil.Process(pid) for pid in client.run(_os.getpid).values()]
     try:
         print(f"end to end, {opts.backend} backend, 2 worker nodes draining dataset({100}): "
               f"{n} rows x {width} float32 in {parts} partitions, {opts.epochs} epochs a run; "
               f"{opts.rounds} rounds of (checks on, checks off); medians of the rounds", flush=True)
         for label, data in cases.items():
             rates = {True: [], False: []}
-            for _ in range(opts.rounds):
-                for flag in (True, False):
+            cpus = {True: [], False: []}
+            for i in range(opts.rounds):
+                for flag in ((True, False) if i % 2 == 0 else (False, True)):  # neither always first
                     switch(flag)
                     try:
-                        rates[flag].append(_feed_rate(backend, data, opts.epochs))
+                        rate, cpu = _feed_rate(backend, data, opts.epochs, feeders)
                     finally:
                         switch(True)
+                    rates[flag].append(rate)
+                    cpus[flag].append(cpu)
             on, off = stats.median(rates[True]), stats.median(rates[False])
+            cpu_on, cpu_off = stats.median(cpus[True]), stats.median(cpus[False])
             print(f"  {label}:", flush=True)
             print(f"    checks on : {on:>10,.0f} rows/s  (rounds: "
                   f"{', '.join(f'{r:,.0f}' for r in rates[True])})")
@@ -246,6 +272,10 @@ def end_to_end(opts) -> None:
                   f"{', '.join(f'{r:,.0f}' for r in rates[False])})")
             print(f"    on / off  : {on / off:.1%}  (the checks cost {1 - on / off:+.1%} of the throughput)",
                   flush=True)
+            print(f"    feeding CPU per row: checks on {cpu_on:.2f} us, off {cpu_off:.2f} us "
+                  f"(rounds on: {', '.join(f'{c:.2f}' for c in cpus[True])}; off: "
+                  f"{', '.join(f'{c:.2f}' for c in cpus[False])}): the checks add "
+                  f"{cpu_on / cpu_off - 1:+.1%} to the feeding processes' CPU time", flush=True)
     finally:
         if client is not None:
             client.close()

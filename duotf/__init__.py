@@ -29,6 +29,7 @@ from .feed.columns import RaggedColumn
 from .metrics import Report
 from .parallel import RunResult, run_parallel
 from .spec import ClusterSpec, Role
+from .verbosity import set_verbose
 
 from ._version import __version__ as _package_version
 
@@ -37,6 +38,7 @@ __version__ = _package_version
 __all__ = [
     "run",
     "run_parallel",
+    "set_verbose",
     "RunResult",
     "doctor",
     "DoctorReport",

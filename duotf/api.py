@@ -10,6 +10,7 @@ from .cluster import Cluster
 from .errors import ConfigError
 from .spec import seconds
 from .spec import ClusterSpec
+from .verbosity import node_env, set_verbose
 
 __all__ = ["run", "check_run_arguments"]
 
@@ -67,6 +68,7 @@ def run(
     tensorboard: bool = False,
     tensorboard_dir: Optional[str] = None,
     progress=None,
+    verbose: bool = False,
 ) -> Cluster:
     """Run ``main(args, ctx)`` once per node of a TensorFlow cluster; return when all run.
 
@@ -125,6 +127,12 @@ def run(
         (tqdm; ``tqdm.auto`` in Jupyter): ``None`` (default) shows them when stderr is a
         terminal or in a notebook, ``True`` always (on stderr), ``False`` never, and a
         file-like object writes them there.
+    verbose:
+        ``True`` shows what duotf hides by default, from now on in this process
+        (:func:`duotf.set_verbose`): the nodes' TensorFlow C++ INFO notes
+        (``TF_CPP_MIN_LOG_LEVEL=0`` unless ``env`` sets it), the engines' known notices (pyspark's
+        pandas-version FutureWarning), and duotf's own log records at INFO on stderr where no
+        logging handler of yours shows them. ``False`` leaves the setting as it is.
 
     Returns
     -------
@@ -134,6 +142,9 @@ def run(
     """
     spec, (reservation_timeout, heartbeat_interval, heartbeat_timeout) = check_run_arguments(
         main, spec, reservation_timeout, heartbeat_interval, heartbeat_timeout)
+    if verbose:
+        set_verbose(True)
+    env = node_env(env or {})
     backend_obj, owns = resolve_backend(backend)
     try:
         cluster = Cluster(
@@ -141,7 +152,7 @@ def run(
             reservation_timeout=reservation_timeout,
             heartbeat_interval=heartbeat_interval,
             heartbeat_timeout=heartbeat_timeout,
-            env=env or {},
+            env=env,
             default_fs=default_fs,
             driver_host=driver_host,
             owns_backend=owns,

@@ -212,7 +212,7 @@ class _Agent:
             pass  # the child is gone; its exit is reported through the child-eof path
 
     # -- lifecycle ------------------------------------------------------------------------
-    def _spawn(self) -> None:
+    def _spawn(self, reservation: socket.socket) -> None:
         job = self.job
         a_rx, c_tx = os.pipe()  # child -> agent
         c_rx, a_tx = os.pipe()  # agent -> child
@@ -238,7 +238,9 @@ class _Agent:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "duotf._child", str(c_rx), str(c_tx)],
-                pass_fds=(c_rx, c_tx),
+                # The child holds the port's reservation from here on (it never reads it): the
+                # port is free once the node process is gone, even while this agent is stalled.
+                pass_fds=(c_rx, c_tx, reservation.fileno()),
                 env=env,
                 close_fds=True,
                 start_new_session=True,
@@ -331,7 +333,8 @@ class _Agent:
             self.channel = rendezvous.connect(job.driver_address, job.secret, job.connect_timeout)
             # The address the driver reached us from is the one the other nodes can use too.
             host = self.channel.sock.getsockname()[0]
-            self._spawn()
+            self._spawn(reservation)
+            reservation.close()  # the node process's copy keeps the port (see _spawn)
             self._send(
                 Msg.REGISTER,
                 host=host,

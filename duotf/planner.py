@@ -328,6 +328,7 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
     sup.check_running("train")
     targets = sup.feed_targets()
     adapter.check_capacity(len(sup.nodes))
+    adapter.job_id = sup.job_id or ""
     counts = _count(sup, adapter, targets)
     plan, per, dropped = balance(counts, len(targets), drop_remainder=balanced)
     if dropped:

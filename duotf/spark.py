@@ -6,6 +6,9 @@ saved model in Spark's own tasks; the Spark ML stages :class:`TFEstimator` and :
 
 from .backends.spark_feed import CachedPartition, FeedCache, feed_cache, pack_tensors
 from .backends.spark_scoring import PredictUDF, predict, predict_udf
+from .verbosity import quiet_known_notices
+
+quiet_known_notices()  # pyspark's pandas notice, raised by every pandas/Arrow function it runs
 
 
 def __getattr__(name):

@@ -381,6 +381,7 @@ class DaskEngine(Engine):
 
     def expected_work_names(self, job_id, nodes, epochs):
         return ([f"duotf-node-{name}-{job_id}" for name in nodes]
+                + [f"duotf-count-{job_id}-part-"]
                 + [f"duotf-feed-{job_id}-epoch-{e}-part-" for e in range(1, epochs + 1)])
 
     def score(self, df, model, **kwargs):
@@ -533,7 +534,7 @@ class SparkEngine(Engine):
         return names
 
     def expected_work_names(self, job_id, nodes, epochs):
-        return ([f"duotf {job_id}: nodes ({', '.join(nodes)})"]
+        return ([f"duotf {job_id}: nodes ({', '.join(nodes)})", f"duotf {job_id}: count rows"]
                 + [f"duotf {job_id}: feed epoch {e}/{epochs}" for e in range(1, epochs + 1)])
 
     def partitions(self, out):

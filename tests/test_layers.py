@@ -35,7 +35,7 @@ LAYERS: List[Tuple[str, List[str]]] = [
                               "duotf._probe"]),
     ("transport", ["duotf.feed", "duotf.feed.*", "duotf.rendezvous", "duotf.gate"]),
     ("io", ["duotf.io", "duotf.io.*"]),
-    ("shared by every layer", ["duotf.errors", "duotf.spec", "duotf._version"]),
+    ("shared by every layer", ["duotf.errors", "duotf.spec", "duotf._version", "duotf.verbosity"]),
 ]
 
 

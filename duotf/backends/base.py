@@ -137,6 +137,11 @@ class FeedAdapter(abc.ABC):
     #: :meth:`partition_done`; one that learns every result with the job's own need not.
     on_partition: Optional[Callable[[int, int], None]] = None
 
+    #: the duotf job whose feed this is, set by the feed planner before it counts: an engine
+    #: that names its work names the count by it (a Spark job description "duotf <job id>:
+    #: count rows", Dask keys "duotf-count-<job id>-part-<i>-<token>").
+    job_id: str = ""
+
     def partition_done(self, pid: int, rows: int) -> None:
         """Partition ``pid``'s task ended, having sent ``rows`` rows (training: its value in
         the job's result; inference: the rows answered). Never raises."""

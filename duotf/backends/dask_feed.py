@@ -66,7 +66,10 @@ class DaskFeed(FeedAdapter):
 
         if self.kind in ("array", "arrays"):
             return [int(c) for c in self.data.chunks[0]]
-        futures = self.client.compute([dask.delayed(len)(p) for p in self.parts])
+        token = uuid.uuid4().hex[:8]  # a key of its own per count, as the feed's own keys
+        futures = self.client.compute([
+            dask.delayed(len)(p, dask_key_name=f"duotf-count-{self.job_id}-part-{i}-{token}")
+            for i, p in enumerate(self.parts)])
         try:
             return list(self.client.gather(futures))
         except Exception:

@@ -22,6 +22,7 @@ from typing import List, Tuple
 
 from ..errors import BackendError, ConfigError, InsufficientSlotsError
 from ..node import NodeOutcome
+from ..verbosity import quiet_known_notices
 from .base import Backend, EngineJob, NodeFunction, ThreadJob, work_name
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class SparkBackend(Backend):
         self.slot_wait = slot_wait
         self._created_session = None
         self._profiles: dict = {}  # GPUs per node -> its resource profile (one per k, reused)
+        quiet_known_notices()  # pyspark's pandas notice on every DataFrame feed (duotf.verbosity)
 
     def __repr__(self) -> str:
         return f"SparkBackend(master={self.sc.master!r})"

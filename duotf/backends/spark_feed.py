@@ -319,6 +319,21 @@ def _guarded(call):
         return None, _error_json(exc)
 
 
+def _in_group(sc, group: str, what: str, call):
+    """``call()`` with the Spark jobs it starts in a job group of their own (cancelled alone),
+    described as the Spark UI shows them (``what``: "duotf <job id>: feed epoch 3/10"). The
+    calling thread's own group and description (the user's, on the driver's thread) come back
+    after it."""
+    keys = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+    before = {key: sc.getLocalProperty(key) for key in keys}
+    sc.setJobGroup(group, what, interruptOnCancel=True)
+    try:
+        return call()
+    finally:
+        for key, value in before.items():
+            sc.setLocalProperty(key, value)
+
+
 def _raise_first(errors) -> None:
     """Raise the first error record, as the FeedError (or subclass) that the task raised."""
     from .. import errors as duotf_errors
@@ -505,17 +520,9 @@ class SparkFeed(FeedAdapter):
         # A group of its own (cancelled alone), described as the Spark UI shows it:
         # "duotf <job id>: feed epoch 3/10".
         group = f"{job.key_prefix}-{time.monotonic_ns()}"
-        what = work_name(job.job_id, job.work)
         sc = self.sc
-
-        def run():
-            sc.setJobGroup(group, what, interruptOnCancel=True)
-            try:
-                return call()
-            finally:
-                sc.setLocalProperty("spark.jobGroup.id", None)
-
-        return ThreadJob(run, cancel=lambda: sc.cancelJobGroup(group), name="spark-feed")
+        return ThreadJob(lambda: _in_group(sc, group, work_name(job.job_id, job.work), call),
+                         cancel=lambda: sc.cancelJobGroup(group), name="spark-feed")
 
     def check_capacity(self, nodes: int) -> None:
         slots = self.backend.slots()
@@ -535,11 +542,14 @@ class SparkFeed(FeedAdapter):
             from pyspark.sql import functions as F
 
             # One literal column: Spark reads no data column just to count rows.
-            rows = self.df.select(F.lit(0).alias("_")).mapInArrow(_arrow_counts, "p long, n long").collect()
+            collect = self.df.select(F.lit(0).alias("_")).mapInArrow(_arrow_counts, "p long, n long").collect
             counts = [0] * self.df.rdd.getNumPartitions()
         else:
-            rows = self.rdd.mapPartitionsWithIndex(_rdd_counts).collect()
+            collect = self.rdd.mapPartitionsWithIndex(_rdd_counts).collect
             counts = [0] * self.rdd.getNumPartitions()
+        # the Spark UI names it: "duotf <job id>: count rows"
+        rows = _in_group(self.sc, f"duotf-count-{self.job_id}-{time.monotonic_ns()}",
+                         work_name(self.job_id, "count rows"), collect)
         _raise_first(n for _, n in rows if isinstance(n, str))
         for p, n in rows:
             counts[p] = n

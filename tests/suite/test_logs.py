@@ -14,8 +14,6 @@ from tests.suite import mains
 #: what talk_main writes, in order, through print, sys.stderr, os.write(2) and logging
 TALK = ["out-1", "err-2", "fd2-3", "log-4", "out-5"]
 
-# Three engines of five (CI time): the output relay is the node agent's, the same on every engine.
-pytestmark = pytest.mark.engines('local', 'dask', 'spark-standalone')
 
 
 def _said(records, node_id: int) -> list:
@@ -76,6 +74,9 @@ def test_failed_node_error_carries_its_last_output(backend, caplog):
     assert "talked out worker-1" in message
 
 
+# Three engines of five (CI time): what is not sent is decided by the node agent, the same on
+# every engine.
+@pytest.mark.engines('local', 'dask', 'spark-standalone')
 def test_log_to_driver_false_sends_nothing(backend, caplog):
     caplog.set_level(logging.INFO, logger="duotf.node")
     with duotf.run(mains.talk_main, None, backend, duotf.ClusterSpec(workers=1),

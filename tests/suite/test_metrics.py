@@ -8,8 +8,6 @@ import io
 import logging
 import re
 
-import pytest
-
 import duotf
 from tests.suite import mains
 from tests.suite.data import row_parts
@@ -17,8 +15,6 @@ from tests.suite.data import row_parts
 ORDERED, FLOOD = 200, 3000
 
 
-# Four engines of five (CI time): reports take the node agent's channel, the same on Spark standalone.
-@pytest.mark.engines("local", "procpool", "dask", "spark-local")
 def test_reports_arrive_in_order_in_metrics_and_callbacks_and_bars_end_at_the_epoch_rows(
         backend, engine, caplog):
     caplog.set_level(logging.INFO, logger="duotf")

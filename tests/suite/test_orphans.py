@@ -92,9 +92,11 @@ def test_a_stalled_engine_task_leaves_no_node_behind(backend, engine, tmp_path, 
         # Gone means its ports closed too: a killed process's leader shows as a zombie while
         # its other threads are still exiting and its sockets still open (CI saw the feed
         # port accept in that window).
+        # And free: the TF port's reservation went with the node process, not with its (still
+        # stalled) engine task.
         poll_for(lambda: (not _node_processes(cluster.job_id, 1) and _refused(victim.feed_port)
-                          and _refused(victim.port)), 3 + 5, 0.1,
-                 "the stalled task's node process gone and its ports closed")
+                          and _refused(victim.port) and _bindable(victim.port)), 3 + 5, 0.1,
+                 "the stalled task's node process gone and its ports closed and free")
         gone = time.monotonic() - t0
         t1 = time.monotonic()
         cluster.shutdown(grace_secs=0, _raise=False)

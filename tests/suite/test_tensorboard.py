@@ -41,10 +41,6 @@ def _refused(base: str) -> bool:
     return False
 
 
-# Three engines of five (CI time: each TensorBoard imports TensorFlow and loads the events): the
-# in-process backend, and the two engines whose UIs name the work; procpool and spark-standalone
-# start TensorBoard through the same node agent.
-@pytest.mark.engines("local", "dask", "spark-local")
 def test_tensorboard_serves_the_scalars_and_the_engine_names_the_work(backend, engine, tmp_path):
     release = str(tmp_path / "release")
     data = engine.rows([[(i, i % 3) for i in range(p * 20, p * 20 + 20)] for p in range(2)])
