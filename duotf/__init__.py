@@ -1,12 +1,13 @@
 """duotf: distributed TensorFlow on the Spark and Dask clusters you already have.
 
-``import duotf`` is light: it imports neither TensorFlow, pyspark nor distributed.
+``import duotf`` is light: it imports neither TensorFlow, pyspark nor distributed, nor numpy:
+the names below come from their modules when first used. Every node process imports this
+package first (``python -m duotf._child``), so what it imports here each node start pays for.
 """
 
-from .api import run
-from .cluster import Cluster, ClusterStatus, NodeInfo
-from .context import NodeContext
-from .doctor import DoctorReport, doctor
+import importlib
+
+from .doctor import DoctorReport, doctor  # light; and a function named as its module
 from .errors import (
     BackendError,
     ClusterClosedError,
@@ -25,9 +26,6 @@ from .errors import (
     TFRecordCorruptError,
     UnsupportedProtocolError,
 )
-from .feed.columns import RaggedColumn
-from .metrics import Report
-from .parallel import RunResult, run_parallel
 from .spec import ClusterSpec, Role
 from .verbosity import set_verbose
 
@@ -69,14 +67,31 @@ __all__ = [
     "predict_udf",
 ]
 
-_LAZY = {"predict_udf": "duotf.spark"}  # names whose module imports more than duotf needs
+#: names imported when first used: their modules import numpy, pandas or an engine
+_LAZY = {
+    "run": "duotf.api",
+    "Cluster": "duotf.cluster",
+    "ClusterStatus": "duotf.cluster",
+    "NodeInfo": "duotf.cluster",
+    "NodeContext": "duotf.context",
+    "RaggedColumn": "duotf.feed.columns",
+    "Report": "duotf.metrics",
+    "RunResult": "duotf.parallel",
+    "run_parallel": "duotf.parallel",
+    "predict_udf": "duotf.spark",
+}
 
 
 def __getattr__(name):
     if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # once
+        return value
+    try:  # a submodule, as an eager package would have it imported: duotf.supervisor
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
     raise AttributeError(f"module 'duotf' has no attribute {name!r}")
 
 

@@ -53,9 +53,13 @@ def test_errors_pickle_with_their_attributes():
 
 
 def test_import_is_light():
+    """``import duotf``, and what every node process imports before its main (the package and
+    ``duotf._child``), import no engine, TensorFlow, numpy, pandas nor Arrow: each node start
+    would pay for them."""
     code = (
-        "import sys, duotf\n"
-        "heavy = [m for m in ('tensorflow', 'pyspark', 'distributed', 'dask') if m in sys.modules]\n"
+        "import sys, duotf, duotf._child\n"
+        "heavy = [m for m in ('tensorflow', 'pyspark', 'distributed', 'dask', 'numpy', 'pandas',\n"
+        "                     'pyarrow') if m in sys.modules]\n"
         "print(heavy)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -36,7 +36,8 @@ RUN_BY = {
     "def report_main(args, ctx):": "test_the_metrics_block_reports_and_shows_progress",
     "from duotf.spark import feed_cache, pack_tensors": "test_the_feed_cache_block_feeds_every_epoch",
     "from duotf.io.tfrecord import": "test_the_io_block_round_trips_the_rows",
-    "spark-submit --master spark://master:7077": "test_the_spark_submit_command_runs_on_the_standalone_master",
+    "examples/digits/train.py --backend spark": "test_the_spark_submit_command_runs_on_the_standalone_master",
+    "$DUOTF_MAIN run": "test_the_run_command_runs_under_spark_submit",
     'client = Client("tcp://scheduler:8786")': "test_the_dask_block_runs_the_program_above",
     "runs = duotf.run_parallel(": "test_the_parallel_block_reports_every_run_in_its_slot",
     "score = duotf.predict_udf(": "test_the_spark_scoring_block_scores_every_row",
@@ -245,7 +246,7 @@ def test_the_dask_block_runs_the_program_above(backend, engine, tmp_path):
 
 def test_the_spark_submit_command_runs_on_the_standalone_master(spark_standalone_master,
                                                                  spark_standalone_master_log):
-    command = block("spark-submit --master spark://master:7077",
+    command = block("examples/digits/train.py --backend spark",
                     {"spark://master:7077": spark_standalone_master}).replace("\\\n", " ")
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     out = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True,
@@ -256,6 +257,26 @@ def test_the_spark_submit_command_runs_on_the_standalone_master(spark_standalone
     assert float(re.search(r"test accuracy=([\d.]+)", out.stdout).group(1)) > 0.9
     with open(spark_standalone_master_log) as f:
         assert "Registering app duotf-digits" in f.read()
+
+
+def test_the_run_command_runs_under_spark_submit(spark_standalone_master, spark_standalone_master_log):
+    with open(spark_standalone_master_log) as f:
+        apps = f.read().count("Registering app ")
+    command = block("$DUOTF_MAIN run", {
+        "python3": sys.executable, "spark://master:7077": spark_standalone_master,
+        "mypackage.train:main": "tests.suite.mains:argv_main"}).replace("\\\n", " ")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    out = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True,
+                         env=env, timeout=300)
+    problems = [line for line in out.stderr.splitlines() if " INFO " not in line]
+    assert out.returncode == 0, "\n".join(problems[-60:] + out.stdout.splitlines()[-60:])
+    results = json.loads(out.stdout.strip().splitlines()[-1])  # the values, as the last line
+    assert [r["role"] for r in results] == ["worker:0", "worker:1"]
+    assert all(r["args"] == ["--epochs", "3", "--data", "/data/digits.npz"] for r in results)
+    for i in (0, 1):
+        assert f"[worker:{i}] argv_main worker:{i} got --epochs 3" in out.stderr, problems[-60:]
+    with open(spark_standalone_master_log) as f:  # spark-submit's master, not a local one
+        assert f.read().count("Registering app ") == apps + 1
 
 
 # -- the scoring blocks -----------------------------------------------------------------------
