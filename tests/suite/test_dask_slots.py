@@ -11,6 +11,8 @@ import duotf
 from duotf.backends.dask import DaskBackend
 from tests.suite import mains
 
+STARTS = 200
+
 
 @pytest.fixture
 def fast_refresh_backend(engine):
@@ -37,17 +39,20 @@ def test_slots_never_miss_a_worker_under_a_fast_client_refresh(backend, engine, 
 @pytest.mark.engines("dask")
 def test_back_to_back_starts_never_fail_under_a_fast_client_refresh(backend, fast_refresh_backend,
                                                                     tmp_path):
+    """Hundreds of run/wait/shutdown cycles, each counting and placing its node from the
+    scheduler's answer (one node a cycle: a half-refreshed view showed no worker at all, which
+    one node meets as surely as two, at half the process starts)."""
     release = tmp_path / "release"
     release.touch()
     t0 = time.monotonic()
-    for i in range(30):
+    for i in range(STARTS):
         cluster = duotf.run(mains.block_main, {"release": str(release)}, fast_refresh_backend,
-                            duotf.ClusterSpec(workers=2))
+                            duotf.ClusterSpec(workers=1))
         try:
-            assert cluster.wait(timeout=120) == [0, 1]
+            assert cluster.wait(timeout=120) == [0], f"start {i + 1} of {STARTS}"
         finally:
             cluster.shutdown()
-    print(f"\n[figures] 30 back-to-back Dask start/wait/shutdown cycles: "
+    print(f"\n[figures] {STARTS} back-to-back Dask start/wait/shutdown cycles: "
           f"{time.monotonic() - t0:.1f} s")
 
 
