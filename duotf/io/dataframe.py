@@ -27,7 +27,7 @@ the kind its empty lists were written with, float where they name none).
 
 from __future__ import annotations
 
-from typing import Iterable, List, Optional
+from typing import Iterable, Iterator, List, Optional
 
 from ..errors import ConfigError
 from .example import (Field, Schema, example_to_row, infer_schema, is_null, numpy_kind,
@@ -37,7 +37,7 @@ from .tfrecord import TFRecordReader, TFRecordWriter, resolve_compression
 
 __all__ = [
     "spark_to_tfrecords", "tfrecords_to_spark", "dask_to_tfrecords", "tfrecords_to_dask",
-    "infer_tfrecord_schema", "write_partition", "read_rows",
+    "infer_tfrecord_schema", "write_partition", "read_rows", "iter_rows",
 ]
 
 _SUFFIX = {"NONE": ".tfrecord", "GZIP": ".tfrecord.gz", "ZLIB": ".tfrecord.zlib"}
@@ -63,10 +63,19 @@ def write_partition(rows: Iterable[dict], url: str, index: int, schema: Schema,
     return target
 
 
+def iter_rows(url: str, schema: Schema, compression: Optional[str] = "infer",
+              skip_corrupt: bool = False, storage_options: Optional[dict] = None) -> Iterator[dict]:
+    """The rows of one TFRecord file as they are read: a Spark task holds one batch of records
+    at a time, not the file's rows (as Python objects, several times the file's size)."""
+    reader = TFRecordReader(url, compression, skip_corrupt=skip_corrupt, storage_options=storage_options)
+    for batch in reader.batches():
+        for record in batch:
+            yield example_to_row(record, schema)
+
+
 def read_rows(url: str, schema: Schema, compression: Optional[str] = "infer",
               skip_corrupt: bool = False, storage_options: Optional[dict] = None) -> List[dict]:
-    reader = TFRecordReader(url, compression, skip_corrupt=skip_corrupt, storage_options=storage_options)
-    return [example_to_row(r, schema) for batch in reader.batches() for r in batch]
+    return list(iter_rows(url, schema, compression, skip_corrupt, storage_options))
 
 
 def infer_tfrecord_schema(urls, limit: Optional[int] = 1000, bytes_as: str = "bytes",
@@ -181,7 +190,7 @@ def tfrecords_to_spark(spark, urls, *, schema=None, bytes_as: str = "bytes",
     convert = _spark_converter(schema, struct)
 
     def read(url):
-        return read_rows(url, schema, compression, skip_corrupt, storage_options)
+        return iter_rows(url, schema, compression, skip_corrupt, storage_options)
 
     rdd = sc.parallelize(files, len(files)).flatMap(read).map(convert)
     from pyspark.sql import SparkSession
