@@ -125,8 +125,10 @@ def reserve_port() -> socket.socket:
 
     The socket never listens, so it receives no connection, and it carries SO_REUSEADDR and
     SO_REUSEPORT so that TensorFlow's gRPC server (which sets both) can bind the same port while
-    the agent still holds it. Any other program asking for the port is refused until the agent
-    lets go - when its node is gone - so the port cannot be stolen between reservation and use.
+    the agent still holds it. Any other program asking for the port is refused until it is let
+    go, so the port cannot be stolen between reservation and use. The agent hands it to the node
+    process it spawns and closes its own copy: the port is free when the node is gone, even
+    while the agent's engine task is stalled.
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
