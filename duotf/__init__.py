@@ -87,6 +87,8 @@ def __getattr__(name):
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # once
         return value
+    if name.startswith("__"):  # a probe for a dunder (copy, inspect, pickle): none here
+        raise AttributeError(f"module 'duotf' has no attribute {name!r}")
     try:  # a submodule, as an eager package would have it imported: duotf.supervisor
         return importlib.import_module(f"{__name__}.{name}")
     except ModuleNotFoundError as exc:
