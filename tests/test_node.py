@@ -50,7 +50,8 @@ def test_a_node_whose_main_returned_waits_for_release_however_long(tmp_path):
         to_child(*message)
 
     agent._to_child = with_a_short_release_timeout
-    agent._spawn()
+    with node.reserve_port() as reservation:  # as run() does: the node process keeps it
+        agent._spawn(reservation)
     try:
         _next_from_child(agent, ChildMsg.READY)
         agent._to_child(ChildMsg.START, {
@@ -77,7 +78,8 @@ def test_a_node_process_ends_itself_when_its_agent_falls_silent(tmp_path):
 
     job = dataclasses.replace(node_job(tmp_path), heartbeat_timeout=1.0)
     agent = node._Agent(job, 0, "", 0)
-    agent._spawn()
+    with node.reserve_port() as reservation:  # as run() does: the node process keeps it
+        agent._spawn(reservation)
     try:
         _next_from_child(agent, ChildMsg.READY)
         until = time.monotonic() + 3 * job.heartbeat_timeout
