@@ -39,7 +39,11 @@ BATCH = 100
 def drain_main(args, ctx):
     import time as _time
 
+    import resource
+
     __import__("tensorflow")  # what a TF program does first
+    ready = _time.time()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
     feed = ctx.get_data_feed(train=True)
     rows = 0
@@ -54,7 +58,73 @@ def drain_main(args, ctx):
     # The time of the last batch, not of the loop's end: ending a long tf.data iterator waits
     # for TF's autotuning thread, which here took up to 6 s after the last batch.
     marks.append((last, rows))
-    return {"rows": rows, "marks": marks}
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return {"rows": rows, "marks": marks, "ready": ready, "faults": faults}
+
+
+def next_batch_main(args, ctx):
+    """A converted TensorFlowOnSpark program's loop: ``next_batch`` until ``should_stop``."""
+    import time as _time
+
+    __import__("tensorflow")
+    ready = _time.time()
+
+    feed = ctx.get_data_feed(train=True)
+    rows, marks, step, last = 0, [], 0, _time.time()
+    while not feed.should_stop():
+        rows += len(feed.next_batch(args["batch"]))
+        last = _time.time()
+        if rows >= step:
+            marks.append((last, rows))
+            step = rows + 20_000
+    marks.append((last, rows))
+    return {"rows": rows, "marks": marks, "ready": ready}
+
+
+def next_batch_alone(numpy_rows: bool, repeat: int = 2000) -> float:
+    """Rows/s of ``DataFeed.next_batch(100)`` itself on columns already received (its own
+    per-row Python: a tuple per row), the transport left out: the real method, on an object
+    whose ``_take`` hands it the same 100-row columns every call."""
+    from duotf.feed.datafeed import DataFeed
+
+    cols = {"0": np.zeros((BATCH, 784), np.float32), "1": np.arange(BATCH, dtype=np.int64)}
+
+    class Received:
+        input_mapping = None
+
+        def check_answered(self, what):
+            pass
+
+        def _take(self, n):
+            return cols
+
+    feed = Received()
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        DataFeed.next_batch(feed, BATCH)
+    return BATCH * repeat / (time.perf_counter() - t0)
+
+
+def malloc_settings(client, rows: int, epochs: int, rounds: int) -> None:
+    """``dataset()``'s C heap setting (duotf/feed/malloc.py): TF's 128 KiB trim threshold,
+    which its ``from_generator`` sets, against duotf's, set again after it; Dask MNIST-like
+    arrays, the two in alternating rounds; rows/s over the whole run and the nodes' minor page
+    faults per row."""
+    import statistics
+
+    data = dask_data(rows, False, 20_000)
+    got = {"duotf": [], "tf": []}
+    for r in range(rounds):
+        for setting in (("duotf", "tf") if r % 2 == 0 else ("tf", "duotf")):
+            rate, results = run_duotf(client, data, epochs, 3144, "", env={"DUOTF_MALLOC": setting},
+                                      quiet=True)
+            faults = sum(x["faults"] for x in results) / sum(x["rows"] for x in results)
+            got[setting].append((rate, faults))
+            print(f"  round {r + 1}, DUOTF_MALLOC={setting:<6} {rate:>10,.0f} rows/s, "
+                  f"{faults:.2f} page faults a row", flush=True)
+    for setting, runs in got.items():
+        print(f"  median, DUOTF_MALLOC={setting:<6} {statistics.median(r for r, _ in runs):>10,.0f} rows/s, "
+              f"{statistics.median(f for _, f in runs):.2f} page faults a row")
 
 
 def _rows_at(marks, t: float) -> float:
@@ -105,17 +175,29 @@ def limit(x, y, epochs: int, repeats: int = 2) -> float:
     return best
 
 
-def run_duotf(backend, data, epochs: int, row_bytes: int, label: str):
-    with duotf.run(drain_main, {"batch": BATCH}, backend, duotf.ClusterSpec(workers=2)) as cluster:
-        report = cluster.train(data, epochs=epochs)
+def run_duotf(backend, data, epochs: int, row_bytes: int, label: str, main=drain_main, env=None,
+              quiet=False, **train):
+    """The feed's rate over the whole run: every row fed, from the moment ``train`` was called
+    or the last node had imported TensorFlow, whichever is later (the limit leaves TF's
+    start-up out too), to the last batch a node read. Counting, a first epoch that converts,
+    and every epoch's start are in it. The rate while every node was reading is printed
+    beside it."""
+    with duotf.run(main, {"batch": BATCH}, backend, duotf.ClusterSpec(workers=2), env=env) as cluster:
+        called = time.time()
+        report = cluster.train(data, epochs=epochs, **train)
         results = cluster.wait()
     fed = sum(r["rows"] for r in results)
     assert fed == report["rows_fed"], (fed, report)
-    whole, steady, seconds = feed_rates(results)
-    rate = steady or whole
-    print(f"  duotf {label:<30} {fed:>9} rows: {rate:>10,.0f} rows/s {rate * row_bytes / 1e6:>6.0f} MB/s "
-          f"over {seconds:5.1f} s with every node reading ({whole:,.0f} rows/s from the first batch "
-          f"to the last)" + ("  (under 10 s: raise the epochs)" if seconds < 10 else ""), flush=True)
+    _, steady, seconds = feed_rates(results)
+    start = max([called] + [r["ready"] for r in results])
+    span = max(r["marks"][-1][0] for r in results) - start
+    rate = fed / span
+    if quiet:
+        return rate, results
+    print(f"  duotf {label:<40} {fed:>9} rows: {rate:>10,.0f} rows/s {rate * row_bytes / 1e6:>6.0f} MB/s "
+          f"over the whole run of {span:5.1f} s ({steady or 0:,.0f} rows/s over the {seconds:.1f} s "
+          f"every node was reading)" + ("  (under 10 s: raise the epochs)" if span < 10 else ""),
+          flush=True)
     return rate
 
 
@@ -135,6 +217,19 @@ def spark_data(session, rows: int, tiny: bool, partitions: int, packed: bool = F
     df = df.cache()
     df.count()
     return df
+
+
+def spark_rdd(session, rows: int, numpy_rows: bool, partitions: int):
+    """A converted TensorFlowOnSpark program's data: an RDD of ``(features, label)`` tuples, the
+    features a float32 numpy array of 784 values or a list of 784 floats (as TFoS's examples
+    make them), cached."""
+    def make(i):
+        x = [(i % 255) / 255.0] * 784
+        return (np.asarray(x, np.float32) if numpy_rows else x), i % 10
+
+    rdd = session.sparkContext.parallelize(range(rows), partitions).map(make).cache()
+    rdd.count()
+    return rdd
 
 
 def tfos_wheel(path):
@@ -173,8 +268,23 @@ def cli():
     parser.add_argument("--with-tfos", nargs="?", const="", default=None, metavar="WHEEL",
                         help="also run TensorFlowOnSpark 2.2.5 (optionally from this wheel file)")
     parser.add_argument("--tfos-rows", type=int, default=100_000)
+    parser.add_argument("--rdd-rows", type=int, default=100_000,
+                        help="rows of the RDDs of tuples (a converted TFoS program's data)")
+    parser.add_argument("--rdd-epochs", type=int, default=10)
+    parser.add_argument("--malloc", type=int, default=0, metavar="ROUNDS",
+                        help="only compare dataset()'s C heap settings (TF's, duotf's) on Dask, "
+                             "ROUNDS rounds of each")
     opts = parser.parse_args()
 
+    if opts.malloc:
+        from distributed import Client, LocalCluster
+
+        with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=None,
+                          host="127.0.0.1") as lc, Client(lc) as client:
+            print(f"dataset()'s C heap setting, Dask LocalCluster (2 workers), {opts.rows} "
+                  f"MNIST-like rows x {opts.epochs} epochs:")
+            malloc_settings(client, opts.rows, opts.epochs, opts.malloc)
+        return
     x = np.random.default_rng(0).random((opts.rows, 784), dtype=np.float32)
     y = np.arange(opts.rows, dtype=np.int64) % 10
     mnist_limit = limit(x, y, opts.epochs)
@@ -198,11 +308,14 @@ def cli():
         session.sparkContext.setLogLevel("ERROR")
         try:
             print(f"Spark {opts.spark_master}:")
-            for kind, packed, label in [("mnist", False, "MNIST-like array<float> column"),
+            for kind, packed, label in [("mnist", False, "MNIST-like array<float> column (default)"),
                                         ("mnist-packed", True, "MNIST-like packed tensor column")]:
                 df = spark_data(session, opts.rows, False, 8, packed=packed)
                 rates["spark", kind] = run_duotf(session, df, opts.epochs, 3144, label)
                 if not packed:
+                    rates["spark", "mnist-every-epoch"] = run_duotf(
+                        session, df, opts.epochs, 3144, "MNIST-like array<float>, convert_once=False",
+                        convert_once=False)
                     t0 = time.perf_counter()
                     cache = feed_cache(df)
                     print(f"  (feed_cache of the array<float> DataFrame built in {time.perf_counter() - t0:.1f} s)")
@@ -213,6 +326,18 @@ def cli():
             df = spark_data(session, opts.tiny_rows, True, 8)
             rates["spark", "tiny"] = run_duotf(session, df, opts.tiny_epochs, 8, "tiny DataFrame")
             df.unpersist()
+            for numpy_rows, kind in [(True, "numpy"), (False, "lists")]:
+                rdd = spark_rdd(session, opts.rdd_rows, numpy_rows, 8)
+                what = "float32[784]" if numpy_rows else "list of 784 floats"
+                rates["spark", f"mnist-rdd-{kind}-next_batch"] = run_duotf(
+                    session, rdd, opts.rdd_epochs, 3144, f"RDD of ({what}, int), next_batch",
+                    main=next_batch_main)
+                rates["spark", f"mnist-rdd-{kind}-dataset"] = run_duotf(
+                    session, rdd, opts.rdd_epochs, 3144, f"RDD of ({what}, int), dataset()")
+                rdd.unpersist()
+            alone = next_batch_alone(True)
+            print(f"  next_batch(100) alone on received columns (784 float32 + 1 int): {alone:,.0f} "
+                  f"rows/s = {1e6 / alone:.2f} us a row of the node's own Python", flush=True)
         finally:
             session.stop()
         if opts.with_tfos is not None:
@@ -221,8 +346,9 @@ def cli():
             if not opts.spark_master.startswith("spark://"):
                 raise SystemExit("--with-tfos needs --spark-master spark://... (TFoS has no local mode)")
             wheel = tfos_wheel(opts.with_tfos)
-            rates["tfos", "mnist"] = tfos_feed.run(opts.spark_master, wheel, opts.tfos_rows, False)
-            rates["tfos", "tiny"] = tfos_feed.run(opts.spark_master, wheel, opts.tfos_rows * 3, True)
+            rates["tfos", "mnist"] = tfos_feed.run(opts.spark_master, wheel, opts.tfos_rows, "lists")
+            rates["tfos", "mnist-numpy"] = tfos_feed.run(opts.spark_master, wheel, opts.tfos_rows, "numpy")
+            rates["tfos", "tiny"] = tfos_feed.run(opts.spark_master, wheel, opts.tfos_rows * 3, "tiny")
     if "dask" in opts.backends:
         from distributed import Client, LocalCluster
 
@@ -233,15 +359,18 @@ def cli():
                                                3144, "MNIST-like arrays (x, y)")
             rates["dask", "tiny"] = run_duotf(client, dask_data(opts.tiny_rows, True, 250_000),
                                               opts.tiny_epochs, 8, "tiny array")
-    print("summary:")
+    print("summary (rows/s over the whole run; MB/s; % of the in-process limit; x the TFoS feed of "
+          "the same kind of data):")
     for (engine, kind), rate in sorted(rates.items()):
         base = kind.split("-")[0]
         lim = mnist_limit if base == "mnist" else tiny_limit
-        line = f"  {engine:<6}{kind:<13}{rate:>11,.0f} rows/s = {rate / lim:5.0%} of the limit"
-        if engine != "tfos" and ("tfos", base) in rates:
-            line += f", {rate / rates['tfos', base]:.0f}x TFoS"
+        row_bytes = 3144 if base == "mnist" else 8
+        line = (f"  {engine:<6}{kind:<32}{rate:>11,.0f} rows/s {rate * row_bytes / 1e6:>6.0f} MB/s "
+                f"= {rate / lim:5.0%} of the limit")
+        tfos = ("tfos", "mnist-numpy") if "numpy" in kind else ("tfos", base)
+        if engine != "tfos" and tfos in rates:
+            line += f", {rate / rates[tfos]:.0f}x TFoS"
         print(line)
-
 
 if __name__ == "__main__":
     cli()

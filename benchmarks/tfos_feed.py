@@ -31,7 +31,9 @@ def _drain(args, ctx):
         f.write(f"{rows} {first} {_time.time()}")
 
 
-def run(master: str, wheel: str, rows: int, tiny: bool, cores: int = 2) -> float:
+def run(master: str, wheel: str, rows: int, kind: str, cores: int = 2) -> float:
+    """TFoS's rows/s feeding an RDD of ``kind``: "lists" ``([784 floats], label)`` as its
+    examples make them, "numpy" ``(float32[784], label)``, or "tiny" ``(i,)``."""
     import zipfile
 
     site = tempfile.mkdtemp(prefix="tfos-site-")
@@ -51,8 +53,14 @@ def run(master: str, wheel: str, rows: int, tiny: bool, cores: int = 2) -> float
     sc = session.sparkContext
     sc.setLogLevel("ERROR")
     try:
+        tiny = kind == "tiny"
         if tiny:
             rdd = sc.parallelize(range(rows), 8).map(lambda i: (i,))
+        elif kind == "numpy":
+            import numpy as np
+
+            rdd = sc.parallelize(range(rows), 8).map(
+                lambda i: (np.full(784, (i % 255) / 255.0, np.float32), i % 10))
         else:
             rdd = sc.parallelize(range(rows), 8).map(lambda i: ([(i % 255) / 255.0] * 784, i % 10))
         rdd = rdd.cache()
@@ -68,8 +76,8 @@ def run(master: str, wheel: str, rows: int, tiny: bool, cores: int = 2) -> float
             n, _, end = open(os.path.join(out, name)).read().split()
             fed, last = fed + int(n), max(last, float(end))
         rate = fed / (last - t0)
-        kind = "tiny" if tiny else "MNIST-like"
-        print(f"  TFoS  {kind + ' RDD':<28} {fed:>9} rows in {last - t0:6.2f} s: {rate:>10,.0f} rows/s "
+        label = {"tiny": "tiny", "numpy": "MNIST-like numpy", "lists": "MNIST-like lists"}[kind]
+        print(f"  TFoS  {label + ' RDD':<28} {fed:>9} rows in {last - t0:6.2f} s: {rate:>10,.0f} rows/s "
               f"{rate * (8 if tiny else 3144) / 1e6:>7.0f} MB/s", flush=True)
         return rate
     finally:

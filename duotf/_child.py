@@ -146,31 +146,11 @@ def _on_sigterm(signum, frame):
     raise SystemExit(f"stopped by duotf (signal {signum})")
 
 
-def tune_malloc() -> bool:
-    """Keep freed memory for reuse instead of returning it to the OS after every feed frame.
-
-    A node receives megabytes per frame and TF copies them into tensors; with glibc's defaults
-    every such buffer is a fresh mmap, so the node spent more time in page faults (zeroing new
-    pages) than in moving data. Process-wide but limited to this node process; a no-op where
-    the C library is not glibc.
-    """
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-    return bool(mallopt(m_mmap_threshold, 32 << 20)  # glibc's maximum
-                and mallopt(m_trim_threshold, 256 << 20)
-                and mallopt(m_top_pad, 64 << 20))
-
-
 def main(argv) -> int:
     global _tensorboard
-    tune_malloc()
+    from .feed import malloc
+
+    malloc.tune()
     from . import keras as keras_fix  # no Keras import: a hook for when main imports it
 
     keras_fix.install()

@@ -315,7 +315,8 @@ class Cluster:
         return self._collect()
 
     def train(self, data, epochs: int = 1, *, feed_timeout: float = 600.0,
-              balance: bool = True, ragged: Sequence[str] = ()) -> dict:
+              balance: bool = True, ragged: Sequence[str] = (),
+              convert_once: Optional[bool] = None) -> dict:
         """Push ``data`` into the chief and workers, ``epochs`` times; return when all is queued.
 
         ``data``: a Spark DataFrame or RDD, a Dask DataFrame, Bag or Array, or (local backend) a
@@ -334,14 +335,24 @@ class Cluster:
         positions: ``"0"``, ``"1"``, ...): a node receives such a column as a
         :class:`~duotf.feed.columns.RaggedColumn` (``values`` and ``row_splits``) from
         ``next_batch``, and as a ``tf.RaggedTensor`` from ``dataset()``.
+
+        ``convert_once``: a Spark DataFrame fed ``epochs > 1`` times is converted into feed
+        frames once, in the first epoch, which keeps them in files in its executors' local dirs
+        (as :func:`duotf.spark.feed_cache` does: about the DataFrame's size, never filling a
+        disk past ``duotf.backends.spark_feed.MIN_FREE_BYTES``/``MIN_FREE_FRACTION``; a
+        partition not kept is read from the DataFrame again); the later epochs are fed from the
+        files, which are deleted when ``train`` returns. ``False`` reads the DataFrame every
+        epoch. Other data is fed as it is (Dask's is in its workers' memory already).
         """
         from . import planner
 
         _check_feed_args(epochs, feed_timeout)
+        if convert_once not in (None, True, False):
+            raise ConfigError(f"convert_once={convert_once!r}: give True, False or None")
         bar = self._bar()
         try:
             return planner.train(self.supervisor, self.backend, data, epochs, feed_timeout,
-                                 balance, ragged, bar)
+                                 balance, ragged, bar, convert_once)
         finally:
             self._metrics.listener = None
 

@@ -320,11 +320,21 @@ def _markers(sup: Supervisor, targets: List[FeedTarget], kind: wire.Marker, time
 
 
 def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, balanced: bool,
-          ragged=(), progress: Optional[FeedProgress] = None) -> dict:
+          ragged=(), progress: Optional[FeedProgress] = None,
+          convert_once: Optional[bool] = None) -> dict:
     if epochs < 1:
         raise ConfigError(f"epochs={epochs}: must be >= 1")
     ragged = ragged_columns(ragged)
     adapter = backend.feed_adapter(data, len(sup.nodes))  # a ConfigError for bad data comes first
+    adapter.convert_once = convert_once
+    try:
+        return _train(sup, adapter, epochs, feed_timeout, balanced, ragged, progress)
+    finally:
+        adapter.close()
+
+
+def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced: bool, ragged,
+           progress: Optional[FeedProgress]) -> dict:
     sup.check_running("train")
     targets = sup.feed_targets()
     adapter.check_capacity(len(sup.nodes))
@@ -365,7 +375,7 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
         progress.close()
     return {"epochs": done, "rows": sum(counts), "rows_fed": fed, "rows_per_worker": per,
             "rows_dropped_per_epoch": dropped, "terminated": sup.feed_terminated(),
-            "seconds": time.monotonic() - t0}
+            "seconds": time.monotonic() - t0, **adapter.report()}
 
 
 def inference(sup: Supervisor, backend, data, keep, result_columns, feed_timeout: float,

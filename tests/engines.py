@@ -54,6 +54,8 @@ class Engine(abc.ABC):
     gpu_setting = ""
     #: a process that runs feeding tasks may also run a node's task (a killed one takes a node along)
     feeds_beside_nodes = False
+    #: a DataFrame fed several epochs is converted into feed frames once, in the first epoch
+    converts_frames_once = False
 
     def __init__(self, backend, handle=None):
         self.backend = backend
@@ -455,6 +457,7 @@ class SparkEngine(Engine):
 
     #: the task slots Spark has once every executor registered
     slots = 0
+    converts_frames_once = True
     gpu_setting = "spark.executor.resource.gpu.amount="
 
     @classmethod

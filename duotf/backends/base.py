@@ -142,6 +142,20 @@ class FeedAdapter(abc.ABC):
     #: count rows", Dask keys "duotf-count-<job id>-part-<i>-<token>").
     job_id: str = ""
 
+    #: whether data the engine converts again every epoch may be converted once, in the first
+    #: of several epochs, and fed from what was kept for the later ones; set by the feed
+    #: planner from ``cluster.train(convert_once=...)`` (None: where the adapter can, False:
+    #: never). What is kept goes with :meth:`close`.
+    convert_once: Optional[bool] = None
+
+    def report(self) -> dict:
+        """What the adapter adds to ``cluster.train``'s counts (e.g. what it kept)."""
+        return {}
+
+    def close(self) -> None:
+        """Release what the adapter kept for the feed; called once ``train`` ends, however it
+        ends. Never raises."""
+
     def partition_done(self, pid: int, rows: int) -> None:
         """Partition ``pid``'s task ended, having sent ``rows`` rows (training: its value in
         the job's result; inference: the rows answered). Never raises."""

@@ -110,15 +110,19 @@ def _frames(batches, tensors: Dict[str, tuple], block_bytes: int, ragged: Sequen
     from ..errors import FeedSchemaError
     from ..feed import wire
     from ..feed.columns import concat_cols, from_arrow, num_rows
+    from ..feed.feeder import same_shapes
 
-    parts, size, pos = [], 0, 0
+    parts, size, pos, shapes = [], 0, 0, {}
+    pid = TaskContext.get().partitionId()
     for batch in batches:
         if not batch.num_rows:
             continue
         try:
-            parts.append(from_arrow(batch, tensors, ragged))
+            cols = from_arrow(batch, tensors, ragged)
         except FeedSchemaError as exc:
-            raise exc.located(TaskContext.get().partitionId(), pos) from None
+            raise exc.located(pid, pos) from None
+        same_shapes(cols, shapes, pid, pos)  # from one Arrow batch to the next too
+        parts.append(cols)
         pos += batch.num_rows
         size += batch.nbytes
         if size >= block_bytes:
@@ -145,9 +149,12 @@ class CachedPartition:
 
     def open(self):
         """The partition's frames as :class:`~duotf.feed.wire.FileFrame`, and the open file; or
-        ``None`` where the file is not on this host (the task ran on another executor)."""
+        ``None`` where the file is not on this host (the task ran on another executor), or
+        where the frames were not kept (no path)."""
         from ..feed.wire import FileFrame
 
+        if not self.path:
+            return None
         try:
             f = open(self.path, "rb")
         except FileNotFoundError:
@@ -157,6 +164,8 @@ class CachedPartition:
     def remove(self) -> bool:
         import os
 
+        if not self.path:
+            return False
         try:
             os.remove(self.path)
         except FileNotFoundError:
@@ -168,56 +177,175 @@ class CachedPartition:
         return True
 
 
-_INDEX_SCHEMA = f"pid long, host string, path string, frames string, {_ERROR} string"
+_INDEX_SCHEMA = f"pid long, host string, path string, frames string, rows long, {_ERROR} string"
+
+#: Free space a converting task leaves on its local disk: below this much, it stops keeping the
+#: partition's frames (the partition is then read from the DataFrame again in later epochs).
+#: The larger of the two: bytes, or a fraction of the disk.
+MIN_FREE_BYTES, MIN_FREE_FRACTION = 1 << 30, 0.05
 
 
-def _spiller(cache_id: str, tensors: Dict[str, tuple], block_bytes: int, ragged: Sequence[str]):
-    """A ``mapInArrow`` task: convert the partition into packed frames and write them to a file
-    in the executor's local dir, right there; yield only where they lie (one small row), so no
-    frame passes through the JVM. A partition the feed refuses leaves no file: its row carries
-    the error instead."""
+def _room(folder: str, need: int) -> bool:
+    """Whether ``need`` more bytes leave the disk of ``folder`` above the floor."""
+    import shutil
+
+    usage = shutil.disk_usage(folder)
+    return usage.free - need >= max(MIN_FREE_BYTES, MIN_FREE_FRACTION * usage.total)
+
+
+def _keep(pid: int, frames, cache_id: str, job=None) -> dict:
+    """Write a partition's packed ``frames`` (``(rows, bytes)``) to a file in this executor's
+    local dir, and with ``job`` feed each to the nodes as it is written; return the partition's
+    index entry (:data:`_INDEX_SCHEMA`'s fields). A partition the feed refuses leaves no file:
+    its entry carries the error instead. A disk that would fall below its floor
+    (:data:`MIN_FREE_BYTES`, :data:`MIN_FREE_FRACTION`) stops the keeping, not the feeding: the
+    file is removed and the entry has no path."""
+    import os
+    import socket
+    import tempfile
+    import uuid
+
+    from ..errors import FeedSchemaError
+    from ..feed import wire
+
+    root = (os.environ.get("SPARK_LOCAL_DIRS") or tempfile.gettempdir()).split(",")[0]
+    folder = os.path.join(root, f"duotf-feedcache-{cache_id}")
+    path = os.path.join(folder, f"part-{pid:05d}-{uuid.uuid4().hex[:12]}")
+    index, error, sent = [], None, 0
+    for attempt in range(3):  # another task of this cache may remove the folder, emptied
+        os.makedirs(folder, exist_ok=True)
+        try:
+            f = open(path, "wb")
+            break
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+    keep = [True]
+
+    def drop():
+        os.remove(path)
+        try:
+            os.rmdir(folder)  # the cache's folder, once its last file is gone
+        except OSError:
+            pass
+
+    def written():
+        offset = 0
+        for n, frame in frames:
+            if keep[0] and job is not None and not _room(folder, len(frame) + 4096):
+                keep[0] = False
+                f.close()
+                drop()
+            if keep[0]:
+                f.write(frame)
+                index.append((n, offset, len(frame)))
+                offset += len(frame)
+                pad = -offset % 4096  # each frame starts a page: a node maps it where it lies
+                f.write(bytes(pad))
+                offset += pad
+            yield wire.Packed(n, frame)
+
+    try:
+        if job is None:
+            for _ in written():
+                pass
+        else:
+            from ..feed.feeder import feed_train
+
+            sent, error = _guarded(lambda: feed_train(job, pid, written()))
+    except FeedSchemaError as exc:
+        error = _error_json(exc)
+    finally:
+        if not f.closed:
+            f.close()
+    if (error or not keep[0]) and os.path.exists(path):
+        drop()
+    kept = keep[0] and not error
+    return {"pid": pid, "host": socket.gethostname(), "path": path if kept else "",
+            "frames": json.dumps(index if kept else []), "rows": sent or 0, _ERROR: error}
+
+
+def _spiller(cache_id: str, tensors: Dict[str, tuple], block_bytes: int, ragged: Sequence[str],
+             job=None):
+    """A ``mapInArrow`` task: convert the partition into packed frames and keep them in a file
+    in the executor's local dir, right there (:func:`_keep`); yield only where they lie (one
+    small row), so no frame passes through the JVM. With ``job`` (the first epoch of
+    ``cluster.train(df, epochs > 1)``), the frames are fed as they are written: the epoch's
+    conversion is the cache's."""
 
     def run(batches):
-        import os
-        import socket
-        import tempfile
-        import uuid
-
         import pyarrow as pa
         from pyspark import TaskContext
 
-        from ..errors import FeedSchemaError
-
         pid = TaskContext.get().partitionId()
-        root = (os.environ.get("SPARK_LOCAL_DIRS") or tempfile.gettempdir()).split(",")[0]
-        folder = os.path.join(root, f"duotf-feedcache-{cache_id}")
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"part-{pid:05d}-{uuid.uuid4().hex[:12]}")
-        index, offset, error = [], 0, None
+        entry = _keep(pid, _frames(batches, tensors, block_bytes, ragged), cache_id, job)
+        yield pa.RecordBatch.from_pydict({k: [v] for k, v in entry.items()})
+
+    return run
+
+
+def _row_frames(rows, ragged: Sequence[str], pid: int, block_bytes: int):
+    """``(rows, packed frame)`` of about ``block_bytes`` each from an RDD partition's rows (or
+    the other kinds :func:`duotf.feed.tasks.chunks_of` takes), checked as the feed checks
+    them; a refusal placed at its row of the partition."""
+    from ..errors import FeedSchemaError
+    from ..feed import wire
+    from ..feed.columns import concat_cols, num_rows
+    from ..feed.feeder import same_shapes
+    from ..feed.tasks import chunks_of
+
+    parts, size, pos, shapes = [], 0, 0, {}
+    chunks = iter(chunks_of(rows, ragged))
+    while True:
         try:
-            with open(path, "wb") as f:
-                for n, frame in _frames(batches, tensors, block_bytes, ragged):
-                    f.write(frame)
-                    index.append((n, offset, len(frame)))
-                    offset += len(frame)
-                    pad = -offset % 4096  # each frame starts a page: a node maps it where it lies
-                    f.write(bytes(pad))
-                    offset += pad
+            cols = next(chunks)
+        except StopIteration:
+            break
         except FeedSchemaError as exc:
-            os.remove(path)
-            error = _error_json(exc)
-        yield pa.RecordBatch.from_pydict({"pid": [pid], "host": [socket.gethostname()],
-                                          "path": [path], "frames": [json.dumps(index)],
-                                          _ERROR: [error]})
+            raise exc.located(pid, pos) from None
+        n = num_rows(cols)
+        if not n:
+            continue
+        same_shapes(cols, shapes, pid, pos)
+        parts.append(cols)
+        pos += n
+        size += sum(getattr(v, "nbytes", 64 * n) for v in cols.values())
+        if size >= block_bytes:
+            cols = concat_cols(parts)
+            yield num_rows(cols), wire.pack_frame(cols)
+            parts, size = [], 0
+    if parts:
+        cols = concat_cols(parts)
+        yield num_rows(cols), wire.pack_frame(cols)
+
+
+def _rdd_spiller(cache_id: str, ragged: Sequence[str], job):
+    """The RDD twin of :func:`_spiller` with a job: an RDD partition's rows converted, fed and
+    kept; yields the partition's index entry as a dict."""
+
+    def run(index, rows):
+        yield _keep(index, _row_frames(rows, ragged, index, 4 << 20), cache_id, job)
 
     return run
 
 
 def _cached_partition(row):
-    """The index entry of a partition: its CachedPartition, or its error JSON."""
+    """The index entry of a partition: its CachedPartition (with no path where its frames were
+    not kept), or its error JSON."""
     if row[_ERROR]:
         return row[_ERROR]
     return CachedPartition(row.pid, row.host, row.path, [tuple(f) for f in json.loads(row.frames)])
+
+
+def _teed_partition(row):
+    """``(index entry, rows fed)`` of a partition of the first epoch of a DataFrame or RDD
+    converted once (see :func:`_keep` with a job); ``row``: a Row or a dict."""
+    get = row.get if isinstance(row, dict) else row.__getitem__
+    if get(_ERROR):
+        return get(_ERROR), 0
+    part = CachedPartition(get("pid"), get("host"), get("path"),
+                           [tuple(f) for f in json.loads(get("frames"))])
+    return part, get("rows")
 
 
 def _remove_local(index, parts):
@@ -228,8 +356,9 @@ class FeedCache:
     """A Spark DataFrame turned into ready-to-send feed frames, held in files on the executors
     (see :func:`feed_cache`). Pass it to ``cluster.train`` instead of the DataFrame."""
 
-    def __init__(self, index, df, parts: List[CachedPartition], columns: List[str]):
+    def __init__(self, index, df, parts: List[CachedPartition], columns: List[str], kept=None):
         self.index = index  # RDD: one CachedPartition per partition, kept in executor memory
+        self.kept = kept if kept is not None else index  # the RDD whose blocks hold them
         self.df = df  # what a partition whose file is on another host is fed from
         self.parts = parts
         self.columns = columns
@@ -252,7 +381,7 @@ class FeedCache:
         finally:
             for part in self.parts:  # the files on the driver's own host (local mode)
                 part.remove()
-            self.index.unpersist()
+            self.kept.unpersist()
             self.index = None
 
     def __repr__(self) -> str:
@@ -510,6 +639,7 @@ class SparkFeed(FeedAdapter):
     def __init__(self, backend, data):
         self.backend = backend
         self.sc = backend.sc
+        self.kept = None  # the FeedCache of a DataFrame converted once, in its first epoch
         self.cache = data if isinstance(data, FeedCache) else None
         self.df = data if hasattr(data, "mapInArrow") else None
         self.rdd = None if self.df is not None or self.cache is not None else data
@@ -558,6 +688,8 @@ class SparkFeed(FeedAdapter):
     def train(self, job) -> EngineJob:
         if self.cache is not None:
             return self._job(job, self._train_cached(job))
+        if job.epoch == 1 and job.epochs > 1 and self.convert_once is not False:
+            return self._job(job, self._train_converting(job))
         if self.df is not None:
             from ..feed.columns import tensor_specs
 
@@ -603,16 +735,81 @@ class SparkFeed(FeedAdapter):
                             "from the DataFrame", len(missed))
                 from ..feed.columns import tensor_specs
 
-                df = cache.df
-                fed = df.mapInArrow(_arrow_train(job, tensor_specs(df.schema)),
-                                    f"rows long, {_ERROR} string").rdd
-                again = sc.runJob(fed, lambda rows: rows, missed)
-                _raise_first(row[_ERROR] for row in again)
-                for pid, row in zip(missed, again):
-                    sent[pid] = row.rows
+                source = cache.df  # a DataFrame, or the RDD converted in the first epoch
+                if hasattr(source, "mapInArrow"):
+                    fed = source.mapInArrow(_arrow_train(job, tensor_specs(source.schema)),
+                                            f"rows long, {_ERROR} string").rdd
+                    again = [(row.rows, row[_ERROR]) for row in sc.runJob(fed, lambda rows: rows, missed)]
+                else:
+                    again = sc.runJob(source.mapPartitionsWithIndex(_train_rdd(job)),
+                                      lambda rows: rows, missed)
+                _raise_first(error for _, error in again)
+                for pid, (rows, _) in zip(missed, again):
+                    sent[pid] = rows
             return [sent[pid] for pid in sorted(sent)]
 
         return call
+
+    def _train_converting(self, job):
+        """The first epoch of a DataFrame or RDD fed ``epochs > 1`` times: each task converts
+        its partition into feed frames, feeds them, and keeps them in a file in its executor's
+        local dir, as :func:`feed_cache` does; the later epochs are fed from those files
+        (:meth:`_train_cached`), and :meth:`close` deletes them when ``train`` returns."""
+        import uuid
+
+        from ..feed.columns import tensor_specs
+
+        source, cache_id = (self.df if self.df is not None else self.rdd), uuid.uuid4().hex[:16]
+        if self.df is not None:
+            task = _spiller(cache_id, tensor_specs(source.schema), 4 << 20, job.ragged, job=job)
+        else:
+            task = _rdd_spiller(cache_id, job.ragged, job)
+
+        def call():
+            if self.df is not None:
+                teed = source.mapInArrow(task, _INDEX_SCHEMA).rdd.map(_teed_partition)
+            else:
+                teed = source.mapPartitionsWithIndex(task).map(_teed_partition)
+            # Checkpointed, not just persisted: a lost block is never recomputed, since that
+            # would run this epoch's feeding task again.
+            teed.localCheckpoint()
+            out = teed.collect()
+            entries = [entry for entry, _ in out]
+            parts = sorted((e for e in entries if isinstance(e, CachedPartition)), key=lambda p: p.pid)
+            columns = list(source.columns) if self.df is not None else []
+            cache = FeedCache(teed.map(lambda item: item[0]), source, parts, columns, kept=teed)
+            errors = sorted((e for e in entries if isinstance(e, str)),
+                            key=lambda e: json.loads(e)["partition"])
+            if errors:
+                cache.unpersist()
+                _raise_first(errors)
+            self.kept = self.cache = cache
+            dropped = sum(1 for p in parts if not p.path)
+            if dropped:
+                logger.warning("duotf: %d of %d partitions were not kept for the later epochs (their "
+                               "executors' local disks were near full: see duotf.spark feed "
+                               "MIN_FREE_BYTES); they are read from the DataFrame again",
+                               dropped, len(parts))
+            rows = {entry.pid: n for entry, n in out if isinstance(entry, CachedPartition)}
+            return [rows[pid] for pid in sorted(rows)]
+
+        return call
+
+    def report(self) -> dict:
+        if self.kept is None:
+            return {}
+        return {"converted_once": True,
+                "partitions_kept": sum(1 for p in self.kept.parts if p.path)}
+
+    def close(self) -> None:
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            if self.cache is kept:
+                self.cache = None
+            try:
+                kept.unpersist()
+            except Exception as exc:  # Spark stopped under it: its local dirs go with the app
+                logger.warning("duotf: could not delete the frames kept for the feed (%s)", exc)
 
     def infer(self, job, keep, result_columns) -> EngineJob:
         if self.cache is not None:

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from .. import gate
-from . import wire
+from . import malloc, wire
 from .wire import Frame, Marker
 from .columns import Columns, RaggedColumn, concat_cols, num_rows, slice_cols
 
@@ -747,6 +747,7 @@ class DataFeed:
         per_block = batch_size * max(1, block_bytes // max(row_bytes * batch_size, 1))
 
         def blocks():
+            malloc.retune_after_tf()  # TF's from_generator has just set its trim threshold
             if pending[0] is not None:  # the batch read above, to learn the columns
                 cols, cut = pending
                 pending[0] = None

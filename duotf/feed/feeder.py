@@ -108,6 +108,23 @@ def origin() -> Dict[str, object]:
     return where
 
 
+def same_shapes(cols: Columns, shapes: Dict[str, tuple], pid: int, pos: int) -> None:
+    """Raise a placed :class:`FeedSchemaError` where an array column of ``cols`` (rows ``pos``
+    on of partition ``pid``) has rows of another shape than the rows before it; ``shapes``
+    holds the shapes seen so far in the partition, and learns new columns' shapes."""
+    for name, values in cols.items():
+        if isinstance(values, np.ndarray) and values.ndim > 1:
+            shape = shapes.setdefault(name, values.shape[1:])
+            if values.shape[1:] != shape:
+                size, expected = int(np.prod(values.shape[1:])), int(np.prod(shape))
+                raise feed_schema_error(
+                    name, 0, "ragged", f"rows of different lengths: {{where}} holds {size} "
+                    f"values where the rows before it hold {expected}",
+                    "a fixed-shape column needs one length in every row: filter or pad the "
+                    "rows to one length, or declare the column ragged: "
+                    f"cluster.train(..., ragged=[{name!r}])").located(pid, pos)
+
+
 def validated(chunks: Iterable[Columns], pid: int) -> Iterator[Columns]:
     """``chunks`` of partition ``pid`` as they come, once each fits the rows before it: an array
     column keeps its row shape from chunk to chunk. A chunk refused while it was made (a
@@ -133,17 +150,7 @@ def validated(chunks: Iterable[Columns], pid: int) -> Iterator[Columns]:
             pos += cols.rows
             yield cols
             continue
-        for name, values in cols.items():
-            if isinstance(values, np.ndarray) and values.ndim > 1:
-                shape = shapes.setdefault(name, values.shape[1:])
-                if values.shape[1:] != shape:
-                    size, expected = int(np.prod(values.shape[1:])), int(np.prod(shape))
-                    raise feed_schema_error(
-                        name, 0, "ragged", f"rows of different lengths: {{where}} holds {size} "
-                        f"values where the rows before it hold {expected}",
-                        "a fixed-shape column needs one length in every row: filter or pad the "
-                        "rows to one length, or declare the column ragged: "
-                        f"cluster.train(..., ragged=[{name!r}])").located(pid, pos)
+        same_shapes(cols, shapes, pid, pos)
         pos += num_rows(cols)
         yield cols
 

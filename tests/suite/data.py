@@ -69,3 +69,16 @@ def scoring_parts(x, ragged_row=None, parts=SCORING_PARTS) -> List[list]:
 def scoring_table(engine, x, ragged_row=None, parts=SCORING_PARTS):
     """``scoring_parts`` as the engine's DataFrame of ``id`` long, ``features`` array<float>."""
     return engine.table(scoring_parts(x, ragged_row, parts), {"id": "long", "features": "array<float>"})
+
+
+def kept_frame_folders() -> set:
+    """The folders of feed frames kept on this host (``duotf.spark.feed_cache``, and a Spark
+    DataFrame converted once for several epochs): Spark's local dirs lie under the temp dir."""
+    import glob
+    import os
+    import tempfile
+
+    root = tempfile.gettempdir()
+    return {path for depth in range(4)
+            for path in glob.glob(os.path.join(root, *["*"] * depth, "duotf-feedcache-*"))
+            if "pytest-of-" not in path}  # tests' own folders of that name

@@ -8,7 +8,8 @@ import pytest
 
 import duotf
 from tests.suite import mains
-from tests.suite.data import FED, SIZES, fed_every_epoch, frames, row_parts, tensor_blocks
+from tests.suite.data import (FED, SIZES, fed_every_epoch, frames, kept_frame_folders, row_parts,
+                              tensor_blocks)
 
 
 def test_train_epochs_balanced_across_workers(backend, engine):
@@ -18,6 +19,8 @@ def test_train_epochs_balanced_across_workers(backend, engine):
         first, second = cluster.wait(timeout=120)
     assert report["rows"] == 45 and report["rows_per_worker"] == 22
     assert report["rows_dropped_per_epoch"] == 1 and report["rows_fed"] == 3 * 44
+    # a Spark RDD too is converted once, in epoch 1, and fed from what it kept after
+    assert report.get("converted_once", False) == engine.converts_frames_once
     for result in (first, second):
         assert result["epochs"] == 3
         assert sorted(result["ids"]) == [0, 1, 2]
@@ -25,6 +28,23 @@ def test_train_epochs_balanced_across_workers(backend, engine):
     for epoch in range(3):
         got = sorted(first["ids"][epoch] + second["ids"][epoch])
         assert got == FED  # every row but the remainder, once per epoch
+
+
+def test_a_dataframe_fed_several_epochs_arrives_once_an_epoch_and_leaves_nothing(backend, engine):
+    df = engine.frame(frames(row_parts(), ["x", "y"]))
+    before = kept_frame_folders()
+    with duotf.run(mains.feed_train_main, {"batch": 4}, backend, duotf.ClusterSpec(workers=2)) as cluster:
+        report = cluster.train(df, epochs=3)
+        left = kept_frame_folders() - before  # train has returned: what it kept is gone
+        first, second = cluster.wait(timeout=120)
+    assert report["rows_fed"] == 3 * 44 and first["epochs"] == second["epochs"] == 3
+    assert fed_every_epoch([i for r in (first, second) for ids in r["ids"].values() for i in ids], 3)
+    for epoch in range(3):
+        assert len(first["ids"][epoch]) == len(second["ids"][epoch]) == 22
+    # Spark converts the DataFrame once, in epoch 1, and feeds epochs 2 and 3 from what it kept
+    assert report.get("converted_once", False) == engine.converts_frames_once
+    assert report.get("partitions_kept", 0) == (len(SIZES) if engine.converts_frames_once else 0)
+    assert not left
 
 
 def _infer_rows(backend, engine):

@@ -8,6 +8,7 @@ import pytest
 
 import duotf
 from tests.suite import mains
+from tests.suite.data import kept_frame_folders
 
 SCHEMA = {"id": "long", "x": "double", "s": "string", "v": "array<float>"}
 PART, ROW = 1, 2  # where the one bad value lies
@@ -71,11 +72,15 @@ def test_refused_data_gives_a_feed_schema_error(backend, engine, tmp_path, case,
     schema = {**SCHEMA, "v": "array<string>"} if value is STRINGS else SCHEMA
     data, names = _data(engine, shape, _parts(bad, value), schema)
     column = names[bad]
+    before = kept_frame_folders()
     cluster = duotf.run(mains.block_main, {"release": str(tmp_path / "release")}, backend,
                         duotf.ClusterSpec(workers=1))
     try:
         with pytest.raises(duotf.FeedSchemaError) as info:
-            cluster.train(data, epochs=1, feed_timeout=60)
+            # 2 epochs: a Spark DataFrame's first epoch then also keeps what it converted,
+            # which the refusal must delete
+            cluster.train(data, epochs=2, feed_timeout=60)
+        assert not kept_frame_folders() - before
     finally:
         (tmp_path / "release").touch()
         cluster.shutdown(grace_secs=0, _raise=False)
