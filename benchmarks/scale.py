@@ -114,15 +114,19 @@ def run_once(nodes: int, agents_per_process: int, steady_seconds: float,
         sim = backend.jobs[-1]
         t1 = time.perf_counter()
         sim.release()
-        cluster.wait(timeout=60)
+        failure = None
+        try:
+            cluster.wait(timeout=60)
+        except Exception as exc:  # reported in the table: the end did not go as it should
+            failure = f"{type(exc).__name__}: {str(exc)[:160]}"
         end = time.perf_counter() - t1
     except BaseException:
         cluster.shutdown(grace_secs=0, _raise=False)
         raise
     t2 = time.perf_counter()
-    cluster.shutdown()
+    cluster.shutdown(_raise=failure is None)
     shutdown = time.perf_counter() - t2
-    outcomes = {o.status.value for o in cluster.supervisor.node_outcomes()}
+    outcomes = {o.status.value for o in cluster.supervisor.node_outcomes() or []}
     reports = sim.reports
     return {
         "nodes": nodes, "helpers": len(sim.procs), "registered": watcher.registered,
@@ -131,9 +135,9 @@ def run_once(nodes: int, agents_per_process: int, steady_seconds: float,
         "fds": fds, "oldest_beat": oldest_beat, "interval": interval,
         "tf_config": max(r["tf_config_bytes"] for r in reports),
         "start_msg": max(r["start_bytes"] for r in reports),
-        "beats_per_s": sum(r["heartbeats"] for r in reports) / max(end + t1 - t0, 1e-9),
         "end": end, "shutdown": shutdown, "outcomes": sorted(outcomes),
         "threads_after": proc.num_threads(), "sockets_after": driver_sockets(proc),
+        "failure": failure,
     }
 
 
@@ -161,6 +165,8 @@ def print_table(r: dict) -> None:
     row("shutdown()", f"{r['shutdown']:.2f} s")
     row("after shutdown: threads / sockets", f"{r['threads_after']} / {r['sockets_after']}")
     row("node outcomes", ",".join(r["outcomes"]))
+    if r["failure"]:
+        print(f"the end FAILED: {r['failure']}")
 
 
 def cli() -> None:

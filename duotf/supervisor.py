@@ -220,6 +220,7 @@ class Supervisor:
         self._cond = threading.Condition()
         self._gang = None
         self._disconnected: set = set()  # node ids whose agent's connection has ended
+        self._released: set = set()  # node ids sent RELEASE, or STOP as a server with no peers
         self._threads: List[threading.Thread] = []
         self.server = rendezvous.RendezvousServer(self.secret, self._on_message, self._on_close,
                                                   host=driver_host)
@@ -376,6 +377,15 @@ class Supervisor:
                 if isinstance(reports, list):
                     self.metrics.add(node_id, reports, int(message.get("dropped") or 0))
             return
+        if kind is Msg.HEARTBEAT:
+            # Neither under the lock nor notified: only the watchdog reads last_seen, and it
+            # wakes at its own deadline. Notifying would wake every waiter, each of which looks
+            # at every node: a thousand nodes' heartbeats, a million looks a second.
+            if getattr(peer, "node_id", None) == node_id:
+                node.last_seen = time.monotonic()
+            else:
+                logger.warning("duotf: %s message from a connection of another node ignored", kind.value)
+            return
         with self._cond:
             if kind is Msg.REGISTER:
                 failure = self._register(node, peer, message)
@@ -505,8 +515,13 @@ class Supervisor:
             others = [x for x in self.nodes if not x.is_server]
             if not all(x.state in ENDED for x in others):
                 return
-            servers = [x for x in servers if x.state not in TERMINAL]
-            waiting = [x for x in others if x.state is NodeState.RETURNED]
+            # Each once: every later RETURNED or DONE finds them all ended again, and sending
+            # again to each would be n * n messages.
+            servers = [x for x in servers if x.state not in TERMINAL
+                       and x.node_id not in self._released]
+            waiting = [x for x in others if x.state is NodeState.RETURNED
+                       and x.node_id not in self._released]
+            self._released.update(x.node_id for x in servers + waiting)
         for node in waiting:
             self.send(node, Msg.RELEASE)
         for node in servers:
