@@ -546,6 +546,8 @@ class Supervisor:
         thread.start()
 
     def _watch(self) -> None:
+        unwatched = (NodeState.PENDING,) + tuple(TERMINAL)
+        due: Optional[float] = None  # no node can be stale before then (None: not known)
         while True:
             with self._cond:
                 if self.status not in _LIVE:
@@ -555,7 +557,13 @@ class Supervisor:
                 done = self._gang.done()
                 gang_exc = self._gang.exception() if done else None
                 now = time.monotonic()
-                watched = [x for x in self.nodes if x.state not in (NodeState.PENDING,) + tuple(TERMINAL)]
+                if not done and due is not None and now < due:
+                    # Woken by a change before the deadline: no node can be stale yet (a
+                    # heartbeat only moves a deadline later, and a node that registers now is
+                    # due later than every other), so the nodes need no look.
+                    self._cond.wait(due - now + 0.05)
+                    continue
+                watched = [x for x in self.nodes if x.state not in unwatched]
                 stale = [x for x in watched if now - x.last_seen > self.heartbeat_timeout]
                 if not done and not stale:
                     # sleep until the next heartbeat deadline, or until something changes
