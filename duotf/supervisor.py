@@ -516,10 +516,11 @@ class Supervisor:
             if not all(x.state in ENDED for x in others):
                 return
             # Each once: every later RETURNED or DONE finds them all ended again, and sending
-            # again to each would be n * n messages.
-            servers = [x for x in servers if x.state not in TERMINAL
+            # again to each would be n * n messages. (A node with no connection yet is sent
+            # nothing, and so is not counted as sent.)
+            servers = [x for x in servers if x.state not in TERMINAL and x.peer is not None
                        and x.node_id not in self._released]
-            waiting = [x for x in others if x.state is NodeState.RETURNED
+            waiting = [x for x in others if x.state is NodeState.RETURNED and x.peer is not None
                        and x.node_id not in self._released]
             self._released.update(x.node_id for x in servers + waiting)
         for node in waiting:
