@@ -33,6 +33,7 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.simnodes import SimBackend  # noqa: E402
+from duotf import planner  # noqa: E402
 from duotf.api import check_run_arguments  # noqa: E402
 from duotf.cluster import Cluster  # noqa: E402
 from duotf.spec import ClusterSpec  # noqa: E402
@@ -84,9 +85,9 @@ def driver_sockets(proc: psutil.Process) -> int:
 
 def run_once(nodes: int, agents_per_process: int, steady_seconds: float,
              heartbeat_interval: float = None, settle: float = 2.0,
-             backend: SimBackend = None) -> dict:
+             backend: SimBackend = None, connect_threads: int = 8) -> dict:
     """One cluster of ``nodes`` simulated nodes, start to shutdown; the figures as a dict."""
-    backend = backend if backend is not None else SimBackend(agents_per_process)
+    backend = backend if backend is not None else SimBackend(agents_per_process, connect_threads)
     spec, (reservation_timeout, interval, heartbeat_timeout) = check_run_arguments(
         noop_main, ClusterSpec(workers=nodes), heartbeat_interval=heartbeat_interval)
     proc = psutil.Process()
@@ -130,6 +131,10 @@ def run_once(nodes: int, agents_per_process: int, steady_seconds: float,
     t2 = time.perf_counter()
     cluster.shutdown(_raise=failure is None)
     shutdown = time.perf_counter() - t2
+    # the feed planner's share of a training epoch at this size: which rows each worker gets
+    t3 = time.perf_counter()
+    planner.balance([10_000] * (10 * nodes), nodes)
+    plan = time.perf_counter() - t3
     outcomes = {o.status.value for o in cluster.supervisor.node_outcomes() or []}
     reports = sim.reports
     return {
@@ -141,7 +146,7 @@ def run_once(nodes: int, agents_per_process: int, steady_seconds: float,
         "start_msg": max(r["start_bytes"] for r in reports),
         "end": end, "shutdown": shutdown, "outcomes": sorted(outcomes),
         "threads_after": proc.num_threads(), "sockets_after": driver_sockets(proc),
-        "failure": failure,
+        "failure": failure, "plan": plan, "connect_threads": backend.connect_threads,
     }
 
 
@@ -150,8 +155,8 @@ def print_table(r: dict) -> None:
         mark = "" if ok is None else ("  ok" if ok else "  MISSED")
         print(f"{what:<44}{value:>16}{goal:>14}{mark}")
 
-    print(f"{r['nodes']} simulated nodes in {r['helpers']} helper processes, heartbeat every "
-          f"{r['interval']:g} s")
+    print(f"{r['nodes']} simulated nodes in {r['helpers']} helper processes ({r['connect_threads']} "
+          f"connecting at once in each), heartbeat every {r['interval']:g} s")
     print(f"{'':<44}{'measured':>16}{'goal':>14}")
     row("run() -> every node registered", f"{r['registered']:.2f} s")
     row("run() -> every node ready", f"{r['ready']:.2f} s")
@@ -166,6 +171,7 @@ def print_table(r: dict) -> None:
     row("driver open sockets (inet) / fds", f"{r['sockets']} / {r['fds']}")
     row("oldest heartbeat at the end of steady state", f"{r['oldest_beat']:.2f} s")
     row("TF_CONFIG of one node (its START message)", f"{r['tf_config']} B ({r['start_msg']} B)")
+    row(f"feed plan: planner.balance, {10 * r['nodes']} partitions", f"{r['plan'] * 1000:.0f} ms")
     row("mains return -> wait() returns", f"{r['end']:.2f} s")
     row("shutdown()", f"{r['shutdown']:.2f} s")
     row("after shutdown: threads / sockets", f"{r['threads_after']} / {r['sockets_after']}")
@@ -179,11 +185,13 @@ def cli() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--agents-per-process", type=int, default=250)
     parser.add_argument("--steady-seconds", type=float, default=10.0)
+    parser.add_argument("--connect-threads", type=int, default=8,
+                        help="agents of a helper process connecting at once")
     parser.add_argument("--heartbeat-interval", type=float, default=None,
                         help="seconds between heartbeats (default: duotf's, 1 s)")
     opts = parser.parse_args()
     result = run_once(opts.nodes, opts.agents_per_process, opts.steady_seconds,
-                      opts.heartbeat_interval)
+                      opts.heartbeat_interval, connect_threads=opts.connect_threads)
     print_table(result)
 
 
