@@ -1,8 +1,10 @@
 """Supervision on the driver: the node table, the nodes' messages, failure -> stop every node.
 
 The :class:`Supervisor` owns the rendezvous server and one condition that every change of a
-node or of the cluster's status notifies; every wait in duotf's driver is a wait on that
-condition with a deadline, never a fixed poll. What the rest of the driver needs from it (the
+node or of the cluster's status notifies (but a heartbeat's: the watchdog alone reads when a
+node was last heard from, at its own deadline); every wait in duotf's driver is a wait on that
+condition with a deadline, never a fixed poll. ``benchmarks/scale.py`` measures the driver at
+a thousand (simulated) nodes. What the rest of the driver needs from it (the
 cluster's start and shutdown, the feed planner, and later restarts and log streaming) is a
 documented method here; nobody else reads its fields.
 """
