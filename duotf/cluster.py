@@ -282,9 +282,9 @@ class Cluster:
 
         deadline = t0 + self.reservation_timeout
         sup.await_nodes(lambda s: s is NodeState.READY or s in TERMINAL, deadline, "ready")
-        addresses = [node.address for node in self.nodes]
+        tf_configs = self.spec.tf_configs([node.address for node in self.nodes])
         for node in self.nodes:
-            sup.send(node, Msg.START, tf_config=self.spec.tf_config(addresses, node.node_id),
+            sup.send(node, Msg.START, tf_config=tf_configs[node.node_id],
                      job=node.role.job, index=node.role.index, host=node.host, port=node.port)
         sup.await_nodes(lambda s: s not in (NodeState.REGISTERED, NodeState.READY), deadline, "started")
         sup.mark_running()

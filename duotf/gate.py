@@ -197,13 +197,19 @@ class Gate:
     def _run(self) -> None:
         try:
             while not self._closing:
-                for key, _ in self._selector.select(self._timeout()):
+                ready = self._selector.select(self._timeout())
+                # Proofs first, then new connections: a connection whose proof has arrived is
+                # never pushed out by newer ones that were waiting beside it.
+                accept = False
+                for key, _ in ready:
                     if key.data is _LISTENER:
-                        self._accept()
+                        accept = True
                     elif key.data is _WAKE:
                         self._drain_wake()
                     elif self._pending.get(key.fd) is key.data:  # not one closed meanwhile
                         self._read(key.data)
+                if accept:
+                    self._accept()
                 now = time.monotonic()
                 self._expire(now)
                 if self._paused_until is not None and now >= self._paused_until:
@@ -237,7 +243,10 @@ class Gate:
             pass
 
     def _accept(self) -> None:
-        for _ in range(_ACCEPT_BATCH):
+        # No more than there is room for (at least one: when full, the oldest makes room), so
+        # that a batch never pushes out connections of its own before their proofs are read:
+        # a thousand nodes connecting at once would otherwise push each other out, and retry.
+        for _ in range(max(1, min(_ACCEPT_BATCH, self.max_pending - len(self._pending)))):
             try:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):

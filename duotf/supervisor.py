@@ -1,8 +1,10 @@
 """Supervision on the driver: the node table, the nodes' messages, failure -> stop every node.
 
 The :class:`Supervisor` owns the rendezvous server and one condition that every change of a
-node or of the cluster's status notifies; every wait in duotf's driver is a wait on that
-condition with a deadline, never a fixed poll. What the rest of the driver needs from it (the
+node or of the cluster's status notifies (but a heartbeat's: the watchdog alone reads when a
+node was last heard from, at its own deadline); every wait in duotf's driver is a wait on that
+condition with a deadline, never a fixed poll. ``benchmarks/scale.py`` measures the driver at
+a thousand (simulated) nodes. What the rest of the driver needs from it (the
 cluster's start and shutdown, the feed planner, and later restarts and log streaming) is a
 documented method here; nobody else reads its fields.
 """
@@ -220,6 +222,7 @@ class Supervisor:
         self._cond = threading.Condition()
         self._gang = None
         self._disconnected: set = set()  # node ids whose agent's connection has ended
+        self._released: set = set()  # node ids sent RELEASE, or STOP as a server with no peers
         self._threads: List[threading.Thread] = []
         self.server = rendezvous.RendezvousServer(self.secret, self._on_message, self._on_close,
                                                   host=driver_host)
@@ -376,6 +379,15 @@ class Supervisor:
                 if isinstance(reports, list):
                     self.metrics.add(node_id, reports, int(message.get("dropped") or 0))
             return
+        if kind is Msg.HEARTBEAT:
+            # Neither under the lock nor notified: only the watchdog reads last_seen, and it
+            # wakes at its own deadline. Notifying would wake every waiter, each of which looks
+            # at every node: a thousand nodes' heartbeats, a million looks a second.
+            if getattr(peer, "node_id", None) == node_id:
+                node.last_seen = time.monotonic()
+            else:
+                logger.warning("duotf: %s message from a connection of another node ignored", kind.value)
+            return
         with self._cond:
             if kind is Msg.REGISTER:
                 failure = self._register(node, peer, message)
@@ -505,8 +517,14 @@ class Supervisor:
             others = [x for x in self.nodes if not x.is_server]
             if not all(x.state in ENDED for x in others):
                 return
-            servers = [x for x in servers if x.state not in TERMINAL]
-            waiting = [x for x in others if x.state is NodeState.RETURNED]
+            # Each once: every later RETURNED or DONE finds them all ended again, and sending
+            # again to each would be n * n messages. (A node with no connection yet is sent
+            # nothing, and so is not counted as sent.)
+            servers = [x for x in servers if x.state not in TERMINAL and x.peer is not None
+                       and x.node_id not in self._released]
+            waiting = [x for x in others if x.state is NodeState.RETURNED and x.peer is not None
+                       and x.node_id not in self._released]
+            self._released.update(x.node_id for x in servers + waiting)
         for node in waiting:
             self.send(node, Msg.RELEASE)
         for node in servers:
@@ -531,6 +549,8 @@ class Supervisor:
         thread.start()
 
     def _watch(self) -> None:
+        unwatched = (NodeState.PENDING,) + tuple(TERMINAL)
+        due: Optional[float] = None  # no node can be stale before then (None: not known)
         while True:
             with self._cond:
                 if self.status not in _LIVE:
@@ -540,7 +560,13 @@ class Supervisor:
                 done = self._gang.done()
                 gang_exc = self._gang.exception() if done else None
                 now = time.monotonic()
-                watched = [x for x in self.nodes if x.state not in (NodeState.PENDING,) + tuple(TERMINAL)]
+                if not done and due is not None and now < due:
+                    # Woken by a change before the deadline: no node can be stale yet (a
+                    # heartbeat only moves a deadline later, and a node that registers now is
+                    # due later than every other), so the nodes need no look.
+                    self._cond.wait(due - now + 0.05)
+                    continue
+                watched = [x for x in self.nodes if x.state not in unwatched]
                 stale = [x for x in watched if now - x.last_seen > self.heartbeat_timeout]
                 if not done and not stale:
                     # sleep until the next heartbeat deadline, or until something changes
