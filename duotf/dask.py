@@ -112,6 +112,16 @@ def _score_partition(frame, plan, partition_info=None):
     return scoring.score_pandas(plan, frame, (partition_info or {}).get("number"))
 
 
+def _sklearn_tags(requires_fit: bool):
+    """scikit-learn's ``Tags`` of a stage: called only by scikit-learn (``get_tags``, through
+    ``__sklearn_tags__``), so scikit-learn is imported already; duotf never imports it itself.
+    The label is a column of X (no target needed), and the stage transforms as it predicts."""
+    from sklearn.utils import Tags, TargetTags, TransformerTags
+
+    return Tags(estimator_type=None, target_tags=TargetTags(required=False),
+                transformer_tags=TransformerTags(), no_validation=True, requires_fit=requires_fit)
+
+
 # -- the Dask twin of the Spark ML stages ------------------------------------------------------------
 class TFEstimator:
     """Trains a TensorFlow model on a duotf cluster over a Dask DataFrame: the twin of
@@ -176,6 +186,9 @@ class TFEstimator:
 
     def __sklearn_is_fitted__(self) -> bool:
         return getattr(self, "model_", None) is not None
+
+    def __sklearn_tags__(self):
+        return _sklearn_tags(requires_fit=True)
 
     def __repr__(self) -> str:
         shown = {k: v for k, v in self.get_params().items()
@@ -342,6 +355,9 @@ class TFModel:
 
     def __sklearn_is_fitted__(self) -> bool:
         return bool(self.modelPath)
+
+    def __sklearn_tags__(self):
+        return _sklearn_tags(requires_fit=False)
 
     def fit(self, X=None, y=None) -> "TFModel":
         """Nothing to learn: the model is fitted. Returns itself (a scikit-learn pipeline calls

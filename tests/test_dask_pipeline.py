@@ -36,7 +36,7 @@ def test_the_estimator_is_a_sklearn_pipeline_stage(backend, engine, tmp_path):
     copy = sklearn_base.clone(est)
     assert copy is not est and copy.get_params() == est.get_params()
     assert copy.client is engine.client and copy.set_params(epochs=3).epochs == 3 and est.epochs == 1
-    assert not sklearn_base.is_classifier(copy) and not hasattr(copy, "model_")
+    assert not sklearn_base.is_classifier(copy) and not hasattr(copy, "model_")  # its tags
 
     pipeline = Pipeline([("prep", FunctionTransformer(_prep)), ("tf", est)])
     assert pipeline.fit(raw) is pipeline  # one cluster run: the last step's fit

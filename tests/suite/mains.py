@@ -671,8 +671,8 @@ def infer_model(weights):
 
 def keras_predict_main(args, ctx):
     """Inference with a Keras model built in a MultiWorkerMirroredStrategy scope:
-    ``model.predict`` on this node's inference feed (``feed.dataset``), answered with
-    ``batch_results``; returns how many rows it answered."""
+    ``model.predict`` on this node's inference feed (``feed.dataset``: the rows queued now),
+    answered with ``batch_results``, until the feed ends; returns how many rows it answered."""
     import tensorflow as tf
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
