@@ -1,6 +1,8 @@
 """Scoring Dask DataFrames with a saved model in the Dask workers (no TF cluster), and the Dask
 twin of the Spark ML stages: :class:`TFEstimator` (``fit(ddf)``) and :class:`TFModel`
-(``predict(ddf)``, ``to_local()``), with the parameter names of :class:`duotf.spark.TFEstimator`.
+(``predict(ddf)``, ``transform(ddf)``, ``to_local()``), with the parameter names of
+:class:`duotf.spark.TFEstimator`; both are scikit-learn pipeline stages (``get_params``,
+``set_params``, ``sklearn.base.clone``).
 
 ``import duotf.dask`` imports neither dask nor distributed; the functions import what they need.
 """
