@@ -1,6 +1,8 @@
 """Scoring Dask DataFrames with a saved model in the Dask workers (no TF cluster), and the Dask
 twin of the Spark ML stages: :class:`TFEstimator` (``fit(ddf)``) and :class:`TFModel`
-(``predict(ddf)``, ``to_local()``), with the parameter names of :class:`duotf.spark.TFEstimator`.
+(``predict(ddf)``, ``transform(ddf)``, ``to_local()``), with the parameter names of
+:class:`duotf.spark.TFEstimator`; both are scikit-learn pipeline stages (``get_params``,
+``set_params``, ``sklearn.base.clone``).
 
 ``import duotf.dask`` imports neither dask nor distributed; the functions import what they need.
 """
@@ -112,6 +114,16 @@ def _score_partition(frame, plan, partition_info=None):
     return scoring.score_pandas(plan, frame, (partition_info or {}).get("number"))
 
 
+def _sklearn_tags(requires_fit: bool):
+    """scikit-learn's ``Tags`` of a stage: called only by scikit-learn (``get_tags``, through
+    ``__sklearn_tags__``), so scikit-learn is imported already; duotf never imports it itself.
+    The label is a column of X (no target needed), and the stage transforms as it predicts."""
+    from sklearn.utils import Tags, TargetTags, TransformerTags
+
+    return Tags(estimator_type=None, target_tags=TargetTags(required=False),
+                transformer_tags=TransformerTags(), no_validation=True, requires_fit=requires_fit)
+
+
 # -- the Dask twin of the Spark ML stages ------------------------------------------------------------
 class TFEstimator:
     """Trains a TensorFlow model on a duotf cluster over a Dask DataFrame: the twin of
@@ -122,48 +134,84 @@ class TFEstimator:
     over the data), runs the cluster on ``client`` (default: the current ``distributed``
     client) and returns a :class:`TFModel`. Feature columns hold numbers, or lists/arrays of
     numbers (object dtype) or Arrow lists.
+
+    A scikit-learn (and dask-ml) pipeline stage, without importing scikit-learn: the
+    constructor's arguments are attributes of the same names, ``get_params(deep=True)`` /
+    ``set_params(**params)`` read and set them, and ``sklearn.base.clone`` makes an unfitted
+    copy (:meth:`__sklearn_clone__`: the same ``client``, which cannot be deep-copied, and
+    copies of the other parameters). ``fit(X, y=None)`` also keeps the fitted model as
+    ``model_``, and :meth:`predict` / :meth:`transform` score with it: a ``Pipeline`` calls
+    ``fit`` on its last step and then that step's ``predict``. ``fit`` returns the
+    :class:`TFModel` (as the Spark twin's ``fit`` returns its model), not ``self``: a
+    ``Pipeline``, ``GridSearchCV`` or ``cross_validate`` ignores the value.
     """
 
+    #: the constructor's parameters, in its order: the fit's (FIT_PARAMS), the fitted model's
+    #: columns, and the engine handle
+    _OWN = ("predictionCol", "argmaxCol", "outputCols")
+    _PARAMS = tuple(core.FIT_PARAMS) + _OWN + ("client",)
+
     def __init__(self, *, modelFn=None, trainFn=None, trainArgs=None, featuresCol="features",
-                 labelCol="label", predictionCol="prediction", argmaxCol=None, numWorkers=1,
-                 numPs=0, epochs=1, batchSize=32, modelDir=None, env=None, seed=None, verbose=0,
-                 client=None):
-        self._params: Dict[str, Any] = {}
+                 labelCol="label", predictionCol="prediction", argmaxCol=None, outputCols=None,
+                 numWorkers=1, numPs=0, epochs=1, batchSize=32, modelDir=None, env=None,
+                 seed=None, verbose=0, client=None):
+        # stored as given (sklearn's clone checks that get_params returns the very objects)
+        self.modelFn, self.trainFn, self.trainArgs = modelFn, trainFn, trainArgs
+        self.featuresCol, self.labelCol = featuresCol, labelCol
+        self.predictionCol, self.argmaxCol, self.outputCols = predictionCol, argmaxCol, outputCols
+        self.numWorkers, self.numPs, self.epochs, self.batchSize = numWorkers, numPs, epochs, batchSize
+        self.modelDir, self.env, self.seed, self.verbose = modelDir, env, seed, verbose
         self.client = client
-        self.set_params(modelFn=modelFn, trainFn=trainFn, trainArgs=trainArgs,
-                        featuresCol=featuresCol, labelCol=labelCol, predictionCol=predictionCol,
-                        argmaxCol=argmaxCol, numWorkers=numWorkers, numPs=numPs, epochs=epochs,
-                        batchSize=batchSize, modelDir=modelDir, env=env, seed=seed, verbose=verbose)
 
-    _OWN = ("predictionCol", "argmaxCol")
-
-    def get_params(self) -> Dict[str, Any]:
-        """The parameters, by name."""
-        return dict(self._params)
+    def get_params(self, deep: bool = True) -> Dict[str, Any]:
+        """The constructor's parameters, by name (``deep``: scikit-learn's; no parameter here
+        is itself an estimator)."""
+        return {name: getattr(self, name) for name in self._PARAMS}
 
     def set_params(self, **params) -> "TFEstimator":
         """Set parameters by name; an unknown name is a ConfigError listing the known ones."""
-        known = set(core.FIT_PARAMS) | set(self._OWN)
-        unknown = set(params) - known
+        unknown = set(params) - set(self._PARAMS)
         if unknown:
             raise ConfigError(f"unknown parameter(s) {sorted(unknown)}: the parameters are "
-                              f"{sorted(known)}", params=sorted(unknown))
-        self._params.update(params)
+                              f"{sorted(self._PARAMS)}", params=sorted(unknown))
+        for name, value in params.items():
+            setattr(self, name, value)
         return self
 
+    def __sklearn_clone__(self) -> "TFEstimator":
+        """An unfitted copy for ``sklearn.base.clone``: every parameter deep-copied as
+        scikit-learn copies them, but ``client`` shared (a Client cannot be deep-copied)."""
+        import copy
+
+        return type(self)(**{name: value if name == "client" else copy.deepcopy(value)
+                             for name, value in self.get_params(deep=False).items()})
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return getattr(self, "model_", None) is not None
+
+    def __sklearn_tags__(self):
+        return _sklearn_tags(requires_fit=True)
+
     def __repr__(self) -> str:
-        shown = {k: v for k, v in self._params.items() if v is not None and not callable(v)}
+        shown = {k: v for k, v in self.get_params().items()
+                 if k != "client" and v is not None and not callable(v)}
         return f"duotf.dask.TFEstimator({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     def config(self) -> core.FitConfig:
         """The checked fit parameters (a ConfigError names a bad one)."""
-        return core.FitConfig.from_params({k: v for k, v in self._params.items() if k not in self._OWN})
+        return core.FitConfig.from_params({k: getattr(self, k) for k in core.FIT_PARAMS})
 
-    def fit(self, ddf) -> "TFModel":
+    def fit(self, X, y=None) -> "TFModel":
+        """Fit on the Dask DataFrame ``X`` (its ``featuresCol`` and ``labelCol`` columns; ``y``
+        must be None, as a scikit-learn pipeline passes it: the label is a column of ``X``).
+        Returns the fitted :class:`TFModel`, also kept as ``self.model_``."""
         import duotf.backends
 
+        if y is not None:
+            raise ConfigError("TFEstimator.fit(X, y): the label is a column of X (labelCol="
+                              f"{self.labelCol!r}); pass y=None", param="labelCol")
         config = self.config()
-        data = _fit_columns(ddf, config)
+        data = _fit_columns(X, config)
         client = self.client
         if client is None:
             from distributed import default_client
@@ -176,10 +224,26 @@ class TFEstimator:
         backend = duotf.backends.resolve_backend(client)[0]
         result = core.fit(config, backend, id(client), data, feed_slots=0)
         model = TFModel(result.modelPath, featuresCol=config.featuresCol,
-                        predictionCol=self._params["predictionCol"],
-                        argmaxCol=self._params["argmaxCol"])
+                        predictionCol=self.predictionCol, argmaxCol=self.argmaxCol,
+                        outputCols=self.outputCols)
         model.history, model.results, model.fitSeconds = result.history, result.results, result.seconds
+        self.model_ = model
         return model
+
+    def _fitted(self) -> "TFModel":
+        model = getattr(self, "model_", None)
+        if model is None:
+            raise ConfigError("this TFEstimator is not fitted yet: call fit(ddf) first (or score "
+                              "with the TFModel that fit returned)")
+        return model
+
+    def predict(self, X):
+        """``X`` scored by the fitted model (``self.model_``): :meth:`TFModel.predict`."""
+        return self._fitted().predict(X)
+
+    def transform(self, X):
+        """``X`` scored by the fitted model (``self.model_``): :meth:`TFModel.transform`."""
+        return self._fitted().transform(X)
 
 
 def _fit_columns(ddf, config: core.FitConfig):
@@ -253,7 +317,14 @@ class TFModel:
     process and cached (:func:`predict`). ``to_local()`` is the plain Keras model; ``modelPath``
     the saved file; ``history`` the chief's Keras history. ``save(path)`` writes the parameters,
     the history and a copy of the model into a folder; :meth:`load` reads it back.
+
+    ``transform(ddf)`` is ``predict(ddf)`` (the Spark twin's name). As a scikit-learn stage:
+    ``get_params``/``set_params`` of the constructor's arguments, ``fit(X, y=None)`` learns
+    nothing and returns the model itself (already fitted: a pipeline may hold it as its last
+    step).
     """
+
+    _PARAMS = ("modelPath", "featuresCol", "predictionCol", "argmaxCol", "outputCols", "batchSize")
 
     def __init__(self, modelPath: str, *, featuresCol="features", predictionCol="prediction",
                  argmaxCol=None, outputCols=None, batchSize=scoring.DEFAULT_BATCH_SIZE):
@@ -269,6 +340,36 @@ class TFModel:
 
     def __repr__(self) -> str:
         return f"duotf.dask.TFModel({self.modelPath!r})"
+
+    def get_params(self, deep: bool = True) -> Dict[str, Any]:
+        """The constructor's parameters, by name."""
+        return {name: getattr(self, name) for name in self._PARAMS}
+
+    def set_params(self, **params) -> "TFModel":
+        """Set parameters by name; an unknown name is a ConfigError listing the known ones."""
+        unknown = set(params) - set(self._PARAMS)
+        if unknown:
+            raise ConfigError(f"unknown parameter(s) {sorted(unknown)}: the parameters are "
+                              f"{sorted(self._PARAMS)}", params=sorted(unknown))
+        for name, value in params.items():
+            setattr(self, name, value)
+        return self
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return bool(self.modelPath)
+
+    def __sklearn_tags__(self):
+        return _sklearn_tags(requires_fit=False)
+
+    def fit(self, X=None, y=None) -> "TFModel":
+        """Nothing to learn: the model is fitted. Returns itself (a scikit-learn pipeline calls
+        ``fit`` on its last step)."""
+        return self
+
+    def transform(self, ddf):
+        """``ddf`` with the prediction columns added: :meth:`predict` (the Spark twin's
+        ``transform``)."""
+        return self.predict(ddf)
 
     def predict(self, ddf):
         import numpy as np

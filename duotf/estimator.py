@@ -38,7 +38,8 @@ MODEL_FILE = "model.keras"
 #: where a ``trainFn`` may export a SavedModel instead, in the fit's folder
 EXPORT_DIR = "export"
 
-#: the parameters both twins take, with their defaults (``featuresCol``: a name or a list)
+#: the parameters both twins take, with their defaults (``featuresCol``, ``labelCol``: a name or
+#: a list, one per model input / output)
 FIT_PARAMS: Dict[str, Any] = {
     "modelFn": None, "trainFn": None, "trainArgs": None,
     "featuresCol": "features", "labelCol": "label",
@@ -63,6 +64,18 @@ def feature_names(value) -> Tuple[str, ...]:
     return names
 
 
+def label_names(value) -> Tuple[str, ...]:
+    """``labelCol`` as a tuple of column names (a name, a list of them: one per model output,
+    or None: no label)."""
+    if value is None:
+        return ()
+    names = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, (list, tuple)) else None
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"labelCol={value!r}: give a column name, or a list of column names (one "
+                          "per model output); None: no label, trainFn only", param="labelCol")
+    return names
+
+
 @dataclasses.dataclass(frozen=True)
 class FitConfig:
     """The checked parameters of one fit (see :data:`FIT_PARAMS`)."""
@@ -71,7 +84,7 @@ class FitConfig:
     trainFn: Optional[Callable] = None
     trainArgs: Any = None
     featuresCol: Any = "features"
-    labelCol: Optional[str] = "label"
+    labelCol: Any = "label"
     numWorkers: int = 1
     numPs: int = 0
     epochs: int = 1
@@ -97,15 +110,16 @@ class FitConfig:
             if p[name] is not None and not callable(p[name]):
                 raise ConfigError(f"{name}={p[name]!r} is not callable", param=name)
         feature_names(p["featuresCol"])
-        if p["labelCol"] is not None and (not isinstance(p["labelCol"], str) or not p["labelCol"]):
-            raise ConfigError(f"labelCol={p['labelCol']!r}: give a column name (None: no label, "
-                              "trainFn only)", param="labelCol")
+        labels = label_names(p["labelCol"])
         if p["labelCol"] is None and p["modelFn"] is not None:
             raise ConfigError("labelCol=None: a modelFn model is fit on (features, label); give "
                               "the label column", param="labelCol")
-        if p["labelCol"] in feature_names(p["featuresCol"]):
-            raise ConfigError(f"column {p['labelCol']!r} is both in featuresCol and labelCol",
+        both = [n for n in labels if n in feature_names(p["featuresCol"])]
+        if both:
+            raise ConfigError(f"column {both[0]!r} is both in featuresCol and labelCol",
                               param="labelCol")
+        if len(set(labels)) != len(labels):
+            raise ConfigError(f"labelCol={p['labelCol']!r} names a column twice", param="labelCol")
         for name in ("numWorkers", "epochs", "batchSize"):
             _positive(name, p[name])
         _positive("numPs", p["numPs"], zero=True)
@@ -133,9 +147,13 @@ class FitConfig:
         return feature_names(self.featuresCol)
 
     @property
+    def labels(self) -> Tuple[str, ...]:
+        return label_names(self.labelCol)
+
+    @property
     def columns(self) -> List[str]:
-        """The columns the nodes are fed, features first."""
-        return list(self.features) + ([self.labelCol] if self.labelCol is not None else [])
+        """The columns the nodes are fed, features first, then the labels."""
+        return list(self.features) + list(self.labels)
 
     @property
     def nodes(self) -> int:
@@ -166,10 +184,10 @@ def keras_main(args, ctx):
     if args["seed"] is not None:
         keras.utils.set_random_seed(args["seed"])
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    features = args["features"]
+    features = list(args["features"])
+    labels = list(args.get("labels") or [args["labelCol"]])
     feed = ctx.get_data_feed(train=True)
-    dataset = feed.dataset(args["batchSize"], features=features[0] if len(features) == 1 else list(features),
-                           label=args["labelCol"])
+    batches = feed.dataset(args["batchSize"], per_epoch=True)  # {column: batch}, an epoch an iteration
     with strategy.scope():
         model = args["modelFn"]()
         if not isinstance(model, keras.Model):
@@ -177,6 +195,20 @@ def keras_main(args, ctx):
         if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
             raise ConfigError("modelFn returned a model that is not compiled: call "
                               "model.compile(optimizer, loss, metrics) before returning it")
+    try:
+        by_name = isinstance(model.input, dict)  # a model of named inputs takes them by column
+    except (AttributeError, ValueError):  # a Sequential model never called has no input
+        by_name = False
+
+    def xy(batch):
+        # featuresCol and labelCol in order, one column per model input and output (a model
+        # whose inputs are a dict takes them by column name)
+        x = ({name: batch[name] for name in features} if by_name else
+             batch[features[0]] if len(features) == 1 else tuple(batch[name] for name in features))
+        y = batch[labels[0]] if len(labels) == 1 else tuple(batch[name] for name in labels)
+        return x, y
+
+    dataset = batches.map(xy)
     history = model.fit(dataset, epochs=args["epochs"], verbose=args["verbose"], shuffle=False)
     if ctx.is_chief:
         model.save(args["modelPath"])
@@ -277,7 +309,8 @@ def fit(config: FitConfig, backend, key: int, data, feed_slots: int) -> FitResul
         fit_dir = new_fit_dir(config.modelDir)
         args: Dict[str, Any] = {
             "features": config.features, "featuresCol": config.featuresCol,
-            "labelCol": config.labelCol, "epochs": config.epochs, "batchSize": config.batchSize,
+            "labelCol": config.labelCol, "labels": config.labels, "epochs": config.epochs,
+            "batchSize": config.batchSize,
             "seed": config.seed, "verbose": config.verbose, "modelDir": fit_dir,
             "modelPath": fit_dir + "/" + MODEL_FILE, "exportDir": fit_dir + "/" + EXPORT_DIR,
         }

@@ -12,7 +12,16 @@ of two spots in ``keras/src/backend/tensorflow/trainer.py``:
    reduces the scalar loss and metrics with ``strategy.reduce("MEAN", v, axis=0)``: "Invalid
    reduction dimension 0 for input with 0 dimensions".
 
-duotf replaces both, in every node process, when Keras imports that module (a ``sys.meta_path``
+A third spot is not a bug but a collective: ``predict`` under MWMS gathers every worker's
+predictions each step (``reduce_per_replica(..., "concat")`` -> ``strategy.gather``), so every
+worker gets all workers' rows, interleaved step by step, and all workers must take the same
+steps. An inference feed (``cluster.inference``) gives each worker partitions of its own, of any
+size, and wants this worker's predictions in its rows' order: ``predict`` of an inference feed's
+dataset (``ctx.get_data_feed(train=False).dataset(...)``, marked by the feed) runs on this worker
+alone, without the strategy (the mirrored variables read as they are here, the same everywhere),
+one prediction per row read, in order. Any other input is predicted as Keras does.
+
+duotf replaces the first two (and wraps ``predict``), in every node process, when Keras imports that module (a ``sys.meta_path``
 hook: a node that never imports Keras pays nothing): the build takes its shapes from the
 dataset's ``element_spec`` (or, failing that, from the first replica's part of a batch), and a
 multi-worker mean is the cross-replica mean (``axis=None``), what Keras computes on one worker.
@@ -198,6 +207,45 @@ def _patch(trainer) -> None:
         setattr(fn, _MARK, True)
     cls._maybe_symbolic_build = _maybe_symbolic_build
     trainer.reduce_per_replica = reduce_per_replica_fixed
+    _patch_predict(cls, multi_worker)
+
+
+def _patch_predict(cls, multi_worker) -> None:
+    """``predict`` of an inference feed's dataset under a multi-worker strategy: this worker's
+    rows alone, in their order, as one process predicts them.
+
+    Keras's ``predict`` under MultiWorkerMirroredStrategy is a collective: each step's
+    predictions are gathered from every worker (``reduce_per_replica(..., "concat")`` ->
+    ``strategy.gather``), so every worker gets every worker's rows, interleaved step by step,
+    and every worker must take as many steps and call ``predict`` as often as the others. An
+    inference feed gives each worker its own partitions (partition i to worker i mod n, of any
+    size) and its results must be this worker's rows: the dataset (marked by the feed) is
+    predicted with the model's variables as they are on this worker (the same on every worker:
+    mirrored), without the strategy, and with no collective."""
+    from .feed.datafeed import INFERENCE_DATASET
+
+    predict = cls.predict
+    if getattr(predict, _MARK, False):
+        return
+
+    def predict_fixed(self, x=None, *args, **kwargs):
+        strategy = self._distribute_strategy
+        if not (getattr(x, INFERENCE_DATASET, False) and strategy is not None
+                and multi_worker(strategy)):
+            return predict(self, x, *args, **kwargs)
+        distributed = self.predict_function
+        self._distribute_strategy = None  # the default strategy: this process alone
+        self.predict_function = getattr(self, "_duotf_local_predict", None)
+        try:
+            return predict(self, x, *args, **kwargs)
+        finally:
+            self._duotf_local_predict = self.predict_function  # traced once, kept apart
+            self.predict_function = distributed
+            self._distribute_strategy = strategy
+
+    predict_fixed.__name__, predict_fixed.__doc__ = predict.__name__, predict.__doc__
+    setattr(predict_fixed, _MARK, True)
+    cls.predict = predict_fixed
 
 
 def _apply(trainer) -> list:

@@ -41,6 +41,10 @@ def _features(value):
     return list(core.feature_names(value)) if not isinstance(value, str) else value
 
 
+def _labels(value):
+    return list(core.label_names(value)) if not isinstance(value, str) else value
+
+
 def _string_dict(value):
     if value is None:
         return None
@@ -81,7 +85,9 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
 
     Parameters (the same names in :class:`duotf.dask.TFEstimator`): ``featuresCol`` (a column,
     or a list of them, one per model input: numbers, ``array<number>``, ML vectors, packed tensor
-    columns), ``labelCol``, ``predictionCol``, ``numWorkers``, ``numPs`` (``trainFn`` only),
+    columns), ``labelCol`` (a column, or a list of them, one per model output), ``predictionCol``,
+    ``argmaxCol``, ``outputCols`` (``{column: model output name}``: the fitted model's columns
+    for a model of several outputs), ``numWorkers``, ``numPs`` (``trainFn`` only),
     ``epochs``, ``batchSize`` (the global batch: each worker's step takes ``batchSize /
     numWorkers`` rows), ``modelDir`` (each fit saves into a new folder of it; by default the
     driver's temp folder, which only a one-host cluster can share), ``env`` (environment of the
@@ -99,12 +105,15 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
     trainFn = Param(Params._dummy(), "trainFn", "a node program trainFn(args, ctx)", typeConverter=_any)
     trainArgs = Param(Params._dummy(), "trainArgs", "what trainFn gets as args['args']",
                       typeConverter=_any)
-    labelCol = Param(Params._dummy(), "labelCol", "label column", typeConverter=TypeConverters.toString)
+    labelCol = Param(Params._dummy(), "labelCol", "label column, or a list of them (one per model "
+                     "output)", typeConverter=_labels)
     predictionCol = Param(Params._dummy(), "predictionCol", "the fitted model's prediction column",
                           typeConverter=TypeConverters.toString)
     argmaxCol = Param(Params._dummy(), "argmaxCol", "the fitted model's column of the index of "
                       "the largest output value (a double, as Spark ML classifiers predict)",
                       typeConverter=TypeConverters.toString)
+    outputCols = Param(Params._dummy(), "outputCols", "{column: model output name}, for a model "
+                       "of several outputs", typeConverter=_string_dict)
     numWorkers = Param(Params._dummy(), "numWorkers", "workers (MultiWorkerMirroredStrategy "
                        "replicas)", typeConverter=TypeConverters.toInt)
     numPs = Param(Params._dummy(), "numPs", "parameter servers (trainFn only)",
@@ -120,8 +129,9 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
 
     @keyword_only
     def __init__(self, *, modelFn=None, trainFn=None, trainArgs=None, featuresCol="features",
-                 labelCol="label", predictionCol="prediction", argmaxCol=None, numWorkers=1,
-                 numPs=0, epochs=1, batchSize=32, modelDir=None, env=None, seed=None, verbose=0):
+                 labelCol="label", predictionCol="prediction", argmaxCol=None, outputCols=None,
+                 numWorkers=1, numPs=0, epochs=1, batchSize=32, modelDir=None, env=None, seed=None,
+                 verbose=0):
         super().__init__()
         self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
                          numWorkers=1, numPs=0, epochs=1, batchSize=32, verbose=0)
@@ -129,8 +139,9 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
 
     @keyword_only
     def setParams(self, *, modelFn=None, trainFn=None, trainArgs=None, featuresCol="features",
-                  labelCol="label", predictionCol="prediction", argmaxCol=None, numWorkers=1,
-                  numPs=0, epochs=1, batchSize=32, modelDir=None, env=None, seed=None, verbose=0):
+                  labelCol="label", predictionCol="prediction", argmaxCol=None, outputCols=None,
+                  numWorkers=1, numPs=0, epochs=1, batchSize=32, modelDir=None, env=None,
+                  seed=None, verbose=0):
         return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
     def _value(self, name: str):
@@ -151,7 +162,8 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
         backend = SparkBackend(session)
         result = core.fit(config, backend, id(backend.sc), data, feed_slots=1)
         model = TFModel(featuresCol=self.getFeaturesCol(), predictionCol=self._value("predictionCol"),
-                        argmaxCol=self._value("argmaxCol"), modelPath=result.modelPath)
+                        argmaxCol=self._value("argmaxCol"), outputCols=self._value("outputCols"),
+                        modelPath=result.modelPath)
         model.history = result.history
         model.results = result.results
         model.fitSeconds = result.seconds
@@ -180,8 +192,7 @@ class TFModel(Model, _SharedParams, MLReadable, MLWritable):
 
     predictionCol = TFEstimator.predictionCol
     argmaxCol = TFEstimator.argmaxCol
-    outputCols = Param(Params._dummy(), "outputCols", "{column: model output name}, for a model "
-                       "of several outputs", typeConverter=_string_dict)
+    outputCols = TFEstimator.outputCols
     modelPath = Param(Params._dummy(), "modelPath", "the saved model (.keras file or SavedModel "
                       "folder)", typeConverter=TypeConverters.toString)
     batchSize = Param(Params._dummy(), "batchSize", "rows per model call when scoring",
@@ -421,6 +432,6 @@ def _accessors(cls, names):
 
 
 _accessors(TFEstimator, ["modelFn", "trainFn", "trainArgs", "labelCol", "predictionCol", "argmaxCol",
-                         "numWorkers", "numPs", "epochs", "batchSize", "modelDir", "env", "seed",
+                         "outputCols", "numWorkers", "numPs", "epochs", "batchSize", "modelDir", "env", "seed",
                          "verbose"])
 _accessors(TFModel, ["predictionCol", "argmaxCol", "outputCols", "batchSize"])

@@ -482,6 +482,11 @@ class FeedServer:
                 return
 
 
+#: the attribute that marks a dataset of an inference feed (``DataFeed.dataset(train=False)``):
+#: ``duotf.keras`` predicts such a dataset per worker under MultiWorkerMirroredStrategy
+INFERENCE_DATASET = "duotf_inference_feed"
+
+
 def _as_result_columns(results) -> Columns:
     if isinstance(results, dict):
         return {str(k): (v if isinstance(v, list) else np.asarray(v)) for k, v in results.items()}
@@ -520,11 +525,15 @@ class DataFeed:
 
             raise FeedError(f"the driver ended the feed: {self._server.failure}")
 
-    def _fill(self, block: bool = True):
+    def _fill(self, block: Optional[bool] = None):
         """Make a current batch available: True; False once the feed has ended (or, when not
-        blocking, while nothing is queued); ``Marker.EPOCH`` when an epoch just ended.
+        blocking, while nothing is queued); ``Marker.EPOCH`` when an epoch just ended. By
+        default it blocks in training, and in inference only while no row read is owed its
+        result (the feeding tasks may send nothing more before they get those results).
         Raises the feed's failure once the driver failed it, rows of a frame already taken
         included (they were dropped with the rest: the epoch cannot be read whole)."""
+        if block is None:
+            block = self.train or not self._owed
         self._raise_failure()
         while self._current is None or self._offset >= num_rows(self._current):
             self._raise_failure()
@@ -569,7 +578,7 @@ class DataFeed:
         # Inference returns a short batch rather than wait for rows that may only come after
         # the results of the rows already taken (the feeding task waits for those).
         while n > 0:
-            status = self._fill(block=self.train or not parts)
+            status = self._fill(block=self.train or (not parts and not self._owed))
             if status is _EPOCH:
                 if parts:
                     self._epoch_cut = True
@@ -708,9 +717,26 @@ class DataFeed:
         received frame where possible, and TF splits them: there is no per-row and little
         per-batch Python work. A column declared ragged is a ``tf.RaggedTensor`` of shape
         ``(rows, None)``.
+
+        **Inference** (``train=False``): a feeding task sends its partition's later rows only
+        once the earlier ones are answered, and the feed ends only once every row is answered,
+        so a dataset of the whole feed could never end. One iteration of an inference feed's
+        dataset is the rows queued now: it waits for the first, then ends as soon as none is
+        queued while the rows read are unanswered (rows answered as they are read, batch by
+        batch, let it read on). Answer them (``batch_results``) and ask again::
+
+            while not feed.should_stop():
+                feed.batch_results(model.predict(feed.dataset(256, features="x"), verbose=0))
+
+        The dataset is marked (:data:`INFERENCE_DATASET`) so that ``model.predict`` under a
+        multi-worker ``MultiWorkerMirroredStrategy`` predicts this worker's rows alone
+        (:mod:`duotf.keras`): there, Keras's ``predict`` otherwise gathers every worker's
+        predictions, step by step, and needs every worker to take the same number of steps.
         """
         import tensorflow as tf
 
+        if not self.train:
+            self.check_answered("dataset() was called")
         if per_epoch is None:
             per_epoch = features is not None or label is not None
         first = self._take(batch_size)
@@ -771,7 +797,10 @@ class DataFeed:
             ds = ds.map(xy)
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        return ds.with_options(options)
+        ds = ds.with_options(options)
+        if not self.train:
+            setattr(ds, INFERENCE_DATASET, True)
+        return ds
 
 
 def _xy_selector(columns: List[str], features, label: Optional[str]):

@@ -657,3 +657,45 @@ class RowSource:
         self._check()
         return ((_Poison((0.5, i)) if i - self.start == self.fail else (0.5, i))
                 for i in range(self.start, self.stop))
+
+
+def infer_model(weights):
+    """A small Keras model (3 -> 2 tanh -> 1) with the given weights: the inference tests'."""
+    import keras
+
+    model = keras.Sequential([keras.Input((3,), name="features"), keras.layers.Dense(2, activation="tanh"),
+                              keras.layers.Dense(1)])
+    model.set_weights([np.asarray(w, np.float32) for w in weights])
+    return model
+
+
+def keras_predict_main(args, ctx):
+    """Inference with a Keras model built in a MultiWorkerMirroredStrategy scope:
+    ``model.predict`` on this node's inference feed (``feed.dataset``: the rows queued now),
+    answered with ``batch_results``, until the feed ends; returns how many rows it answered."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = infer_model(args["weights"])
+    feed = ctx.get_data_feed(train=False)
+    rows = 0
+    while not feed.should_stop():
+        predictions = model.predict(feed.dataset(args["batch"], features="features"), verbose=0)
+        feed.batch_results(predictions[:, 0])
+        rows += len(predictions)
+    return rows
+
+
+def two_io_model_fn():
+    """TFEstimator's modelFn of several inputs and outputs: inputs ``a`` (3 floats) and ``b``
+    (one float), outputs ``y`` (one value) and ``z`` (2 values); compiled, weights by the seed."""
+    import keras
+
+    a, b = keras.Input((3,), name="a"), keras.Input((1,), name="b")
+    hidden = keras.layers.Concatenate()([a, b])
+    y = keras.layers.Dense(1, name="y")(hidden)
+    z = keras.layers.Dense(2, name="z")(hidden)
+    model = keras.Model([a, b], [y, z])
+    model.compile(keras.optimizers.SGD(0.05), ["mse", "mse"])
+    return model

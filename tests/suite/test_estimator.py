@@ -163,3 +163,87 @@ def test_bad_input_is_a_config_error_before_anything_runs(backend, engine, tmp_p
     missing = str(tmp_path / "nowhere.keras")
     with pytest.raises(duotf.ConfigError, match="nowhere.keras' does not exist"):
         engine.apply_model(engine.model_at(missing), good)
+
+
+# -- a model of two inputs and two outputs ---------------------------------------------------------
+TWO_IO_SCHEMA = {"id": "long", "a": "array<float>", "b": "double", "label": "double",
+                 "label2": "array<float>"}
+_TWO_IO_PREDICTIONS: dict = {}
+
+
+def two_io_parts():
+    """Rows ``(id, a: 3 floats, b, label, label2: 2 floats)`` in partitions of ``SIZES``."""
+    rng = np.random.default_rng(13)
+    parts, start = [], 0
+    for size in SIZES:
+        a = rng.normal(size=(size, WIDTH)).astype(np.float32)
+        b = rng.normal(size=size)
+        y = a.astype(np.float64) @ TRUE_W + 0.5 * b + rng.normal(scale=0.1, size=size)
+        z = np.stack([a[:, 0] - b, a[:, 1] + a[:, 2]], axis=1).astype(np.float32)
+        parts.append([(start + i, a[i].tolist(), float(b[i]), float(y[i]), z[i].tolist())
+                      for i in range(size)])
+        start += size
+    return parts
+
+
+def _inputs(rows):
+    return [np.array([r[1] for r in rows], np.float32), np.array([[r[2]] for r in rows], np.float32)]
+
+
+def _two_io_reference(parts):
+    """What one process trains on the same global batches (as ``_reference``), predicted."""
+    import keras
+
+    plan, _, _ = balance([len(p) for p in parts], WORKERS)
+    rows = [[] for _ in range(WORKERS)]
+    for pid in sorted(plan):
+        for target, a, c, _ in plan[pid]:
+            rows[target] += parts[pid][a:c]
+    keras.utils.set_random_seed(SEED)
+    model = mains.two_io_model_fn()
+    per_step = BATCH // WORKERS
+    for _ in range(EPOCHS):
+        for k in range(len(rows[0]) // per_step):
+            batch = [r for worker in rows for r in worker[k * per_step:(k + 1) * per_step]]
+            model.train_on_batch(_inputs(batch), [np.array([r[3] for r in batch], np.float32),
+                                                  np.array([r[4] for r in batch], np.float32)])
+    y, z = model.predict(_inputs([r for p in parts for r in p]), verbose=0)
+    return y[:, 0], z
+
+
+@pytest.mark.engines("dask", "spark-local")
+def test_a_model_of_two_inputs_and_two_outputs_fits_and_scores_each_output(backend, engine, tmp_path):
+    """featuresCol and labelCol as lists (one column per model input and output, in order), the
+    fitted model's outputCols, and the engine's predict with both outputs as columns: the same
+    predictions as one process training on the same global batches, on every engine."""
+    TFEstimator, _, extra = engine.ml_stages()
+    parts = two_io_parts()
+    df = engine.table(parts, TWO_IO_SCHEMA)
+    est = TFEstimator(modelFn=mains.two_io_model_fn, featuresCol=["a", "b"],
+                      labelCol=["label", "label2"], outputCols={"py": "y", "pz": "z"},
+                      numWorkers=WORKERS, epochs=EPOCHS, batchSize=BATCH, seed=SEED,
+                      modelDir=str(tmp_path / "models"), env=ENV, **extra)
+    model = est.fit(df)
+    assert len(model.history["loss"]) == EPOCHS and all(math.isfinite(v) for v in model.history["loss"])
+
+    scored = _score(engine, model, df)
+    assert scored["id"].tolist() == list(range(sum(SIZES)))
+    assert scored["py"].dtype == np.float64
+    py, pz = scored["py"].to_numpy(), np.stack([np.asarray(v) for v in scored["pz"]])
+    assert pz.shape == (sum(SIZES), 2)
+    ref_y, ref_z = _two_io_reference(parts)
+    np.testing.assert_allclose(py, ref_y, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(pz, ref_z, rtol=1e-4, atol=1e-5)
+    for kind, (seen_y, seen_z) in _TWO_IO_PREDICTIONS.items():  # bit for bit, engine to engine
+        assert np.array_equal(seen_y, py) and np.array_equal(seen_z, pz), f"{kind} predicted otherwise"
+    _TWO_IO_PREDICTIONS[engine.__class__.__name__] = (py, pz)
+
+    # the engine's scoring function, both outputs as columns: what the Keras model predicts
+    direct = engine.to_pandas(engine.score(df, engine.model_path(model), columns=["a", "b"],
+                                           output={"y": "y", "z": "z"}))
+    direct = direct.sort_values("id").reset_index(drop=True)
+    local_y, local_z = model.to_local().predict(_inputs([r for p in parts for r in p]), verbose=0)
+    np.testing.assert_allclose(direct["y"].to_numpy(), local_y[:, 0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.stack([np.asarray(v) for v in direct["z"]]), local_z, rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(direct["y"].to_numpy(), py, rtol=1e-6)
