@@ -81,6 +81,46 @@ def next_batch_main(args, ctx):
     return {"rows": rows, "marks": marks, "ready": ready}
 
 
+def identity_main(args, ctx):
+    """Inference with a trivial model: each row's answer is its own label, so that the feed's
+    transport (rows in, one value per row back) is what is measured."""
+    import time as _time
+
+    __import__("tensorflow")
+    ready = _time.time()
+    feed = ctx.get_data_feed(train=False, input_mapping={"label": "label"})
+    rows, first, last = 0, None, _time.time()
+    while not feed.should_stop():
+        batch = feed.next_batch(args["batch"])
+        n = len(batch["label"]) if batch else 0
+        if n:
+            first = first or _time.time()
+            feed.batch_results(batch["label"].astype("float64"))
+            rows += n
+            last = _time.time()
+    return {"rows": rows, "ready": ready, "first": first, "last": last}
+
+
+def run_inference(backend, data, row_bytes: int, label: str, count) -> float:
+    """``cluster.inference(data)`` rows/s, from the moment it was called or the last node had
+    imported TensorFlow (whichever is later) to the last answer; ``count(out)`` materializes
+    the output and gives its rows (they must all be there)."""
+    with duotf.run(identity_main, {"batch": 1000}, backend, duotf.ClusterSpec(workers=2)) as cluster:
+        called = time.time()
+        out = cluster.inference(data, **({"result_columns": {"prediction": "double"}}
+                                          if hasattr(data, "mapInArrow") else {}))
+        n = count(out)
+        results = cluster.wait()
+    fed = sum(r["rows"] for r in results)
+    assert n == fed, (n, fed)
+    start = max([called] + [r["ready"] for r in results])
+    span = max(r["last"] for r in results) - start
+    rate = fed / span
+    print(f"  duotf {label:<40} {fed:>9} rows: {rate:>10,.0f} rows/s {rate * row_bytes / 1e6:>6.0f} MB/s "
+          f"in {span:5.1f} s (inference, identity model)", flush=True)
+    return rate
+
+
 def next_batch_alone(numpy_rows: bool, repeat: int = 2000) -> float:
     """Rows/s of ``DataFeed.next_batch(100)`` itself on columns already received (its own
     per-row Python: a tuple per row), the transport left out: the real method, on an object
@@ -257,6 +297,20 @@ def dask_data(rows: int, tiny: bool, chunk: int):
     return (x.persist(), y.persist())
 
 
+def dask_frame(rows: int, chunk: int):
+    """The MNIST-like rows as a Dask DataFrame (an object column of float32[784] arrays and
+    the label), persisted."""
+    import dask.dataframe as dd
+    import pandas as pd
+
+    def part(start):
+        stop = min(start + chunk, rows)
+        x = np.random.default_rng(start).random((stop - start, 784), dtype=np.float32)
+        return pd.DataFrame({"features": list(x), "label": np.arange(start, stop) % 10})
+
+    return dd.from_map(part, list(range(0, rows, chunk))).persist()
+
+
 def cli():
     parser = argparse.ArgumentParser(description="duotf engine feed benchmark")
     parser.add_argument("--rows", type=int, default=250_000, help="MNIST-like rows in the data")
@@ -326,6 +380,17 @@ def cli():
             df = spark_data(session, opts.tiny_rows, True, 8)
             rates["spark", "tiny"] = run_duotf(session, df, opts.tiny_epochs, 8, "tiny DataFrame")
             df.unpersist()
+            df = spark_data(session, opts.rows, False, 8, packed=True)
+            rates["spark", "mnist-packed-1-epoch"] = run_duotf(
+                session, df, 1, 3144, "packed tensor column, 1 epoch")
+            rates["spark", "mnist-packed-inference"] = run_inference(
+                session, df, 3144, "packed tensor column", lambda out: out.count())
+            df.unpersist()
+            df = spark_data(session, opts.rows, False, 8)
+            rates["spark", "mnist-1-epoch"] = run_duotf(session, df, 1, 3144, "array<float>, 1 epoch")
+            rates["spark", "mnist-inference"] = run_inference(
+                session, df, 3144, "array<float> column", lambda out: out.count())
+            df.unpersist()
             for numpy_rows, kind in [(True, "numpy"), (False, "lists")]:
                 rdd = spark_rdd(session, opts.rdd_rows, numpy_rows, 8)
                 what = "float32[784]" if numpy_rows else "list of 784 floats"
@@ -347,6 +412,8 @@ def cli():
                 raise SystemExit("--with-tfos needs --spark-master spark://... (TFoS has no local mode)")
             wheel = tfos_wheel(opts.with_tfos)
             rates["tfos", "mnist"] = tfos_feed.run(opts.spark_master, wheel, opts.tfos_rows, "lists")
+            rates["tfos", "mnist-inference"] = tfos_feed.run(opts.spark_master, wheel, opts.tfos_rows,
+                                                             "lists", inference=True)
             rates["tfos", "mnist-numpy"] = tfos_feed.run(opts.spark_master, wheel, opts.tfos_rows, "numpy")
             rates["tfos", "tiny"] = tfos_feed.run(opts.spark_master, wheel, opts.tfos_rows * 3, "tiny")
     if "dask" in opts.backends:
@@ -359,6 +426,10 @@ def cli():
                                                3144, "MNIST-like arrays (x, y)")
             rates["dask", "tiny"] = run_duotf(client, dask_data(opts.tiny_rows, True, 250_000),
                                               opts.tiny_epochs, 8, "tiny array")
+            frame = dask_frame(opts.rows, 20_000)
+            rates["dask", "mnist-1-epoch"] = run_duotf(client, frame, 1, 3144, "MNIST-like DataFrame, 1 epoch")
+            rates["dask", "mnist-inference"] = run_inference(
+                client, frame, 3144, "MNIST-like DataFrame", lambda out: len(out.compute()))
     print("summary (rows/s over the whole run; MB/s; % of the in-process limit; x the TFoS feed of "
           "the same kind of data):")
     for (engine, kind), rate in sorted(rates.items()):
@@ -368,6 +439,11 @@ def cli():
         line = (f"  {engine:<6}{kind:<32}{rate:>11,.0f} rows/s {rate * row_bytes / 1e6:>6.0f} MB/s "
                 f"= {rate / lim:5.0%} of the limit")
         tfos = ("tfos", "mnist-numpy") if "numpy" in kind else ("tfos", base)
+        if kind.endswith("inference"):
+            tfos = ("tfos", "mnist-inference")
+            train = rates.get((engine, kind[:-len("inference")] + "1-epoch"))
+            if train and engine != "tfos":
+                line += f", {rate / train:.2f}x its training feed (1 epoch)"
         if engine != "tfos" and tfos in rates:
             line += f", {rate / rates[tfos]:.0f}x TFoS"
         print(line)

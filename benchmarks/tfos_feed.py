@@ -31,7 +31,24 @@ def _drain(args, ctx):
         f.write(f"{rows} {first} {_time.time()}")
 
 
-def run(master: str, wheel: str, rows: int, kind: str, cores: int = 2) -> float:
+def _answer(args, ctx):
+    import time as _time
+
+    from tensorflowonspark import TFNode
+
+    feed = TFNode.DataFeed(ctx.mgr, False)
+    rows, first = 0, None
+    while not feed.should_stop():
+        batch = feed.next_batch(args["batch"])
+        if batch:
+            first = first or _time.time()
+            feed.batch_results([float(row[1]) for row in batch])  # the identity of the label
+            rows += len(batch)
+    with open(os.path.join(args["out"], f"worker-{ctx.worker_num}"), "w") as f:
+        f.write(f"{rows} {first} {_time.time()}")
+
+
+def run(master: str, wheel: str, rows: int, kind: str, cores: int = 2, inference: bool = False) -> float:
     """TFoS's rows/s feeding an RDD of ``kind``: "lists" ``([784 floats], label)`` as its
     examples make them, "numpy" ``(float32[784], label)``, or "tiny" ``(i,)``."""
     import zipfile
@@ -66,10 +83,15 @@ def run(master: str, wheel: str, rows: int, kind: str, cores: int = 2) -> float:
         rdd = rdd.cache()
         rdd.count()
         out = tempfile.mkdtemp(prefix="tfos-")
-        cluster = TFCluster.run(sc, _drain, {"batch": 100, "out": out}, 2, 0, False,
+        cluster = TFCluster.run(sc, _answer if inference else _drain,
+                                {"batch": 1000 if inference else 100, "out": out}, 2, 0, False,
                                 TFCluster.InputMode.SPARK)
         t0 = time.time()
-        cluster.train(rdd, 1)
+        if inference:
+            answered = cluster.inference(rdd).count()
+            assert answered == rows, (answered, rows)
+        else:
+            cluster.train(rdd, 1)
         cluster.shutdown()
         fed, last = 0, t0
         for name in os.listdir(out):
@@ -77,6 +99,7 @@ def run(master: str, wheel: str, rows: int, kind: str, cores: int = 2) -> float:
             fed, last = fed + int(n), max(last, float(end))
         rate = fed / (last - t0)
         label = {"tiny": "tiny", "numpy": "MNIST-like numpy", "lists": "MNIST-like lists"}[kind]
+        label += " inference" if inference else ""
         print(f"  TFoS  {label + ' RDD':<28} {fed:>9} rows in {last - t0:6.2f} s: {rate:>10,.0f} rows/s "
               f"{rate * (8 if tiny else 3144) / 1e6:>7.0f} MB/s", flush=True)
         return rate
