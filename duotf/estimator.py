@@ -425,7 +425,7 @@ class FitGroup:
             if self._error is None:
                 self._error, self._traceback = error, error.__traceback__
                 logger.info("TFEstimator: a fit failed (%s: %s); stopping the other fits of "
-                            "its group", type(error).__name__, error)
+                            "its group", type(error).__name__, str(error))
             live, self._live = self._live, []
             self._stopping += 1
         try:
