@@ -90,9 +90,12 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
     ``verbose``.
 
     ``fit(df)`` checks the columns before anything runs (a :class:`~duotf.ConfigError` names a
-    missing column, a wrong type, an array column whose rows differ in length, a null) and that
-    its task slots are free (:class:`~duotf.InsufficientSlotsError`): the nodes hold one each,
-    and feeding needs one more.
+    missing column, a wrong type, an array column whose rows differ in length, a null), then
+    books its task slots (the nodes hold one each, and feeding needs one more): slots that other
+    fits of this process hold are waited for (a ``CrossValidator`` with ``parallelism`` larger
+    than fits at once), too many for the engine are an :class:`~duotf.InsufficientSlotsError`
+    at once (see :mod:`duotf.estimator`). :meth:`fitMultiple` (what ``CrossValidator`` and
+    ``TrainValidationSplit`` call) stops the other fits of a group when one fails.
     """
 
     modelFn = Param(Params._dummy(), "modelFn", "a function of no arguments returning a compiled "

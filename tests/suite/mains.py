@@ -541,18 +541,12 @@ def linear_train_fn(args, ctx):
     return {"loss": history.history["loss"], "args": args["args"]}
 
 
-def group_train_fn(args, ctx):
-    """TFEstimator's trainFn in the fit-group tests, by its trainArgs: ``{"fail": True}`` raises
-    at once; ``{"started": folder}`` marks that the node runs (a file in folder) and then waits
-    for a file that never comes, until it is stopped; otherwise :func:`linear_train_fn`."""
-    mine = args["args"] or {}
-    if mine.get("fail"):
-        raise ValueError("bad trainArgs: this fit fails")
-    if mine.get("started"):
-        open(os.path.join(mine["started"], f"node-{ctx.node_id}"), "w").close()
-        wait_for_file(os.path.join(mine["started"], "never"), 120.0)
-        return None
-    return linear_train_fn(args, ctx)
+def started_train_fn(args, ctx):
+    """TFEstimator's trainFn in the fit-group test: marks that the node runs (a file in
+    trainArgs["started"]), then waits for a file that never comes, until it is stopped."""
+    folder = args["args"]["started"]
+    open(os.path.join(folder, f"node-{ctx.node_id}"), "w").close()
+    wait_for_file(os.path.join(folder, "never"), 120.0)
 
 
 def talk_main(args, ctx):

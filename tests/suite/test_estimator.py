@@ -182,7 +182,7 @@ def test_a_failed_fit_group_stops_its_running_cluster_and_its_waiting_fit(backen
     caplog.set_level(logging.INFO, logger="duotf.estimator")
     group = duotf.estimator.FitGroup()
     config = duotf.estimator.FitConfig.from_params(dict(
-        trainFn=mains.group_train_fn, trainArgs={"started": str(tmp_path)},
+        trainFn=mains.started_train_fn, trainArgs={"started": str(tmp_path)},
         modelDir=str(tmp_path / "models"), env=ENV))
     feed_slots = backend.slots() - config.nodes  # one fit takes every slot
     data = engine.rows(linear_parts())
