@@ -189,7 +189,6 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
         return _Reader(cls)
 
 
-
 class _FitGroupIterator:
     """What :meth:`TFEstimator.fitMultiple` returns: thread-safe ``next()`` giving ``(index,
     model)``; the fits share one :class:`~duotf.estimator.FitGroup` and one
