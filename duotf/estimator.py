@@ -10,13 +10,36 @@ fit writes into a fresh folder of ``modelDir``, so the fits of a ``CrossValidato
 overwrite each other's models.
 
 Fits that run at once in one process (``CrossValidator(parallelism=k)``) need their task slots
-together: :func:`fit` books them in a per-engine ledger and raises
-:class:`~duotf.errors.InsufficientSlotsError` at once when they are not free, instead of a
-second cluster waiting for slots the first one holds.
+together: :func:`fit` books them in a per-engine ledger (:func:`book_slots`) before its cluster
+starts. A fit whose slots other fits of this process hold waits in line for them (first come,
+first served) and starts as soon as enough are free; so ``parallelism`` larger than the engine
+has room for runs the fits as the slots allow, instead of a second cluster's nodes waiting
+inside the engine for slots that the first one holds. A fit that needs more slots than the
+engine has in all fails at once with :class:`~duotf.errors.InsufficientSlotsError`, and so does
+a wait in which no slot is freed for ``reservation_timeout`` (the time ``duotf.run`` gives nodes
+to be placed; env ``DUOTF_RESERVATION_TIMEOUT``, default 120 s): its error names the fits
+holding the slots and for how long.
+
+The fits of one ``fitMultiple`` call (a ``CrossValidator`` fold, a ``TrainValidationSplit``)
+form a :class:`FitGroup`: when one fails, the others that have not started do not start, the
+ones waiting for slots stop waiting, the running ones' clusters are shut down, and the error
+reaches the caller once nothing of the group runs.
+
+Why not :func:`duotf.run_parallel`: it starts independent ``main``s, each a ``duotf.run`` and a
+``wait``, from a thread pool of its own, returns every outcome at the end, and lets the other
+runs go on when one fails. A fit feeds a DataFrame between start and wait (``cluster.train``),
+and under ``CrossValidator`` the thread pool is pyspark's (it calls ``fitMultiple``'s
+``next()`` and wants each model as it is done), with the opposite policy on failure (the first
+error ends the group). So the fits share run_parallel's ideas instead of its code: admission by
+slots (run_parallel sizes its pool by ``slots() // nodes``; here the ledger makes the extra
+fits wait), and stopping what runs with ``shutdown(grace_secs=0)`` while refusing to start
+more, as run_parallel does when interrupted.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import logging
 import os
@@ -24,14 +47,14 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from .errors import ConfigError, InsufficientSlotsError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FitConfig", "FitResult", "FIT_PARAMS", "fit", "keras_main", "running_fits", "MODEL_FILE",
-           "EXPORT_DIR"]
+__all__ = ["FitConfig", "FitResult", "FitGroup", "FIT_PARAMS", "fit", "keras_main", "book_slots",
+           "running_fits", "MODEL_FILE", "EXPORT_DIR"]
 
 #: the file the chief saves a ``modelFn`` model to, in the fit's folder
 MODEL_FILE = "model.keras"
@@ -216,54 +239,244 @@ def keras_main(args, ctx):
 
 
 # -- slots held by the fits running in this process ---------------------------------------------------
-_ledger_lock = threading.Lock()
-_ledger: Dict[int, Dict[str, int]] = {}  # id(engine handle) -> {"slots": held, "fits": n}
+# One condition guards the ledger: a fit that waits for slots waits on it, and whatever may let
+# a waiter go (a booking's end, a waiter leaving the line, a fit group failing) wakes them all.
+_ledger_cond = threading.Condition()
+_ledger: Dict[int, "_EngineSlots"] = {}  # id(engine handle) -> its slots
+
+
+class _EngineSlots:
+    """One engine's entry in the ledger: the bookings that hold its slots, and the fits waiting
+    in line for theirs (first come, first served)."""
+
+    def __init__(self):
+        self.held = 0
+        self.bookings: List["_Booking"] = []
+        self.line: Deque[object] = collections.deque()
+        self.freed = time.monotonic()  # when slots were freed last
+
+    def book(self, key: int, need: int, what: str, total: int) -> "_Booking":
+        booking = _Booking(key, need, what)
+        self.held += need
+        self.bookings.append(booking)
+        logger.info("TFEstimator: %d slot(s) booked (%s): %d of %d held by %d fit(s)", need, what,
+                    self.held, total, len(self.bookings))
+        return booking
+
+    def holders(self, now: float) -> str:
+        return "; ".join(f"{b.slots} by a fit of {b.what}, for {now - b.since:.0f} s"
+                         for b in self.bookings)
+
+
+def _forget_if_idle(key: int) -> None:
+    entry = _ledger.get(key)
+    if entry is not None and not entry.bookings and not entry.line:
+        del _ledger[key]
 
 
 class _Booking:
-    def __init__(self, key: int, slots: int):
-        self.key, self.slots = key, slots
+    """The slots one fit holds, freed when its ``with`` block ends."""
+
+    def __init__(self, key: int, slots: int, what: str):
+        self.key, self.slots, self.what = key, slots, what
+        self.since = time.monotonic()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        with _ledger_lock:
+        with _ledger_cond:
             entry = _ledger[self.key]
-            entry["slots"] -= self.slots
-            entry["fits"] -= 1
-            if not entry["fits"]:
-                del _ledger[self.key]
+            entry.bookings.remove(self)
+            entry.held -= self.slots
+            entry.freed = time.monotonic()
+            logger.info("TFEstimator: %d slot(s) freed after %.1f s: %d held by %d fit(s)",
+                        self.slots, entry.freed - self.since, entry.held, len(entry.bookings))
+            _forget_if_idle(self.key)
+            _ledger_cond.notify_all()
+
+
+def _wake_waiters() -> None:
+    """Wake every fit waiting for slots, to look at its group again."""
+    with _ledger_cond:
+        _ledger_cond.notify_all()
 
 
 def running_fits() -> int:
     """How many fits run now in this process (on every engine)."""
-    with _ledger_lock:
-        return sum(entry["fits"] for entry in _ledger.values())
+    with _ledger_cond:
+        return sum(len(entry.bookings) for entry in _ledger.values())
 
 
-def book_slots(key: int, backend, need: int, what: str) -> _Booking:
-    """Book ``need`` of the engine's slots for one fit, or raise InsufficientSlotsError at once
-    when the fits already running in this process hold too many of them."""
+def book_slots(key: int, backend, need: int, what: str, timeout: float = 0.0,
+               check: Optional[Callable[[], None]] = None) -> _Booking:
+    """Book ``need`` of the engine's slots for one fit, held for a ``with`` block.
+
+    A fit that needs more slots than the engine has in all raises
+    :class:`~duotf.errors.InsufficientSlotsError` at once. One whose slots other fits of this
+    process hold waits in line for them (first come, first served: no fit takes slots that one
+    ahead of it waits for), as long as some slot is freed every ``timeout`` seconds; past that
+    it raises InsufficientSlotsError saying which fits hold the slots and since when
+    (``timeout=0``: at once, without waiting). ``check`` is called whenever the fit wakes up
+    and may raise to stop its wait (its fit group failed).
+    """
     total = backend.slots()
-    with _ledger_lock:
-        entry = _ledger.setdefault(key, {"slots": 0, "fits": 0})
-        held, fits = entry["slots"], entry["fits"]
-        if held + need > total:
-            if not entry["fits"]:
-                del _ledger[key]
-            at_once = total // need
-            others = (f"; {held} are held by {fits} other fit(s) running in this process at the "
-                      f"same time (a CrossValidator or TrainValidationSplit with parallelism > 1): "
-                      f"at most {at_once} such fit(s) can run at once here, so set parallelism="
-                      f"{max(at_once, 1)}" if fits else "")
-            raise InsufficientSlotsError(
-                f"TFEstimator.fit needs {need} free slots ({what}) but {backend.name} has "
-                f"{total} in all{others}. {backend.capacity_hint()}",
-                needed=need, available=total - held, backend=backend.name)
-        entry["slots"] += need
-        entry["fits"] += 1
-    return _Booking(key, need)
+    if need > total:
+        raise InsufficientSlotsError(
+            f"TFEstimator.fit needs {need} free slots ({what}) but {backend.name} has {total} in "
+            f"all. {backend.capacity_hint()}", needed=need, available=total, backend=backend.name)
+    with _ledger_cond:
+        entry = _ledger.setdefault(key, _EngineSlots())
+        if not entry.line and entry.held + need <= total:
+            return entry.book(key, need, what, total)
+        ticket = object()
+        entry.line.append(ticket)
+        start = time.monotonic()
+        if timeout > 0:
+            logger.info("TFEstimator: waiting for %d slot(s) (%s) on %s: %d of its %d are held "
+                        "by %d other fit(s), %d fit(s) wait ahead", need, what, backend.name,
+                        entry.held, total, len(entry.bookings), len(entry.line) - 1)
+        try:
+            while True:
+                if check is not None:
+                    check()
+                if entry.line[0] is ticket and entry.held + need <= total:
+                    logger.info("TFEstimator: waited %.1f s for %d slot(s)", time.monotonic() - start,
+                                need)
+                    return entry.book(key, need, what, total)
+                now = time.monotonic()
+                left = max(start, entry.freed) + timeout - now
+                if left <= 0:
+                    raise _no_slots(entry, backend, total, need, what, timeout, now - start)
+                _ledger_cond.wait(left)
+        finally:
+            entry.line.remove(ticket)
+            _forget_if_idle(key)
+            _ledger_cond.notify_all()  # the next in line may go now
+
+
+def _no_slots(entry: _EngineSlots, backend, total: int, need: int, what: str, timeout: float,
+              waited: float) -> InsufficientSlotsError:
+    """The error of a fit that did not get its slots (the ledger's lock is held)."""
+    at_once = max(total // need, 1)
+    held = (f"{entry.held} are held by {len(entry.bookings)} other fit(s) of this process (a "
+            f"CrossValidator or TrainValidationSplit with parallelism > 1): "
+            f"{entry.holders(time.monotonic())}")
+    if len(entry.line) > 1:
+        held += f"; {len(entry.line) - 1} other fit(s) wait for slots too"
+    if timeout > 0:
+        where = (f"TFEstimator.fit waited {waited:.0f} s for {need} free slots ({what}) on "
+                 f"{backend.name}, which has {total} in all, and no slot was freed for "
+                 f"{timeout:g} s (reservation_timeout, env DUOTF_RESERVATION_TIMEOUT): {held}")
+        fix = (f"At most {at_once} such fit(s) run at once here: set parallelism={at_once}, or "
+               "raise DUOTF_RESERVATION_TIMEOUT above the time one fit takes.")
+    else:
+        where = (f"TFEstimator.fit needs {need} free slots ({what}) but {backend.name} has "
+                 f"{total} in all; {held}")
+        fix = f"At most {at_once} such fit(s) can run at once here, so set parallelism={at_once}."
+    return InsufficientSlotsError(f"{where}. {fix} {backend.capacity_hint()}", needed=need,
+                                  available=total - entry.held, backend=backend.name,
+                                  waited=round(waited, 3))
+
+
+# -- fits that stand or fall together ---------------------------------------------------------------
+class FitGroup:
+    """The fits of one ``fitMultiple`` call (what a ``CrossValidator`` fold or a
+    ``TrainValidationSplit`` runs from its thread pool): when one fails, the group fails with
+    its error. A fit of the group that has not started does not start, one waiting for slots
+    stops waiting, and the clusters of the fits running are shut down at once
+    (``shutdown(grace_secs=0)``, as ``run_parallel`` stops its runs when interrupted).
+
+    Each fit runs inside :meth:`member` and hands :func:`fit` the group; whoever saw a fit fail
+    calls :meth:`fail`, then :meth:`settle` (which returns once no fit of the group runs and no
+    cluster of it is being stopped), then :meth:`raise_error`. So the error reaches the caller
+    only once nothing of the group runs any more.
+    """
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._error: Optional[BaseException] = None
+        self._traceback = None
+        self._fits = 0  # members inside member()
+        self._stopping = 0  # fail() calls stopping clusters now
+        self._live: List[Any] = []  # the clusters of the group's running fits
+
+    @property
+    def failed(self) -> bool:
+        with self._cond:
+            return self._error is not None
+
+    def check(self) -> None:
+        """Raise the group's error if it failed."""
+        with self._cond:
+            error = self._error
+        if error is not None:
+            self.raise_error()
+
+    def raise_error(self) -> None:
+        """Raise the error of the fit that failed the group (its own traceback, wherever it is
+        raised again)."""
+        with self._cond:
+            error, tb = self._error, self._traceback
+        assert error is not None
+        raise error.with_traceback(tb)
+
+    @contextlib.contextmanager
+    def member(self):
+        """Count a fit of the group while it runs; refused (the group's error) after a failure."""
+        with self._cond:
+            if self._error is None:
+                self._fits += 1
+        self.check()
+        try:
+            yield self
+        finally:
+            with self._cond:
+                self._fits -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def running(self, cluster):
+        """Hold ``cluster`` (a running fit's) for :meth:`fail` to shut down; the group's error at
+        once if it failed while the cluster started (the caller's ``with`` then shuts it down)."""
+        with self._cond:
+            if self._error is None:
+                self._live.append(cluster)
+        self.check()
+        try:
+            yield cluster
+        finally:
+            with self._cond:
+                if cluster in self._live:
+                    self._live.remove(cluster)
+
+    def fail(self, error: BaseException) -> None:
+        """Fail the group with ``error`` (the first failure wins): wake its fits that wait for
+        slots and shut down its running clusters."""
+        with self._cond:
+            if self._error is None:
+                self._error, self._traceback = error, error.__traceback__
+                logger.info("TFEstimator: a fit failed (%s: %s); stopping the other fits of "
+                            "its group", type(error).__name__, str(error))
+            live, self._live = self._live, []
+            self._stopping += 1
+        try:
+            _wake_waiters()
+            for cluster in live:
+                try:
+                    cluster.shutdown(grace_secs=0)
+                except Exception as exc:  # NodesStoppedError: it was stopped, as asked
+                    logger.debug("TFEstimator: shutdown of %r: %s", cluster, exc)
+        finally:
+            with self._cond:
+                self._stopping -= 1
+                self._cond.notify_all()
+
+    def settle(self) -> None:
+        """Return once no fit of the group runs and none of its clusters is being stopped."""
+        with self._cond:
+            while self._fits or self._stopping:
+                self._cond.wait()
 
 
 # -- one fit ---------------------------------------------------------------------------------------
@@ -292,20 +505,34 @@ def saved_model_path(fit_dir: str) -> Optional[str]:
     return None
 
 
-def fit(config: FitConfig, backend, key: int, data, feed_slots: int) -> FitResult:
+def fit(config: FitConfig, backend, key: int, data, feed_slots: int,
+        group: Optional[FitGroup] = None) -> FitResult:
     """Run one fit: book the slots, start the cluster on ``backend``, feed ``data`` (only the
     fit's columns) ``epochs`` times, wait, and find the saved model.
 
     ``key`` identifies the engine (fits on one engine share its slots); ``feed_slots`` is what
     feeding needs beside the nodes (Spark: 1; Dask nodes leave their worker's threads free: 0).
+    Slots that other fits of this process hold are waited for (:func:`book_slots`, as long as
+    some slot is freed every ``reservation_timeout``: env ``DUOTF_RESERVATION_TIMEOUT``, default
+    120 s, the time duotf.run gives nodes to be placed and ready). ``group``: the
+    :class:`FitGroup` the fit belongs to, which may stop it.
     """
-    from .api import run
+    from .api import check_run_arguments, run
     from .spec import ClusterSpec
 
     t0 = time.monotonic()
+    if config.modelFn is not None:
+        main: Callable = keras_main
+    else:
+        main = config.trainFn
+    spec, (reservation_timeout, _, _) = check_run_arguments(
+        main, ClusterSpec(workers=config.numWorkers, ps=config.numPs))
     what = f"numWorkers={config.numWorkers}" + (f" + numPs={config.numPs}" if config.numPs else "")
     what += f" node tasks + {feed_slots} to feed them" if feed_slots else " node tasks"
-    with book_slots(key, backend, config.nodes + feed_slots, what):
+    check = group.check if group is not None else None
+    with book_slots(key, backend, config.nodes + feed_slots, what, reservation_timeout, check):
+        if group is not None:
+            group.check()
         fit_dir = new_fit_dir(config.modelDir)
         args: Dict[str, Any] = {
             "features": config.features, "featuresCol": config.featuresCol,
@@ -315,15 +542,16 @@ def fit(config: FitConfig, backend, key: int, data, feed_slots: int) -> FitResul
             "modelPath": fit_dir + "/" + MODEL_FILE, "exportDir": fit_dir + "/" + EXPORT_DIR,
         }
         if config.modelFn is not None:
-            main, args["modelFn"] = keras_main, config.modelFn
+            args["modelFn"] = config.modelFn
         else:
-            main, args["args"] = config.trainFn, config.trainArgs
-        spec = ClusterSpec(workers=config.numWorkers, ps=config.numPs)
+            args["args"] = config.trainArgs
         logger.info("TFEstimator: fitting on %s with %d node(s) into %s", backend.name,
                     config.nodes, fit_dir)
-        with run(main, args, backend, spec, env=config.env) as cluster:
-            cluster.train(data, epochs=config.epochs)
-            results = cluster.wait()
+        with run(main, args, backend, spec, env=config.env,
+                 reservation_timeout=reservation_timeout) as cluster:
+            with group.running(cluster) if group is not None else contextlib.nullcontext():
+                cluster.train(data, epochs=config.epochs)
+                results = cluster.wait()
     path = saved_model_path(fit_dir)
     if path is None:
         raise ConfigError(f"the fit saved no model: the chief must save it to args['modelPath'] "

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -84,3 +86,113 @@ def test_the_spark_and_dask_stages_take_the_same_parameters():
     assert est.config().epochs == 3 and est.getFeaturesCol() == "features"
     assert duotf.dask.TFEstimator(modelFn=model_fn, epochs=3).config().epochs == 3
     assert TFModel(modelPath="m.keras").setPredictionCol("p").getPredictionCol() == "p"
+
+
+class FakeEngine:
+    """What the ledger asks of a backend."""
+
+    name = "FakeEngine(slots=3)"
+
+    def slots(self):
+        return 3
+
+    def capacity_hint(self):
+        return "(a hint)"
+
+
+def _book_in_thread(key, need, what, order, timeout=10.0, check=None, hold=None):
+    """Book in a thread of its own; ``order`` gets ``what`` once booked (and the error if it
+    fails); the booking is held until ``hold`` is set."""
+    def book():
+        try:
+            with estimator.book_slots(key, FakeEngine(), need, what, timeout, check):
+                order.append(what)
+                if hold is not None:
+                    assert hold.wait(10)
+        except BaseException as exc:
+            order.append(exc)
+
+    thread = threading.Thread(target=book)
+    thread.start()
+    return thread
+
+
+def _poll(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def _waiting(key):
+    with estimator._ledger_cond:
+        entry = estimator._ledger.get(key)
+        return len(entry.line) if entry is not None else 0
+
+
+def test_fits_wait_in_line_for_slots_other_fits_hold():
+    """3 slots: a fit holds 2; a fit of 2 waits; one of 1 that comes later waits behind it
+    (first come, first served) though 1 slot is free; both go once the first is done."""
+    order = []
+    first = estimator.book_slots(7, FakeEngine(), 2, "first", timeout=10)
+    hold = threading.Event()
+    second = _book_in_thread(7, 2, "second", order, hold=hold)
+    _poll(lambda: _waiting(7) == 1)
+    third = _book_in_thread(7, 1, "third", order, hold=hold)
+    _poll(lambda: _waiting(7) == 2)
+    time.sleep(0.2)
+    assert order == [] and estimator.running_fits() == 1
+    with first:
+        pass
+    _poll(lambda: len(order) == 2)
+    assert order == ["second", "third"] and estimator.running_fits() == 2
+    hold.set()
+    second.join(5), third.join(5)
+    assert estimator.running_fits() == 0 and not estimator._ledger
+
+
+def test_a_wait_without_a_freed_slot_is_bounded_and_says_what_holds_them():
+    with estimator.book_slots(8, FakeEngine(), 2, "numWorkers=1 node tasks + 1 to feed them"):
+        t0 = time.monotonic()
+        with pytest.raises(duotf.InsufficientSlotsError) as info:
+            estimator.book_slots(8, FakeEngine(), 2, "numWorkers=1 node tasks + 1 to feed them",
+                                 timeout=0.3)
+        assert 0.3 <= time.monotonic() - t0 < 3
+    message = str(info.value)
+    assert "waited 0 s for 2 free slots" in message and "no slot was freed for 0.3 s" in message
+    assert "held by 1 other fit(s)" in message
+    assert "2 by a fit of numWorkers=1 node tasks + 1 to feed them, for 0 s" in message
+    assert "DUOTF_RESERVATION_TIMEOUT" in message and "set parallelism=1" in message
+    assert info.value.waited >= 0.3 and info.value.available == 1
+    assert estimator.running_fits() == 0 and not estimator._ledger
+    # more than the engine has in all: at once, whatever the timeout
+    t0 = time.monotonic()
+    with pytest.raises(duotf.InsufficientSlotsError, match="has 3 in all"):
+        estimator.book_slots(8, FakeEngine(), 4, "too many", timeout=30)
+    assert time.monotonic() - t0 < 1
+
+
+def test_a_failed_group_stops_its_waiting_fits_and_its_clusters():
+    class Cluster:
+        stopped = None
+
+        def shutdown(self, grace_secs):
+            self.stopped = grace_secs
+            raise duotf.NodesStoppedError("stopped, as asked")
+
+    group, order = estimator.FitGroup(), []
+    cluster = Cluster()
+    with estimator.book_slots(9, FakeEngine(), 3, "all"), group.member(), group.running(cluster):
+        waiter = _book_in_thread(9, 1, "waiter", order, check=group.check)
+        _poll(lambda: _waiting(9) == 1)
+        error = ValueError("fit 1 failed")
+        group.fail(error)
+        waiter.join(5)
+        assert order == [error] and cluster.stopped == 0
+        group.fail(RuntimeError("a later failure"))  # the first one is the group's
+    group.settle()
+    with pytest.raises(ValueError, match="fit 1 failed"):
+        group.raise_error()
+    with pytest.raises(ValueError, match="fit 1 failed"), group.member():
+        pass  # a fit that comes after a failure does not start
+    assert estimator.running_fits() == 0 and not estimator._ledger

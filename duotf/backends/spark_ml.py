@@ -17,6 +17,7 @@ the saved folder (``model/``), so the folder is whole by itself.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Dict, List, Optional
 
 from pyspark import keyword_only
@@ -95,9 +96,12 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
     ``verbose``.
 
     ``fit(df)`` checks the columns before anything runs (a :class:`~duotf.ConfigError` names a
-    missing column, a wrong type, an array column whose rows differ in length, a null) and that
-    its task slots are free (:class:`~duotf.InsufficientSlotsError`): the nodes hold one each,
-    and feeding needs one more.
+    missing column, a wrong type, an array column whose rows differ in length, a null), then
+    books its task slots (the nodes hold one each, and feeding needs one more): slots that other
+    fits of this process hold are waited for (a ``CrossValidator`` with ``parallelism`` larger
+    than fits at once), too many for the engine are an :class:`~duotf.InsufficientSlotsError`
+    at once (see :mod:`duotf.estimator`). :meth:`fitMultiple` (what ``CrossValidator`` and
+    ``TrainValidationSplit`` call) stops the other fits of a group when one fails.
     """
 
     modelFn = Param(Params._dummy(), "modelFn", "a function of no arguments returning a compiled "
@@ -153,14 +157,21 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
         return core.FitConfig.from_params({name: self._value(name) for name in core.FIT_PARAMS})
 
     def _fit(self, dataset) -> "TFModel":
+        return self._fit_in(dataset)
+
+    def _fit_in(self, dataset, group: Optional[core.FitGroup] = None,
+                checks: Optional["_DataChecks"] = None) -> "TFModel":
         from .spark import SparkBackend
 
         config = self.config()
         data = prepare_columns(dataset, config.columns, config.features)
-        check_rows(data, config)
+        if checks is None:
+            check_rows(data, config)
+        else:
+            checks.check(data, config)
         session = dataset.sparkSession
         backend = SparkBackend(session)
-        result = core.fit(config, backend, id(backend.sc), data, feed_slots=1)
+        result = core.fit(config, backend, id(backend.sc), data, feed_slots=1, group=group)
         model = TFModel(featuresCol=self.getFeaturesCol(), predictionCol=self._value("predictionCol"),
                         argmaxCol=self._value("argmaxCol"), outputCols=self._value("outputCols"),
                         modelPath=result.modelPath)
@@ -169,12 +180,79 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
         model.fitSeconds = result.seconds
         return model
 
+    def fitMultiple(self, dataset, paramMaps) -> "_FitGroupIterator":
+        """One model per param map of ``paramMaps``, as ``CrossValidator`` and
+        ``TrainValidationSplit`` ask (pyspark's contract: an iterator whose ``next()`` is
+        thread-safe, called from their thread pool, and gives ``(index, model)``).
+
+        The fits are one :class:`~duotf.estimator.FitGroup`: when one fails, the fits not yet
+        started do not start, those waiting for slots stop waiting, the clusters of those
+        running are shut down at once, and every later ``next()`` raises that fit's error, each
+        only once nothing of the group runs any more. The data checks (columns, nulls, array
+        lengths: one Spark job) run once per set of columns, not once per param map.
+        """
+        return _FitGroupIterator(self.copy(), dataset, list(paramMaps))
+
     def write(self) -> MLWriter:
         return _Writer(self)
 
     @classmethod
     def read(cls) -> MLReader:
         return _Reader(cls)
+
+
+class _FitGroupIterator:
+    """What :meth:`TFEstimator.fitMultiple` returns: thread-safe ``next()`` giving ``(index,
+    model)``; the fits share one :class:`~duotf.estimator.FitGroup` and one
+    :class:`_DataChecks`."""
+
+    def __init__(self, estimator: TFEstimator, dataset, param_maps: list):
+        self.estimator = estimator
+        self.dataset = dataset
+        self.param_maps = param_maps
+        self.group = core.FitGroup()
+        self.checks = _DataChecks()
+        self._lock = threading.Lock()
+        self._counter = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with self._lock:
+            index = self._counter
+            if index >= len(self.param_maps):
+                raise StopIteration("No models remaining.")
+            self._counter += 1
+        group = self.group
+        try:
+            with group.member():
+                model = self.estimator.copy(self.param_maps[index])._fit_in(
+                    self.dataset, group, self.checks)
+        except BaseException as exc:
+            group.fail(exc)
+        if group.failed:  # this fit's error, or another's (then a model of this one is moot)
+            group.settle()
+            group.raise_error()
+        return index, model
+
+    next = __next__
+
+
+class _DataChecks:
+    """:func:`check_rows` once per set of fed columns of one DataFrame, for the fits of a
+    group (their param maps may change the columns, and numWorkers)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._rows: Dict[tuple, int] = {}
+
+    def check(self, data, config: core.FitConfig) -> None:
+        key = (tuple(config.columns), config.features)
+        with self._lock:  # the first fit checks; the others wait for it and reuse its count
+            if key not in self._rows:
+                self._rows[key] = column_checks(data)
+        enough_rows(self._rows[key], config)
 
 
 class TFModel(Model, _SharedParams, MLReadable, MLWritable):
@@ -327,6 +405,18 @@ def prepare_columns(df, columns: List[str], features) -> object:
 def check_rows(df, config: core.FitConfig) -> None:
     """One aggregation job over the fit's columns: enough rows, no nulls, and every array
     column of one length; a ConfigError names the column otherwise."""
+    enough_rows(column_checks(df), config)
+
+
+def enough_rows(rows: int, config: core.FitConfig) -> None:
+    if rows < config.numWorkers:
+        raise ConfigError(f"the DataFrame has {rows} rows, fewer than numWorkers="
+                          f"{config.numWorkers}: every worker needs rows", rows=rows)
+
+
+def column_checks(df) -> int:
+    """One aggregation job over ``df``'s columns: no nulls, every array column of one length
+    (a ConfigError names the column otherwise); returns the number of rows."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -341,9 +431,6 @@ def check_rows(df, config: core.FitConfig) -> None:
         if f.name in arrays:
             aggs += [F.min(F.size(col)).alias(f"lo{i}"), F.max(F.size(col)).alias(f"hi{i}")]
     row = df.agg(*aggs).collect()[0].asDict()
-    if row["rows"] < config.numWorkers:
-        raise ConfigError(f"the DataFrame has {row['rows']} rows, fewer than numWorkers="
-                          f"{config.numWorkers}: every worker needs rows", rows=row["rows"])
     for i, f in enumerate(df.schema.fields):
         if row[f"n{i}"]:
             raise ConfigError(f"column {f.name!r} holds {row[f'n{i}']} null(s) (or arrays with "
@@ -353,6 +440,7 @@ def check_rows(df, config: core.FitConfig) -> None:
             raise ConfigError(f"column {f.name!r} is ragged: its arrays hold from {row[f'lo{i}']} "
                               f"to {row[f'hi{i}']} values, and a model input takes one length: "
                               "pad or cut them to one length first", column=f.name, problem="ragged")
+    return row["rows"]
 
 
 # -- save and load ---------------------------------------------------------------------------------

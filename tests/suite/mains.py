@@ -541,6 +541,14 @@ def linear_train_fn(args, ctx):
     return {"loss": history.history["loss"], "args": args["args"]}
 
 
+def started_train_fn(args, ctx):
+    """TFEstimator's trainFn in the fit-group test: marks that the node runs (a file in
+    trainArgs["started"]), then waits for a file that never comes, until it is stopped."""
+    folder = args["args"]["started"]
+    open(os.path.join(folder, f"node-{ctx.node_id}"), "w").close()
+    wait_for_file(os.path.join(folder, "never"), 120.0)
+
+
 def talk_main(args, ctx):
     """Writes to every output a node has: print, sys.stderr, fd 2 directly, and logging."""
     import logging

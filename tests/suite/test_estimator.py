@@ -247,3 +247,55 @@ def test_a_model_of_two_inputs_and_two_outputs_fits_and_scores_each_output(backe
     np.testing.assert_allclose(np.stack([np.asarray(v) for v in direct["z"]]), local_z, rtol=1e-5,
                                atol=1e-6)
     np.testing.assert_allclose(direct["y"].to_numpy(), py, rtol=1e-6)
+
+@pytest.mark.engines("local")
+def test_a_failed_fit_group_stops_its_running_cluster_and_its_waiting_fit(backend, engine, tmp_path,
+                                                                          caplog):
+    """The mechanism under ``duotf.spark.TFEstimator.fitMultiple`` (tests/test_spark_estimator.py
+    runs it under a CrossValidator): two fits of one FitGroup, each needing all the engine's
+    slots. The first runs (its node waits until stopped), the second waits for slots; the group
+    fails: the first's cluster is shut down at once, the second never starts, and once
+    ``settle()`` returns no node of the group is left."""
+    import logging
+    import threading
+    import time
+
+    from tests.conftest import _node_processes, poll_for
+
+    caplog.set_level(logging.INFO, logger="duotf.estimator")
+    group = duotf.estimator.FitGroup()
+    config = duotf.estimator.FitConfig.from_params(dict(
+        trainFn=mains.started_train_fn, trainArgs={"started": str(tmp_path)},
+        modelDir=str(tmp_path / "models"), env=ENV))
+    feed_slots = backend.slots() - config.nodes  # one fit takes every slot
+    data = engine.rows(linear_parts())
+    outcomes = {}
+
+    def one(name):
+        try:
+            with group.member():
+                duotf.estimator.fit(config, backend, id(backend), data, feed_slots, group)
+        except BaseException as exc:
+            outcomes[name] = exc
+
+    first = threading.Thread(target=one, args=("first",))
+    first.start()
+    poll_for(lambda: (tmp_path / "node-0").exists(), 60, what="the first fit's node")
+    second = threading.Thread(target=one, args=("second",))
+    second.start()
+    poll_for(lambda: any("waiting for" in r.getMessage() for r in caplog.records), 10,
+             what="the second fit waiting for slots")
+    error = ValueError("another fit of the group failed")
+    t0 = time.monotonic()
+    group.fail(error)
+    group.settle()
+    assert time.monotonic() - t0 < 15
+    assert not _node_processes()  # stopped, not being stopped
+    first.join(5), second.join(5)
+    assert outcomes["second"] is error  # woken in the line, never started
+    # its cluster stopped under it as it fed the node (the feed's error, or the node's)
+    assert isinstance(outcomes["first"], duotf.DuotfError)
+    assert duotf.estimator.running_fits() == 0
+    assert sum("slot(s) booked" in r.getMessage() for r in caplog.records) == 1
+    with pytest.raises(ValueError, match="another fit of the group failed"):
+        group.raise_error()
