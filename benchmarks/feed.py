@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TF loads, here and in the nodes
@@ -36,13 +37,34 @@ import duotf  # noqa: E402
 BATCH = 100
 
 
+def _say_ready(args, ctx) -> float:
+    """A node has imported TensorFlow: a file in ``args["ready"]`` tells the driver, which
+    starts the feed once every node's is there, so that the rates leave TF's start-up out
+    (as the limit does) and no row waits in a buffer for a node still importing TF."""
+    import time as _time
+
+    with open(os.path.join(args["ready"], f"node-{ctx.job_name}-{ctx.task_index}"), "w"):
+        pass
+    return _time.time()
+
+
+def _when_ready(folder: str, nodes: int, timeout: float = 300.0) -> float:
+    """Wait until ``nodes`` nodes have said they are ready; the time then."""
+    deadline = time.monotonic() + timeout
+    while len(os.listdir(folder)) < nodes:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(os.listdir(folder))} of {nodes} nodes imported TF")
+        time.sleep(0.05)
+    return time.time()
+
+
 def drain_main(args, ctx):
     import time as _time
 
     import resource
 
     __import__("tensorflow")  # what a TF program does first
-    ready = _time.time()
+    ready = _say_ready(args, ctx)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
     feed = ctx.get_data_feed(train=True)
@@ -67,7 +89,7 @@ def next_batch_main(args, ctx):
     import time as _time
 
     __import__("tensorflow")
-    ready = _time.time()
+    ready = _say_ready(args, ctx)
 
     feed = ctx.get_data_feed(train=True)
     rows, marks, step, last = 0, [], 0, _time.time()
@@ -87,7 +109,7 @@ def identity_main(args, ctx):
     import time as _time
 
     __import__("tensorflow")
-    ready = _time.time()
+    ready = _say_ready(args, ctx)
     feed = ctx.get_data_feed(train=False, input_mapping={"label": "label"})
     rows, first, last = 0, None, _time.time()
     while not feed.should_stop():
@@ -102,18 +124,22 @@ def identity_main(args, ctx):
 
 
 def run_inference(backend, data, row_bytes: int, label: str, count) -> float:
-    """``cluster.inference(data)`` rows/s, from the moment it was called or the last node had
-    imported TensorFlow (whichever is later) to the last answer; ``count(out)`` materializes
-    the output and gives its rows (they must all be there)."""
-    with duotf.run(identity_main, {"batch": 1000}, backend, duotf.ClusterSpec(workers=2)) as cluster:
-        called = time.time()
+    """``cluster.inference(data)`` rows/s, from the moment it was called (once every node had
+    imported TensorFlow) to the last answer; ``count(out)`` materializes the output and gives
+    its rows (they must all be there)."""
+    import tempfile
+
+    ready = tempfile.mkdtemp(prefix="duotf-bench-ready-")
+    with duotf.run(identity_main, {"batch": 1000, "ready": ready}, backend,
+                   duotf.ClusterSpec(workers=2)) as cluster:
+        start = _when_ready(ready, 2)
         out = cluster.inference(data, **({"result_columns": {"prediction": "double"}}
                                           if hasattr(data, "mapInArrow") else {}))
         n = count(out)
         results = cluster.wait()
+    shutil.rmtree(ready, ignore_errors=True)
     fed = sum(r["rows"] for r in results)
     assert n == fed, (n, fed)
-    start = max([called] + [r["ready"] for r in results])
     span = max(r["last"] for r in results) - start
     rate = fed / span
     print(f"  duotf {label:<40} {fed:>9} rows: {rate:>10,.0f} rows/s {rate * row_bytes / 1e6:>6.0f} MB/s "
@@ -218,18 +244,21 @@ def limit(x, y, epochs: int, repeats: int = 2) -> float:
 def run_duotf(backend, data, epochs: int, row_bytes: int, label: str, main=drain_main, env=None,
               quiet=False, **train):
     """The feed's rate over the whole run: every row fed, from the moment ``train`` was called
-    or the last node had imported TensorFlow, whichever is later (the limit leaves TF's
-    start-up out too), to the last batch a node read. Counting, a first epoch that converts,
-    and every epoch's start are in it. The rate while every node was reading is printed
-    beside it."""
-    with duotf.run(main, {"batch": BATCH}, backend, duotf.ClusterSpec(workers=2), env=env) as cluster:
-        called = time.time()
+    (once every node had imported TensorFlow: the limit leaves TF's start-up out too) to the
+    last batch a node read. Counting, a first epoch that converts, and every epoch's start are
+    in it. The rate while every node was reading is printed beside it."""
+    import tempfile
+
+    ready = tempfile.mkdtemp(prefix="duotf-bench-ready-")
+    with duotf.run(main, {"batch": BATCH, "ready": ready}, backend, duotf.ClusterSpec(workers=2),
+                   env=env) as cluster:
+        start = _when_ready(ready, 2)
         report = cluster.train(data, epochs=epochs, **train)
         results = cluster.wait()
+    shutil.rmtree(ready, ignore_errors=True)
     fed = sum(r["rows"] for r in results)
     assert fed == report["rows_fed"], (fed, report)
     _, steady, seconds = feed_rates(results)
-    start = max([called] + [r["ready"] for r in results])
     span = max(r["marks"][-1][0] for r in results) - start
     rate = fed / span
     if quiet:
@@ -308,7 +337,11 @@ def dask_frame(rows: int, chunk: int):
         x = np.random.default_rng(start).random((stop - start, 784), dtype=np.float32)
         return pd.DataFrame({"features": list(x), "label": np.arange(start, stop) % 10})
 
-    return dd.from_map(part, list(range(0, rows, chunk))).persist()
+    import dask
+
+    # an object column of arrays as it is: Dask would make it strings otherwise
+    with dask.config.set({"dataframe.convert-string": False}):
+        return dd.from_map(part, list(range(0, rows, chunk))).persist()
 
 
 def cli():

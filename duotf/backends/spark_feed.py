@@ -284,39 +284,50 @@ def _spiller(cache_id: str, tensors: Dict[str, tuple], block_bytes: int, ragged:
     return run
 
 
-def _row_frames(rows, ragged: Sequence[str], pid: int, block_bytes: int):
-    """``(rows, packed frame)`` of about ``block_bytes`` each from an RDD partition's rows (or
-    the other kinds :func:`duotf.feed.tasks.chunks_of` takes), checked as the feed checks
-    them; a refusal placed at its row of the partition."""
+def _row_frames(rows, ragged: Sequence[str], pid: int):
+    """``(rows, packed frame)`` from an RDD partition's rows (or the other kinds
+    :func:`duotf.feed.tasks.chunks_of` takes), checked and framed as the feed frames them (a
+    chunk of rows at a time, cut at ``FRAME_BYTES``: a failing source has delivered the
+    chunks before it); a refusal placed at its row of the partition."""
     from ..errors import FeedSchemaError
     from ..feed import wire
-    from ..feed.columns import concat_cols, num_rows
-    from ..feed.feeder import same_shapes
+    from ..feed.columns import num_rows, split
+    from ..feed.feeder import FRAME_BYTES, same_shapes
     from ..feed.tasks import chunks_of
 
-    parts, size, pos, shapes = [], 0, 0, {}
+    pos, shapes = 0, {}
     chunks = iter(chunks_of(rows, ragged))
     while True:
         try:
             cols = next(chunks)
         except StopIteration:
-            break
+            return
         except FeedSchemaError as exc:
             raise exc.located(pid, pos) from None
         n = num_rows(cols)
         if not n:
             continue
         same_shapes(cols, shapes, pid, pos)
-        parts.append(cols)
         pos += n
-        size += sum(getattr(v, "nbytes", 64 * n) for v in cols.values())
-        if size >= block_bytes:
-            cols = concat_cols(parts)
-            yield num_rows(cols), wire.pack_frame(cols)
-            parts, size = [], 0
-    if parts:
-        cols = concat_cols(parts)
-        yield num_rows(cols), wire.pack_frame(cols)
+        row_bytes = sum(getattr(v, "nbytes", 64 * n) // n for v in cols.values())
+        for part in split(cols, max(1, FRAME_BYTES // max(row_bytes, 1))):
+            yield num_rows(part), wire.pack_frame(part)
+
+
+def _sweeper(cache_id: str):
+    """A task that deletes what this executor keeps of cache ``cache_id`` (after a first epoch
+    that failed: its tasks may have been cancelled before they could delete their files)."""
+
+    def run(_):
+        import os
+        import shutil
+        import tempfile
+
+        root = (os.environ.get("SPARK_LOCAL_DIRS") or tempfile.gettempdir()).split(",")[0]
+        shutil.rmtree(os.path.join(root, f"duotf-feedcache-{cache_id}"), ignore_errors=True)
+        yield 0
+
+    return run
 
 
 def _rdd_spiller(cache_id: str, ragged: Sequence[str], job):
@@ -324,7 +335,7 @@ def _rdd_spiller(cache_id: str, ragged: Sequence[str], job):
     kept; yields the partition's index entry as a dict."""
 
     def run(index, rows):
-        yield _keep(index, _row_frames(rows, ragged, index, 4 << 20), cache_id, job)
+        yield _keep(index, _row_frames(rows, ragged, index), cache_id, job)
 
     return run
 
@@ -640,6 +651,7 @@ class SparkFeed(FeedAdapter):
         self.backend = backend
         self.sc = backend.sc
         self.kept = None  # the FeedCache of a DataFrame converted once, in its first epoch
+        self._converting = None  # the id of that cache, from the first epoch's start
         self.cache = data if isinstance(data, FeedCache) else None
         self.df = data if hasattr(data, "mapInArrow") else None
         self.rdd = None if self.df is not None or self.cache is not None else data
@@ -760,6 +772,7 @@ class SparkFeed(FeedAdapter):
         from ..feed.columns import tensor_specs
 
         source, cache_id = (self.df if self.df is not None else self.rdd), uuid.uuid4().hex[:16]
+        self._converting = cache_id
         if self.df is not None:
             task = _spiller(cache_id, tensor_specs(source.schema), 4 << 20, job.ragged, job=job)
         else:
@@ -771,7 +784,12 @@ class SparkFeed(FeedAdapter):
             else:
                 teed = source.mapPartitionsWithIndex(task).map(_teed_partition)
             # Checkpointed, not just persisted: a lost block is never recomputed, since that
-            # would run this epoch's feeding task again.
+            # would run this epoch's feeding task again. Persisted too: PySpark pipelines a
+            # map onto an RDD that is neither cached nor checkpointed (its Python flag), and
+            # the index below would then run the feeding task every time it is read.
+            from pyspark import StorageLevel
+
+            teed.persist(StorageLevel.MEMORY_AND_DISK)
             teed.localCheckpoint()
             out = teed.collect()
             entries = [entry for entry, _ in out]
@@ -803,13 +821,21 @@ class SparkFeed(FeedAdapter):
 
     def close(self) -> None:
         kept, self.kept = self.kept, None
-        if kept is not None:
-            if self.cache is kept:
-                self.cache = None
-            try:
+        cache_id, self._converting = self._converting, None
+        try:
+            if kept is not None:
+                if self.cache is kept:
+                    self.cache = None
                 kept.unpersist()
-            except Exception as exc:  # Spark stopped under it: its local dirs go with the app
-                logger.warning("duotf: could not delete the frames kept for the feed (%s)", exc)
+            elif cache_id is not None:
+                # The first epoch failed: its tasks (some cancelled mid-write) kept no index.
+                # One sweeping task per slot, twice over, reaches every executor with a free
+                # slot; Spark deletes its executors' local dirs, and what is left with them,
+                # when the application ends.
+                n = 2 * max(self.backend.slots(), 1)
+                self.sc.parallelize(range(n), n).mapPartitions(_sweeper(cache_id)).collect()
+        except Exception as exc:  # Spark stopped under it: its local dirs go with the app
+            logger.warning("duotf: could not delete the frames kept for the feed (%s)", exc)
 
     def infer(self, job, keep, result_columns) -> EngineJob:
         if self.cache is not None:
