@@ -2,23 +2,41 @@
 
     python -m benchmarks.feed [--spark-master spark://HOST:PORT] [--with-tfos [WHEEL]]
                               [--rows 250000 --epochs 50] [--tiny-rows 4000000 --tiny-epochs 20]
-                              [--backends spark dask]
+                              [--rdd-rows 100000 --rdd-epochs 10] [--backends spark dask]
+    python -m benchmarks.feed --malloc ROUNDS [--rows N --epochs E]
 
-Each of 2 worker nodes drains ``ctx.get_data_feed().dataset(100)`` (feed only, no model) for
-``--epochs`` epochs, so that every run lasts 10 s or more. The rate counts the rows read while
-every node was reading: from the moment the last node to start (TF's start-up in a node takes
-seconds, and varies) read its first batch to the moment the first node to finish read its last;
-the rate from the first batch to the last is printed beside it. Spark feeds the MNIST-like rows
-three ways: the DataFrame with an ``array<float>`` column; the same rows converted once into a
-``duotf.spark.feed_cache`` (ready-to-send frames in files on the executors); and a
-DataFrame with the column packed as a binary tensor column (``duotf.spark.pack_tensors``).
+Each of 2 worker nodes drains ``ctx.get_data_feed().dataset(100)`` (feed only, no model). A
+node first imports TensorFlow and says so; the driver starts the feed once both have, and a
+rate is every row fed over the whole run: from the ``train`` call to the last batch a node
+read (the count, a first epoch that converts, every epoch's start included). The rate while
+every node was reading is printed beside it. Spark feeds the MNIST-like rows (784 float32 and
+an int64 label):
+
+- a plain ``array<float>`` DataFrame at the defaults (``cluster.train(df, epochs)``: converted
+  once, in the first epoch, and fed from what it kept after), and with ``convert_once=False``
+  (read and converted every epoch);
+- ``duotf.spark.feed_cache(df)`` (its build time printed apart) and a ``pack_tensors`` column;
+- a converted TensorFlowOnSpark program's data: an RDD of ``(float32[784], label)`` and of
+  ``([784 floats], label)`` tuples, drained with ``next_batch(100)`` in a ``while not
+  feed.should_stop()`` loop and with ``dataset(100)``; and ``next_batch`` alone on columns
+  already received (its own per-row Python);
+- inference, ``cluster.inference(df)`` with a trivial model (each row answered with its
+  label), beside one epoch of training on the same DataFrame (the same rows read once);
+- tiny rows (one int64).
+
+Dask feeds arrays, tiny arrays, and a DataFrame (training, one epoch, and inference).
 
 Printed beside, measured in the same run: the limit, an in-process
 ``tf.data.Dataset.from_tensor_slices`` over the same arrays drained at the same batch size for
-the same epochs (warm, best of two); and
-with --with-tfos, TensorFlowOnSpark 2.2.5 (InputMode.SPARK, ``next_batch(100)``) on the same
-Spark cluster and data (its wheel is fetched with ``pip download`` unless given).
-Targets: >= 30x TFoS rows/s on MNIST-like rows; aggregate >= 50% of the limit.
+the same epochs (warm, best of two); and with --with-tfos, TensorFlowOnSpark 2.2.5
+(InputMode.SPARK, ``next_batch(100)``; inference with ``batch_results``) on the same Spark
+cluster and the same kinds of RDD (its wheel is fetched with ``pip download`` unless given).
+Targets: >= 30x TFoS rows/s on MNIST-like rows; the default path >= 50% of the limit;
+inference >= 0.5x its training feed and >= 30x TFoS.
+
+``--malloc ROUNDS`` only compares the node's C heap setting under ``dataset()`` (TF's
+``from_generator`` sets a 128 KiB trim threshold; duotf sets its own again: see
+``duotf/feed/malloc.py``), on Dask, in alternating rounds.
 """
 
 from __future__ import annotations

@@ -102,15 +102,23 @@ def pack_tensors(df, columns: Union[str, Sequence[str]], dtype: str = "float32")
 
 
 def _frames(batches, tensors: Dict[str, tuple], block_bytes: int, ragged: Sequence[str] = ()):
-    """``(rows, packed frame)`` of about ``block_bytes`` each from a partition's Arrow batches;
-    a :class:`~duotf.errors.FeedSchemaError` placed at its row of the partition where the feed
+    """``(rows, packed frame)`` of about ``block_bytes`` each from a partition's Arrow batches
+    (small batches joined, large ones cut, as the feed cuts its frames); a
+    :class:`~duotf.errors.FeedSchemaError` placed at its row of the partition where the feed
     refuses the data."""
     from pyspark import TaskContext
 
     from ..errors import FeedSchemaError
     from ..feed import wire
-    from ..feed.columns import concat_cols, from_arrow, num_rows
+    from ..feed.columns import concat_cols, from_arrow, num_rows, split
     from ..feed.feeder import same_shapes
+
+    def packed(parts):
+        cols = concat_cols(parts)
+        row_bytes = sum(v.nbytes // max(len(v), 1) if hasattr(v, "nbytes") else 64
+                        for v in cols.values())
+        for piece in split(cols, max(1, block_bytes // max(row_bytes, 1))):
+            yield num_rows(piece), wire.pack_frame(piece)
 
     parts, size, pos, shapes = [], 0, 0, {}
     pid = TaskContext.get().partitionId()
@@ -126,12 +134,10 @@ def _frames(batches, tensors: Dict[str, tuple], block_bytes: int, ragged: Sequen
         pos += batch.num_rows
         size += batch.nbytes
         if size >= block_bytes:
-            cols = concat_cols(parts)
-            yield num_rows(cols), wire.pack_frame(cols)
+            yield from packed(parts)
             parts, size = [], 0
     if parts:
-        cols = concat_cols(parts)
-        yield num_rows(cols), wire.pack_frame(cols)
+        yield from packed(parts)
 
 
 class CachedPartition:
