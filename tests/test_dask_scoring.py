@@ -30,3 +30,29 @@ def test_a_meta_that_does_not_fit_the_model_is_refused(backend, engine, scoring_
         engine.client.compute(duotf.dask.predict(ragged, models["keras"]), sync=True)
     assert (info.value.column, info.value.partition, info.value.row) == ("features", 1, 5)
     assert info.value.problem == "ragged"
+
+
+@pytest.mark.engines("dask")
+def test_inference_keeps_an_array_column_as_arrays(backend, engine):
+    """Dask makes object columns strings by default ("dataframe.convert-string"): the
+    inference output keeps the input's array column as the arrays it held."""
+    import dask
+    import dask.dataframe as dd
+    import numpy as np
+    import pandas as pd
+
+    from tests.suite import mains
+
+    frames = [pd.DataFrame({"x": [float(i) for i in range(p * 5, p * 5 + 5)],
+                            "y": [i for i in range(p * 5, p * 5 + 5)],
+                            "v": [np.full(3, i, np.float32) for i in range(p * 5, p * 5 + 5)]})
+              for p in range(2)]
+    with dask.config.set({"dataframe.convert-string": False}):  # the input as made
+        ddf = dd.from_pandas(pd.concat(frames, ignore_index=True), npartitions=2)
+    with duotf.run(mains.feed_infer_main, {"batch": 4}, backend, duotf.ClusterSpec(workers=2)) as cluster:
+        out = cluster.inference(ddf, keep=["y", "v"])
+        cluster.wait(timeout=60)
+    pdf = out.compute()
+    assert pdf["y"].tolist() == list(range(10))
+    assert all(isinstance(v, np.ndarray) and v.tolist() == [float(y)] * 3
+               for v, y in zip(pdf["v"], pdf["y"])), pdf["v"].head()

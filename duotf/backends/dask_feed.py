@@ -191,7 +191,10 @@ class DaskFeed(FeedAdapter):
             import dask.dataframe as dd
 
             meta = client.submit(_empty_like, futures[0]).result()
-            return dd.from_delayed(futures, meta=meta, verify_meta=False)
+            # as the tasks made it: Dask would turn an object column (arrays kept beside the
+            # results, say) into strings otherwise ("dataframe.convert-string")
+            with dask.config.set({"dataframe.convert-string": False}):
+                return dd.from_delayed(futures, meta=meta, verify_meta=False)
         import dask.array as da
 
         first = client.submit(_empty_like, futures[0]).result()
