@@ -125,7 +125,29 @@ def _sklearn_tags(requires_fit: bool):
 
 
 # -- the Dask twin of the Spark ML stages ------------------------------------------------------------
-class TFEstimator:
+class _Params:
+    """scikit-learn's parameter protocol over a class's ``_PARAMS`` (its constructor's
+    arguments, kept as attributes of the same names)."""
+
+    _PARAMS: tuple = ()
+
+    def get_params(self, deep: bool = True) -> Dict[str, Any]:
+        """The constructor's parameters, by name (``deep``: scikit-learn's; no parameter here
+        is itself an estimator)."""
+        return {name: getattr(self, name) for name in self._PARAMS}
+
+    def set_params(self, **params):
+        """Set parameters by name; an unknown name is a ConfigError listing the known ones."""
+        unknown = set(params) - set(self._PARAMS)
+        if unknown:
+            raise ConfigError(f"unknown parameter(s) {sorted(unknown)}: the parameters are "
+                              f"{sorted(self._PARAMS)}", params=sorted(unknown))
+        for name, value in params.items():
+            setattr(self, name, value)
+        return self
+
+
+class TFEstimator(_Params):
     """Trains a TensorFlow model on a duotf cluster over a Dask DataFrame: the twin of
     :class:`duotf.spark.TFEstimator`, with the same parameters (see there), as keywords.
 
@@ -162,21 +184,6 @@ class TFEstimator:
         self.numWorkers, self.numPs, self.epochs, self.batchSize = numWorkers, numPs, epochs, batchSize
         self.modelDir, self.env, self.seed, self.verbose = modelDir, env, seed, verbose
         self.client = client
-
-    def get_params(self, deep: bool = True) -> Dict[str, Any]:
-        """The constructor's parameters, by name (``deep``: scikit-learn's; no parameter here
-        is itself an estimator)."""
-        return {name: getattr(self, name) for name in self._PARAMS}
-
-    def set_params(self, **params) -> "TFEstimator":
-        """Set parameters by name; an unknown name is a ConfigError listing the known ones."""
-        unknown = set(params) - set(self._PARAMS)
-        if unknown:
-            raise ConfigError(f"unknown parameter(s) {sorted(unknown)}: the parameters are "
-                              f"{sorted(self._PARAMS)}", params=sorted(unknown))
-        for name, value in params.items():
-            setattr(self, name, value)
-        return self
 
     def __sklearn_clone__(self) -> "TFEstimator":
         """An unfitted copy for ``sklearn.base.clone``: every parameter deep-copied as
@@ -308,7 +315,7 @@ def _column_stats(frame):
         {"rows": np.int64, "nulls": np.int64, "strings": np.int64, "lo": np.int64, "hi": np.int64})
 
 
-class TFModel:
+class TFModel(_Params):
     """The fitted model of :class:`TFEstimator`, the twin of :class:`duotf.spark.TFModel`.
 
     ``predict(ddf)`` is lazy: one output partition per input partition, every column kept, the
@@ -340,20 +347,6 @@ class TFModel:
 
     def __repr__(self) -> str:
         return f"duotf.dask.TFModel({self.modelPath!r})"
-
-    def get_params(self, deep: bool = True) -> Dict[str, Any]:
-        """The constructor's parameters, by name."""
-        return {name: getattr(self, name) for name in self._PARAMS}
-
-    def set_params(self, **params) -> "TFModel":
-        """Set parameters by name; an unknown name is a ConfigError listing the known ones."""
-        unknown = set(params) - set(self._PARAMS)
-        if unknown:
-            raise ConfigError(f"unknown parameter(s) {sorted(unknown)}: the parameters are "
-                              f"{sorted(self._PARAMS)}", params=sorted(unknown))
-        for name, value in params.items():
-            setattr(self, name, value)
-        return self
 
     def __sklearn_is_fitted__(self) -> bool:
         return bool(self.modelPath)

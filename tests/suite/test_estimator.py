@@ -37,25 +37,31 @@ def linear_parts():
     return parts
 
 
+def _global_batches(parts):
+    """Every epoch's global batches, in order: step k takes each worker's k-th
+    ``BATCH // WORKERS`` rows, in the order the balanced plan feeds them."""
+    plan, _, _ = balance([len(p) for p in parts], WORKERS)
+    rows = [[] for _ in range(WORKERS)]
+    for pid in sorted(plan):
+        for target, a, c, _ in plan[pid]:
+            rows[target] += parts[pid][a:c]
+    per_step = BATCH // WORKERS
+    for _ in range(EPOCHS):
+        for k in range(len(rows[0]) // per_step):
+            yield [r for worker in rows for r in worker[k * per_step:(k + 1) * per_step]]
+
+
 def _reference(parts):
     """The predictions of one process training the same seeded model on the same global
     batches: step k takes each worker's k-th ``BATCH // WORKERS`` rows, in the order the
     balanced plan feeds them."""
     import keras
 
-    plan, _, _ = balance([len(p) for p in parts], WORKERS)
-    rows = [[] for _ in range(WORKERS)]
-    for pid in sorted(plan):
-        for target, a, c, _ in plan[pid]:
-            rows[target] += parts[pid][a:c]
     keras.utils.set_random_seed(SEED)
     model = mains.linear_model_fn()
-    per_step = BATCH // WORKERS
-    for _ in range(EPOCHS):
-        for k in range(len(rows[0]) // per_step):
-            batch = [r for worker in rows for r in worker[k * per_step:(k + 1) * per_step]]
-            model.train_on_batch(np.array([r[1] for r in batch], np.float32),
-                                 np.array([r[2] for r in batch], np.float32))
+    for batch in _global_batches(parts):
+        model.train_on_batch(np.array([r[1] for r in batch], np.float32),
+                             np.array([r[2] for r in batch], np.float32))
     x = np.array([r[1] for p in parts for r in p], np.float32)
     return model.predict(x, verbose=0)[:, 0]
 
@@ -194,19 +200,11 @@ def _two_io_reference(parts):
     """What one process trains on the same global batches (as ``_reference``), predicted."""
     import keras
 
-    plan, _, _ = balance([len(p) for p in parts], WORKERS)
-    rows = [[] for _ in range(WORKERS)]
-    for pid in sorted(plan):
-        for target, a, c, _ in plan[pid]:
-            rows[target] += parts[pid][a:c]
     keras.utils.set_random_seed(SEED)
     model = mains.two_io_model_fn()
-    per_step = BATCH // WORKERS
-    for _ in range(EPOCHS):
-        for k in range(len(rows[0]) // per_step):
-            batch = [r for worker in rows for r in worker[k * per_step:(k + 1) * per_step]]
-            model.train_on_batch(_inputs(batch), [np.array([r[3] for r in batch], np.float32),
-                                                  np.array([r[4] for r in batch], np.float32)])
+    for batch in _global_batches(parts):
+        model.train_on_batch(_inputs(batch), [np.array([r[3] for r in batch], np.float32),
+                                              np.array([r[4] for r in batch], np.float32)])
     y, z = model.predict(_inputs([r for p in parts for r in p]), verbose=0)
     return y[:, 0], z
 
