@@ -24,7 +24,7 @@ LAYERS: List[Tuple[str, List[str]]] = [
     ("ML stages, parallel runs, scoring", [
         "duotf.estimator", "duotf.parallel", "duotf.scoring", "duotf.spark", "duotf.dask",
         "duotf.backends.spark_ml", "duotf.backends.spark_scoring"]),
-    ("API", ["duotf.api", "duotf.cluster", "duotf.doctor"]),
+    ("API", ["duotf.api", "duotf.cluster", "duotf.doctor", "duotf.restarts"]),
     ("feed planner and supervisor", ["duotf.planner", "duotf.supervisor", "duotf.nodelogs",
                                      "duotf.metrics", "duotf.progress"]),
     ("backend contract and engines", [
