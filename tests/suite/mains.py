@@ -797,13 +797,47 @@ def mwms_resume_main(args, ctx):
 
 
 def always_exit_main(args, ctx):
-    """A node that dies on every attempt (exit code 3 before main returns)."""
+    """A node that dies on every attempt (exit code 3 before main returns); on the first once
+    duotf.run has returned (the test writes "go"), on the later ones at once."""
     if ctx.node_id == args["victim"]:
+        if ctx.attempt == 0:
+            wait_for_file(os.path.join(args["signal_dir"], "go"))
         os._exit(3)
     wait_for_file(os.path.join(args["signal_dir"], "never"), timeout=300)
 
 
 def raise_main(args, ctx):
+    """Raise on the victim node until attempt ``raise_until``; on the first attempt once
+    duotf.run has returned (the test writes "go")."""
     if ctx.node_id == args["victim"] and ctx.attempt < args.get("raise_until", 99):
+        if ctx.attempt == 0:
+            wait_for_file(os.path.join(args["signal_dir"], "go"))
         raise ValueError(f"bad value on attempt {ctx.attempt}")
     return ctx.attempt
+
+
+def keras_resume_main(args, ctx):
+    """Keras 3 fit under MultiWorkerMirroredStrategy on the engine feed, resumable:
+    CheckpointCallback saves and reports every epoch, restore + initial_epoch resume."""
+    import keras
+    import tensorflow as tf
+
+    import duotf.keras
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    feed = ctx.get_data_feed(train=True, input_mapping=args["mapping"])
+    with strategy.scope():
+        model = _keras_linear(args["width"], args["lr"])
+    restored = duotf.keras.CheckpointCallback.restore(model, ctx)
+
+    class Hold(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            _hold_until_killed(args, ctx, epoch + 1)
+
+    counter = _step_counter()
+    model.fit(feed.dataset(args["batch"], features="x", label="y"), epochs=args["epochs"],
+              initial_epoch=ctx.resume_epoch, verbose=0,
+              callbacks=[duotf.keras.CheckpointCallback(ctx), Hold(), counter])
+    kernel, bias = model.get_weights()
+    return {"w": kernel[:, 0].tolist(), "b": float(bias[0]), "attempt": ctx.attempt,
+            "restored": restored, "steps": counter.steps}

@@ -43,21 +43,21 @@ def _kill_when_ready(cluster_box, signal_dir, victim: str = "node"):
         elif victim == "worker":  # the Dask worker process runs the agent
             target = psutil.Process(cluster_box[0].nodes[1].agent_pid)
         killed.append((victim, target.pid))
-        os.kill(target.pid, signal.SIGKILL)
+        os.kill(target.pid, signal.SIGSTOP if victim == "hang" else signal.SIGKILL)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, killed
 
 
-def _restarted_feed_run(backend, engine, tmp_path, victim="node"):
+def _restarted_feed_run(backend, engine, tmp_path, victim="node", **run_options):
     parts = _parts()
     expected = _reference(parts)
     args = {"width": WIDTH, "batch": BATCH, "lr": LR, "victim": 1, "kill_after": 2,
             "signal_dir": str(tmp_path)}
     box = []
     with duotf.run(mains.sgd_resume_main, args, backend, duotf.ClusterSpec(workers=2),
-                   max_restarts=1) as cluster:
+                   max_restarts=1, **run_options) as cluster:
         box.append(cluster)
         killer, killed = _kill_when_ready(box, str(tmp_path), victim)
         report = cluster.train(engine.rows(parts), epochs=EPOCHS)
@@ -66,7 +66,7 @@ def _restarted_feed_run(backend, engine, tmp_path, victim="node"):
     assert killed and killed[0][0] == victim
     [restart] = cluster.restarts
     assert restart.attempt == 0 and restart.node == "worker:1", restart
-    assert restart.cause == ("killed" if victim == "node" else "lost"), restart
+    assert restart.cause == {"node": "killed", "hang": "hung"}.get(victim, "lost"), restart
     assert restart.seconds is not None and restart.seconds > 0
     # bit for bit the uninterrupted run's weights
     assert [{"w": g["w"], "b": g["b"]} for g in got] == expected
@@ -85,6 +85,14 @@ def test_a_node_killed_mid_training_restarts_and_its_feed_resumes(backend, engin
     # node 1 reported epoch 2 before it said it was ready to die: it resumes there
     assert cluster.restarts[0].resume_epoch == 2
     assert not os.path.exists(cluster.checkpoint_dir)  # duotf's own, removed at shutdown
+
+
+@pytest.mark.engines("local", "spark-standalone", "dask")
+def test_a_hung_node_is_killed_and_the_cluster_restarts(backend, engine, tmp_path):
+    """SIGSTOP: the node falls silent; after heartbeat_timeout it counts as hung, is killed,
+    and the gang restarts from its checkpoint."""
+    _restarted_feed_run(backend, engine, tmp_path, victim="hang", heartbeat_interval=0.5,
+                        heartbeat_timeout=3)
 
 
 @pytest.mark.engines("spark-standalone")
@@ -124,6 +132,7 @@ def test_a_node_that_always_fails_stops_after_max_restarts_with_its_own_error(ba
     args = {"victim": 1, "signal_dir": str(tmp_path)}
     cluster = duotf.run(mains.always_exit_main, args, backend, duotf.ClusterSpec(workers=2),
                         max_restarts=2)
+    (tmp_path / "go").write_text("")
     with pytest.raises(NodeFailedError) as raised:
         with cluster:
             cluster.wait(timeout=120)
@@ -137,13 +146,49 @@ def test_a_node_that_always_fails_stops_after_max_restarts_with_its_own_error(ba
 
 def test_an_exception_in_main_restarts_only_when_restart_on_names_it(backend, tmp_path):
     spec = duotf.ClusterSpec(workers=2)
-    cluster = duotf.run(mains.raise_main, {"victim": 0}, backend, spec, max_restarts=3)
+    args = {"victim": 0, "signal_dir": str(tmp_path)}
+    cluster = duotf.run(mains.raise_main, args, backend, spec, max_restarts=3)
+    (tmp_path / "go").write_text("")
     with pytest.raises(NodeFailedError) as raised:
         with cluster:
             cluster.wait(timeout=60)
     assert raised.value.remote_type == "ValueError"
     assert cluster.restarts == []  # a bug is not bad luck: no restart by default
-    with duotf.run(mains.raise_main, {"victim": 0, "raise_until": 1}, backend, spec,
+    with duotf.run(mains.raise_main, dict(args, raise_until=1), backend, spec,
                    max_restarts=3, restart_on=["killed", ValueError]) as cluster:
         assert cluster.wait(timeout=60) == [1, 1]
     assert [(r.cause, r.node) for r in cluster.restarts] == [("exception", "worker:0")]
+
+
+@pytest.mark.engines("local")
+def test_keras_fit_resumes_from_its_checkpoint_callback(backend, engine, tmp_path):
+    """duotf.keras.CheckpointCallback + restore + initial_epoch=ctx.resume_epoch: the killed
+    and restarted fit ends with the weights of an uninterrupted fit (float32, 1e-6)."""
+    rng = np.random.default_rng(3)
+    blocks = []
+    for _ in range(3):
+        x = rng.normal(size=(32, 3)).astype(np.float32)
+        blocks.append({"x": x, "y": (x @ np.array([1.0, -2.0, 0.5], np.float32) + 0.25)})
+    data, mapping = engine.arrays(blocks)
+    args = {"width": 3, "lr": 0.05, "batch": 8, "epochs": 4, "mapping": mapping,
+            "victim": 1, "kill_after": 2, "signal_dir": str(tmp_path)}
+    results = []
+    for kill in (False, True):
+        box = []
+        run_args = dict(args, victim=1 if kill else -1)
+        with duotf.run(mains.keras_resume_main, run_args, backend, duotf.ClusterSpec(workers=2),
+                       env=QUIET_TF, max_restarts=1) as cluster:
+            box.append(cluster)
+            killer, killed = _kill_when_ready(box, str(tmp_path)) if kill else (None, None)
+            cluster.train(data, epochs=4)
+            results.append(cluster.wait(timeout=240))
+            if killer is not None:
+                killer.join(5)
+        assert len(cluster.restarts) == int(kill)
+    plain, resumed = results
+    [restart] = cluster.restarts
+    assert [r["attempt"] for r in resumed] == [1, 1] and all(r["restored"] for r in resumed)
+    # the restarted fit ran the epochs after the checkpoint only
+    assert len(resumed[0]["steps"]) == 4 - restart.resume_epoch
+    np.testing.assert_allclose(resumed[0]["w"], plain[0]["w"], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(resumed[0]["b"], plain[0]["b"], rtol=1e-6, atol=1e-6)
