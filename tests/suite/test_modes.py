@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 
-import numpy as np
 import pytest
 
 import duotf
