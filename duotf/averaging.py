@@ -203,7 +203,8 @@ def _callback_class():
         ``fit`` (a :class:`WeightAverager` of ``model.weights``): once before the first batch,
         every ``every`` batches, and at the end of ``fit`` (until every worker's ``fit``
         ended). Compile and fit the model outside any strategy scope: each worker trains its
-        own copy.
+        own copy. ``averager`` is the :class:`WeightAverager` of the last ``fit`` (``steps``,
+        ``rounds``); every worker must call ``fit`` as many times.
 
         Parameters
         ----------
@@ -216,10 +217,13 @@ def _callback_class():
         def __init__(self, every: int, strategy=None):
             super().__init__()
             self.averager = WeightAverager(lambda: self.model.weights, every, strategy)
+            self.every, self.strategy = every, self.averager.strategy
 
         def on_train_begin(self, logs=None):
-            if self.averager.rounds == 0:
-                self.averager.start()
+            if self.averager.finished:  # a later fit: averaged anew (on every worker alike)
+                self.averager = WeightAverager(lambda: self.model.weights, self.every,
+                                               self.strategy)
+            self.averager.start()
 
         def on_train_batch_end(self, batch, logs=None):
             self.averager.step()

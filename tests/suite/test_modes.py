@@ -127,3 +127,11 @@ def test_averaging_with_uneven_data_ends_cleanly_with_one_model(backend, tmp_pat
     # worker 1: start + 1 of its own + 3 of worker 0's + the same 2 at the end
     assert [r["rounds"] for r in results] == [7, 7]
     assert results[0]["accuracy"] > 0.8, results
+
+
+def test_averager_refuses_a_bad_interval_before_any_tf_work():
+    from duotf.averaging import WeightAverager
+
+    for every in (0, -1, 2.5, True):
+        with pytest.raises(duotf.ConfigError, match="every must be an int >= 1"):
+            WeightAverager([], every=every)
