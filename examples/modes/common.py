@@ -125,3 +125,35 @@ def ship_by_value(*modules) -> None:
         except ImportError:
             pass
 
+
+
+def engine_files(backend, data_path: str, url: str, partitions: int = 4) -> list:
+    """The training split as the engine writes it: a Spark or Dask DataFrame written by
+    ``duotf.io.dataframe`` as TFRecord files of ``tf.train.Example`` (``x``: 64 floats, ``y``:
+    an int64), one per partition, in the engine's own tasks. Returns the files' URLs."""
+    from duotf.io import dataframe as dfio
+
+    if hasattr(backend, "sparkContext"):
+        df, _ = engine_rows(backend, data_path, partitions)
+        return dfio.spark_to_tfrecords(df, url)
+    if hasattr(backend, "submit"):  # a distributed.Client
+        import dask
+        import dask.dataframe as dd
+        import pandas as pd
+
+        data = np.load(data_path)
+        frame = pd.DataFrame({"x": list(data["x_train"]), "y": data["y_train"]})
+        with dask.config.set({"dataframe.convert-string": False}):  # keep the arrays arrays
+            ddf = dd.from_pandas(frame, npartitions=partitions)
+        return dfio.dask_to_tfrecords(ddf, url)
+    raise ValueError("the engine writes the files on Spark or Dask; on the local backend use the "
+                     "files of prepare_data")
+
+
+def parse_example(record):
+    """A ``tf.train.Example`` of :func:`engine_files` -> ``(x, y)``."""
+    import tensorflow as tf
+
+    parsed = tf.io.parse_single_example(record, {
+        "x": tf.io.FixedLenFeature([64], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)})
+    return parsed["x"], parsed["y"]

@@ -12,11 +12,15 @@ side-car evaluation of the checkpoints the chief writes.
 
 Keras 3 has no ``model.fit`` under ParameterServerStrategy (keras-team/keras#18624): the chief
 runs a custom loop. The engine feed cannot reach the workers here: see the README ("Training
-modes"); examples/modes/async_ps.py is the ps training the engine feeds.
+modes"). With ``--input engine`` the engine writes its DataFrame as TFRecord files of
+``tf.train.Example`` first (``duotf.io.dataframe``, in its own tasks) and the workers read
+those: the supported way to train a ParameterServerStrategy on a Spark or Dask DataFrame.
+examples/modes/async_ps.py is the ps training that the engine feeds.
 
     python examples/modes/ps_strategy.py                      # embedded local backend
     python examples/modes/ps_strategy.py --backend dask       # a Dask LocalCluster
     python examples/modes/ps_strategy.py --backend spark      # Spark local[N]
+    python examples/modes/ps_strategy.py --backend spark --input engine   # Spark writes the files
 """
 
 from __future__ import annotations
@@ -54,14 +58,16 @@ def coordinate(args, ctx):
         params = [tf.Variable(p) for p in common.init_params(args["seed"])]
         step = tf.Variable(0, dtype=tf.int64)
     batch, lr = args["batch_size"], args["lr"]
-    files = sorted(tf.io.gfile.glob(args["train_files"]))
+    files = args["train_files"]
+    files = sorted(tf.io.gfile.glob(files)) if isinstance(files, str) else list(files)
+    parse = common.parse_example if args.get("examples") else common.parse_record
 
     def dataset_fn(_input_context):  # runs on each worker: TF reads the files there
         ds = tf.data.Dataset.from_tensor_slices(files).interleave(
             tf.data.TFRecordDataset, cycle_length=len(files))
         # Every worker reads every file in its own shuffled order (the coordinator's function
         # is the same for all workers, so it cannot give each its own files).
-        return ds.map(common.parse_record).shuffle(2048).repeat().batch(batch).prefetch(2)
+        return ds.map(parse).shuffle(2048).repeat().batch(batch).prefetch(2)
 
     @tf.function
     def per_worker_dataset_fn():
@@ -153,6 +159,10 @@ def cli(argv=None):
     parser.add_argument("--seed", type=int, default=1, help="weight initialisation seed (default: %(default)s)")
     parser.add_argument("--data-dir", default=None,
                         help="where the data and the checkpoints go (default: a new temporary directory)")
+    parser.add_argument("--input", choices=["files", "engine"], default="files",
+                        help="files: TF reads the TFRecords written from numpy; engine: Spark or "
+                        "Dask writes its DataFrame as TFRecords of tf.train.Example, TF reads "
+                        "those (default: %(default)s)")
     parser.add_argument("--quiet", action="store_true",
                         help="do not show the nodes' output (default: show it)")
     opts = parser.parse_args(argv)
@@ -165,6 +175,10 @@ def cli(argv=None):
                 lr=opts.lr, seed=opts.seed, model_dir=os.path.join(data_dir, "model"))
     spec = duotf.ClusterSpec(chief=True, workers=opts.workers, ps=opts.ps, evaluator=True)
     backend = common.make_backend(opts.backend, spec.num_nodes)
+    if opts.input == "engine":
+        args["train_files"] = common.engine_files(backend, args["data"],
+                                                  os.path.join(data_dir, "engine-train"))
+        args["examples"] = True
     t0 = time.monotonic()
     with duotf.run(main, args, backend, spec, env={"TF_CPP_MIN_LOG_LEVEL": "2"}) as cluster:
         results = cluster.wait()

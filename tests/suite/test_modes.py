@@ -42,11 +42,14 @@ def room_for(backend, engine, slots: int):
 @pytest.mark.engines("spark-standalone", "dask")
 def test_ps_strategy_example_trains_and_the_evaluator_scores_every_checkpoint(backend, engine, tmp_path):
     """A chief with ClusterCoordinator, a worker that only serves, a ps, an evaluator scoring the
-    chief's checkpoints as they appear: TF reads the TFRecord files on the worker."""
+    chief's checkpoints as they appear. The engine writes its DataFrame as TFRecord files of
+    tf.train.Example (the way to a DataFrame here: see the README), TF reads them on the worker."""
     data = common.prepare_data(str(tmp_path / "data"))
+    files = common.engine_files(engine.handle, data["data"], str(tmp_path / "engine-train"))
+    assert len(files) == 4
     epochs = 5
-    args = dict(data, batch_size=32, epochs=epochs, lr=0.2, seed=1,
-                model_dir=str(tmp_path / "model"), evaluator_timeout=300)
+    args = dict(data, train_files=files, examples=True, batch_size=32, epochs=epochs, lr=0.2,
+                seed=1, model_dir=str(tmp_path / "model"), evaluator_timeout=300)
     spec = duotf.ClusterSpec(chief=True, workers=1, ps=1, evaluator=True)
     with room_for(backend, engine, spec.num_nodes):
         with duotf.run(ps_strategy.main, args, backend, spec, env=QUIET_TF) as cluster:
