@@ -13,7 +13,8 @@ batches); averaging trains each worker alone and all-reduces the weights every k
 plain SGD, k=1 is the same computation as MWMS, by weights instead of gradients). ``train s``
 is the slowest worker's training loop (strategy set up, TF warm, no start-up); ``rows/s`` is
 all workers' rows over it; ``accuracy`` is the test accuracy of the final weights (the same on
-every worker: the last average); ``wall s`` is the whole run, the nodes' start included.
+every worker: the last average); ``wall s`` is the whole run, the nodes' start included. One
+warm-up run first (not shown); then ``--repeats`` rounds of every mode in turn, the median shown.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def main(argv=None):
     parser.add_argument("--lr", type=float, default=0.3)
     parser.add_argument("--repeats", type=int, default=1, help="runs per mode; the median is shown")
     opts = parser.parse_args(argv)
-    common.ship_by_value(common)
+    common.ship_by_value(common, averaging)
     data = common.prepare_data(tempfile.mkdtemp(prefix="duotf-avg-bench-"))
     backend = common.make_backend(opts.backend, opts.workers + 1)
     args = {"data": data["data"], "batch_size": opts.batch_size, "lr": opts.lr, "seed": 1,
@@ -103,9 +104,14 @@ def main(argv=None):
           f"batch {opts.batch_size} per worker, SGD lr {opts.lr}; median of {opts.repeats}")
     print(f"{'mode':<22} {'accuracy':>8} {'train s':>8} {'rows/s':>9} {'wall s':>7} "
           f"{'steps':>6} {'all-reduces':>11}")
-    for every in [0] + list(opts.every):
-        runs = [run_mode(backend, args, every) for _ in range(opts.repeats)]
-        pick = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    modes = [0] + list(opts.every)
+    run_mode(backend, dict(args, epochs=1), 0)  # warm-up, not shown: the first run pays for cold caches
+    runs = {every: [] for every in modes}
+    for _ in range(opts.repeats):  # the modes in turn, so that a burst of load hits them alike
+        for every in modes:
+            runs[every].append(run_mode(backend, args, every))
+    for every in modes:
+        pick = {key: statistics.median(r[key] for r in runs[every]) for key in runs[every][0]}
         name = "MWMS, every step" if every == 0 else f"averaging, k={every}"
         print(f"{name:<22} {pick['accuracy']:>8.4f} {pick['train']:>8.2f} {pick['rows_s']:>9.0f} "
               f"{pick['wall']:>7.1f} {pick['steps']:>6.0f} {pick['rounds']:>11.0f}", flush=True)

@@ -55,6 +55,8 @@ class WeightAverager:
         This worker's variables (``tf.Variable`` or Keras variables, made outside any strategy
         scope: they are the worker's own), or a callable returning them (read at
         :meth:`start`). Every worker must give variables of the same shapes, in one order.
+        Those of a floating dtype are averaged (in float32); others (counters, a random
+        generator's state) are left as they are.
     every:
         The averaging interval in steps (``sync_interval``), an int >= 1.
     strategy:
@@ -89,7 +91,8 @@ class WeightAverager:
         import tensorflow as tf
 
         source = self._source() if callable(self._source) else self._source
-        variables = [_tf_variable(v) for v in source]
+        # floating variables only: a counter or a random generator's state is no weight
+        variables = [v for v in map(_tf_variable, source) if v.dtype.is_floating]
         if not variables:
             raise ConfigError("WeightAverager: no variables to average")
         self._variables = variables
