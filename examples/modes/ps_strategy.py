@@ -62,7 +62,7 @@ def coordinate(args, ctx):
     files = sorted(tf.io.gfile.glob(files)) if isinstance(files, str) else list(files)
     parse = common.parse_example if args.get("examples") else common.parse_record
 
-    def dataset_fn(_input_context):  # runs on each worker: TF reads the files there
+    def dataset_fn(_input_context):  # traced here; its graph runs on each worker, reading the files there
         ds = tf.data.Dataset.from_tensor_slices(files).interleave(
             tf.data.TFRecordDataset, cycle_length=len(files))
         # Every worker reads every file in its own shuffled order (the coordinator's function
