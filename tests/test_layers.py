@@ -31,7 +31,7 @@ LAYERS: List[Tuple[str, List[str]]] = [
         "duotf.backends", "duotf.backends.base", "duotf.backends.local", "duotf.backends.spark",
         "duotf.backends.spark_feed", "duotf.backends.dask", "duotf.backends.dask_feed"]),
     ("node agent and child", ["duotf.node", "duotf._output", "duotf._child", "duotf.context",
-                              "duotf.keras", "duotf._reports", "duotf._gpus", "duotf._tensorboard",
+                              "duotf.keras", "duotf.averaging", "duotf._reports", "duotf._gpus", "duotf._tensorboard",
                               "duotf._probe"]),
     ("transport", ["duotf.feed", "duotf.feed.*", "duotf.rendezvous", "duotf.gate"]),
     ("io", ["duotf.io", "duotf.io.*"]),
