@@ -38,6 +38,11 @@ _live: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 TENSORBOARD_WAIT = 120.0
 #: seconds a restart waits at most for the engine to replace lost executors or workers
 REPLACEMENT_WAIT = 60.0
+#: seconds the nodes of a failed attempt are given to stop (SIGTERM, then SIGKILL) where the
+#: cluster may restart: their state is thrown away (the next attempt resumes from the last
+#: checkpoint reported, never from a save cut short), and a node blocked in a collective with
+#: the dead one (MultiWorkerMirroredStrategy) would otherwise hold the restart for stop_timeout
+RESTART_STOP_TIMEOUT = 1.0
 
 
 @atexit.register
@@ -163,6 +168,8 @@ class Cluster:
             heartbeat_timeout=self.heartbeat_timeout, stop_timeout=self.stop_timeout,
             driver_host=self._driver_host, job_id=self.job_id,
             logs=self._logs, metrics=self._metrics,
+            # a failed attempt's nodes are restarted from a checkpoint: they need no grace
+            failure_stop_timeout=min(RESTART_STOP_TIMEOUT, self.stop_timeout) if self.max_restarts else None,
         )
 
     @property
@@ -392,7 +399,7 @@ class Cluster:
             failed_at = sup.failed_at if sup.failed_at is not None else time.monotonic()
             for node_id, epochs in sup.checkpoints().items():
                 self._checkpoints.setdefault(node_id, {}).update(epochs)
-            sup.stop_nodes()
+            sup.stop_nodes(sup.failure_stop_timeout)
             sup.close()  # its error is this restart's cause, kept in cluster.restarts
             epoch, paths = resume_point(self._checkpoints, range(len(self.nodes)))
             record = Restart(

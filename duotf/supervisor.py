@@ -204,7 +204,8 @@ class Supervisor:
 
     def __init__(self, spec: ClusterSpec, backend_name: str, *, reservation_timeout: float,
                  heartbeat_timeout: float, stop_timeout: float, driver_host: str,
-                 job_id: Optional[str] = None, logs=None, metrics=None):
+                 job_id: Optional[str] = None, logs=None, metrics=None,
+                 failure_stop_timeout: Optional[float] = None):
         self.spec = spec
         self.logs = logs
         self.metrics = metrics
@@ -214,6 +215,9 @@ class Supervisor:
         self.backend_name = backend_name
         self.heartbeat_timeout = heartbeat_timeout
         self.stop_timeout = stop_timeout
+        #: what the nodes are given to stop after a failure (default ``stop_timeout``): a
+        #: cluster that restarts from a checkpoint keeps nothing of the failed attempt
+        self.failure_stop_timeout = stop_timeout if failure_stop_timeout is None else failure_stop_timeout
         self.status = ClusterStatus.STARTING
         self.nodes: List[NodeInfo] = [NodeInfo(i, r) for i, r in enumerate(spec.roles())]
         #: the job's secret: authenticates the rendezvous and the feed connections
@@ -649,7 +653,8 @@ class Supervisor:
             self.status = ClusterStatus.FAILED
             self._cond.notify_all()
         logger.error("duotf: %s", str(error).splitlines()[0])
-        thread = threading.Thread(target=self.stop_nodes, name="duotf-stopper", daemon=True)
+        thread = threading.Thread(target=self.stop_nodes, args=(self.failure_stop_timeout,),
+                                  name="duotf-stopper", daemon=True)
         self._threads.append(thread)
         thread.start()
 
@@ -679,7 +684,7 @@ class Supervisor:
         come from the engine's tasks but their return."""
         return all(x.state in TERMINAL and x.node_id in self._disconnected for x in self.nodes)
 
-    def stop_nodes(self) -> None:
+    def stop_nodes(self, timeout: Optional[float] = None) -> None:
         """The one stop sequence (failure and shutdown): ask every node to stop, give the
         engine job ``stop_timeout`` (+5 s) to end, cancel it, and close the rendezvous server.
         Idempotent; returns when done.
@@ -687,13 +692,14 @@ class Supervisor:
         After a failure the wait ends early once every agent is gone (:meth:`_agents_gone`):
         the tasks get a moment to return, and a task that cannot (its worker died, its
         executor is stopped) is cancelled instead of waited for."""
+        timeout = self.stop_timeout if timeout is None else timeout
         for node in self.nodes:
             if node.state not in TERMINAL:
-                self.send(node, Msg.STOP, timeout=self.stop_timeout)
+                self.send(node, Msg.STOP, timeout=timeout)
         gang = self._gang
         if gang is not None:
             self.wait_for(lambda: gang.done() or (self.error is not None and self._agents_gone()),
-                          time.monotonic() + self.stop_timeout + 5, failure_ends=False)
+                          time.monotonic() + timeout + 5, failure_ends=False)
             given_up = not gang.done() and self.error is not None and self._agents_gone()
             if given_up:
                 # A failed cluster: tasks whose agents returned end within milliseconds, and
