@@ -16,7 +16,7 @@ from . import estimator as core
 from . import scoring
 from .errors import ConfigError
 
-__all__ = ["predict", "TFEstimator", "TFModel"]
+__all__ = ["predict", "TFEstimator", "TFModel", "feed_stream"]
 
 
 def _check_column(meta, name: str) -> None:
@@ -438,3 +438,94 @@ def _argmax(frame, source: str, column: str):
     else:
         out[column] = np.array([], dtype=np.float64)
     return out
+
+
+def _empty_frame(frame):
+    return frame.iloc[:0] if hasattr(frame, "iloc") else None
+
+
+_STREAM_END = object()
+
+
+def feed_stream(cluster, futures, *, feed_timeout: float = 600.0, balance: bool = True,
+                ragged: Sequence[str] = ()) -> dict:
+    """Train ``cluster`` from a stream of Dask futures: each future's result (a pandas
+    DataFrame, a partition computed on the workers) is fed as it completes, and the nodes'
+    feed ends once ``futures`` (any iterable: a list, or a generator that yields futures as
+    new data arrives) is exhausted and every future fed. Returns the counts.
+
+    The futures done at the same moment are fed together as one chunk of an open feed
+    (:meth:`duotf.Cluster.open_stream`), a Dask DataFrame of their results where they are (no
+    row passes through the driver): the nodes read one continuous stream (``next_batch``
+    across chunks; ``should_stop()`` and ``dataset()`` end with the stream), ``balance`` per
+    chunk, schema checks as in ``cluster.train``. Each chunk returns once the nodes have its
+    rows queued, so a slow node holds up the feeding of the next, never memory. A future that
+    fails, a result that is not a DataFrame, or a chunk that fails ends every node's feed with
+    the error and raises it (a :class:`~duotf.errors.FeedError`).
+    """
+    import queue
+    import threading
+
+    import dask
+    import dask.dataframe as dd
+
+    from .errors import FeedError
+
+    done: "queue.Queue" = queue.Queue()  # futures as they complete, then _STREAM_END
+    counted = {"futures": 0}
+
+    def watch():  # the iterable may block (a generator waiting for data): its own thread
+        try:
+            for future in futures:
+                counted["futures"] += 1
+                future.add_done_callback(done.put)
+            done.put((_STREAM_END, counted["futures"], None))
+        except BaseException as exc:
+            done.put((_STREAM_END, counted["futures"], exc))
+
+    stream = cluster.open_stream(feed_timeout=feed_timeout, balance=balance, ragged=ragged)
+    watcher = threading.Thread(target=watch, name="duotf-dask-stream", daemon=True)
+    watcher.start()
+    seen, expected, futures_fed = 0, None, 0
+    try:
+        while expected is None or seen < expected:
+            batch = [done.get()]
+            while True:  # and whatever else is done by now: one chunk
+                try:
+                    batch.append(done.get_nowait())
+                except queue.Empty:
+                    break
+            ready = []
+            for item in batch:
+                if isinstance(item, tuple) and item and item[0] is _STREAM_END:
+                    expected = item[1]
+                    if item[2] is not None:
+                        raise FeedError(f"the stream's iterable of futures raised "
+                                        f"{type(item[2]).__name__}: {item[2]}") from item[2]
+                    continue
+                seen += 1
+                if item.status != "finished":
+                    error = item.exception() if item.status == "error" else None
+                    raise FeedError(f"a future of the stream {item.status}: "
+                                    f"{type(error).__name__ if error else ''} {error or item.key}"
+                                    .strip(), cause=str(error) if error else None)
+                ready.append(item)
+            if not ready:
+                continue
+            meta = ready[0].client.submit(_empty_frame, ready[0]).result()
+            if meta is None:
+                raise FeedError(f"a future of the stream gave a "
+                                f"{type(ready[0].result()).__name__}; feed_stream takes "
+                                "futures of pandas DataFrames")
+            with dask.config.set({"dataframe.convert-string": False}):
+                chunk = dd.from_delayed(ready, meta=meta, verify_meta=False)
+            stream.feed(chunk)
+            futures_fed += len(ready)
+        stream.end()
+    except BaseException as exc:
+        if stream.error is None:
+            stream.fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        raise
+    finally:
+        watcher.join(0 if expected is None else None)
+    return {**stream.report(), "futures": futures_fed}
