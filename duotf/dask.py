@@ -444,9 +444,6 @@ def _empty_frame(frame):
     return frame.iloc[:0] if hasattr(frame, "iloc") else None
 
 
-_STREAM_END = object()
-
-
 def feed_stream(cluster, futures, *, feed_timeout: float = 600.0, balance: bool = True,
                 ragged: Sequence[str] = ()) -> dict:
     """Train ``cluster`` from a stream of Dask futures: each future's result (a pandas
@@ -463,55 +460,53 @@ def feed_stream(cluster, futures, *, feed_timeout: float = 600.0, balance: bool 
     fails, a result that is not a DataFrame, or a chunk that fails ends every node's feed with
     the error and raises it (a :class:`~duotf.errors.FeedError`).
     """
-    import queue
     import threading
 
     import dask
     import dask.dataframe as dd
+    from distributed import as_completed
 
     from .errors import FeedError
 
-    done: "queue.Queue" = queue.Queue()  # futures as they complete, then _STREAM_END
-    counted = {"futures": 0}
+    arrived = as_completed()  # the futures of the iterable, handed out as they complete
+    cond = threading.Condition()
+    state = {"added": 0, "end": False, "error": None}
 
     def watch():  # the iterable may block (a generator waiting for data): its own thread
         try:
             for future in futures:
-                counted["futures"] += 1
-                future.add_done_callback(done.put)
-            done.put((_STREAM_END, counted["futures"], None))
+                arrived.add(future)
+                with cond:
+                    state["added"] += 1
+                    cond.notify_all()
         except BaseException as exc:
-            done.put((_STREAM_END, counted["futures"], exc))
+            state["error"] = exc
+        finally:
+            with cond:
+                state["end"] = True
+                cond.notify_all()
 
     stream = cluster.open_stream(feed_timeout=feed_timeout, balance=balance, ragged=ragged)
     watcher = threading.Thread(target=watch, name="duotf-dask-stream", daemon=True)
     watcher.start()
-    seen, expected, futures_fed = 0, None, 0
+    taken = 0  # futures handed out by as_completed so far
     try:
-        while expected is None or seen < expected:
-            batch = [done.get()]
-            while True:  # and whatever else is done by now: one chunk
-                try:
-                    batch.append(done.get_nowait())
-                except queue.Empty:
-                    break
-            ready = []
-            for item in batch:
-                if isinstance(item, tuple) and item and item[0] is _STREAM_END:
-                    expected = item[1]
-                    if item[2] is not None:
-                        raise FeedError(f"the stream's iterable of futures raised "
-                                        f"{type(item[2]).__name__}: {item[2]}") from item[2]
-                    continue
-                seen += 1
-                if item.status != "finished":
-                    error = item.exception() if item.status == "error" else None
-                    raise FeedError(f"a future of the stream {item.status}: "
-                                    f"{type(error).__name__ if error else ''} {error or item.key}"
-                                    .strip(), cause=str(error) if error else None)
-                ready.append(item)
-            if not ready:
+        while True:
+            try:
+                ready = arrived.next_batch(block=True)  # every future done by now: one chunk
+            except StopIteration:  # none left to wait for: more to come, or the end
+                with cond:
+                    cond.wait_for(lambda: state["end"] or state["added"] > taken)
+                    if state["end"] and state["added"] == taken:
+                        break
                 continue
+            taken += len(ready)
+            for future in ready:
+                if future.status != "finished":
+                    error = future.exception() if future.status == "error" else None
+                    raise FeedError(f"a future of the stream {future.status}: "
+                                    f"{type(error).__name__ if error else ''} {error or future.key}"
+                                    .strip(), cause=str(error) if error else None)
             meta = ready[0].client.submit(_empty_frame, ready[0]).result()
             if meta is None:
                 raise FeedError(f"a future of the stream gave a "
@@ -520,12 +515,14 @@ def feed_stream(cluster, futures, *, feed_timeout: float = 600.0, balance: bool 
             with dask.config.set({"dataframe.convert-string": False}):
                 chunk = dd.from_delayed(ready, meta=meta, verify_meta=False)
             stream.feed(chunk)
-            futures_fed += len(ready)
+        if state["error"] is not None:
+            raise FeedError(f"the stream's iterable of futures raised "
+                            f"{type(state['error']).__name__}: {state['error']}") from state["error"]
         stream.end()
     except BaseException as exc:
         if stream.error is None:
             stream.fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         raise
     finally:
-        watcher.join(0 if expected is None else None)
-    return {**stream.report(), "futures": futures_fed}
+        watcher.join(None if state["end"] else 0)
+    return {**stream.report(), "futures": taken}
