@@ -129,8 +129,15 @@ def cli(argv=None):
         logging.getLogger("duotf.node").setLevel(logging.INFO)
     data_dir = opts.data_dir or tempfile.mkdtemp(prefix="duotf-streaming-")
     handle = make_backend(opts.backend, opts.workers)
-    out = train_stream(handle, data_dir, workers=opts.workers, passes=opts.passes,
-                       batch_size=opts.batch_size, lr=opts.lr, files_per_batch=opts.files_per_batch)
+    try:
+        out = train_stream(handle, data_dir, workers=opts.workers, passes=opts.passes,
+                           batch_size=opts.batch_size, lr=opts.lr,
+                           files_per_batch=opts.files_per_batch)
+    finally:
+        if opts.backend == "dask":
+            cluster = handle.cluster
+            handle.close()
+            cluster.close()
     counts = out["counts"]
     print(f"backend={opts.backend} workers={opts.workers} test accuracy={out['accuracy']:.4f}; "
           f"{counts['rows_fed']} rows fed in {counts['chunks']} chunks, "

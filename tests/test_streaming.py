@@ -18,22 +18,34 @@ from tests.conftest import QUIET_TF
 from tests.suite import mains
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _callback_server(backend):
+    """foreachBatch runs its function in the driver through py4j's callback server, which
+    pyspark starts on first use and keeps for the session: started here, before the leak check
+    of the first test notes the listening ports."""
+    sc = getattr(backend, "sc", None)
+    if sc is not None and hasattr(sc, "_gateway"):
+        from pyspark.java_gateway import ensure_callback_server_started
+
+        ensure_callback_server_started(sc._gateway)
+
+
 @pytest.mark.engines("spark-local", "dask")
 def test_the_streaming_example_trains_digits(backend, engine, tmp_path):
     """examples/streaming.py on small data: the digits program learns from the stream alone
     (one pass of its feed: the stream, until it ends)."""
-    out = streaming.train_stream(engine.handle, str(tmp_path), passes=6, files_per_batch=3,
+    out = streaming.train_stream(engine.handle, str(tmp_path), passes=3, files_per_batch=2,
                                  env=QUIET_TF)
     counts = out["counts"]
-    rows = 6 * 1438  # 6 passes of the 1,438 training rows (1,797 digits, a fifth held out)
+    rows = 3 * 1438  # 3 passes of the 1,438 training rows (1,797 digits, a fifth held out)
     assert counts["ended"] and not counts["terminated"]
     assert counts["rows_fed"] + counts["rows_dropped"] == rows
     assert counts["rows_dropped"] < 2 * counts["chunks"]  # at most one row per worker a chunk
-    if "batches_fed" in counts:  # Spark: 6 files, 3 a micro-batch
+    if "batches_fed" in counts:  # Spark: 3 files, 2 a micro-batch
         assert counts["batches_fed"] == counts["chunks"] == 2 and counts["batches_skipped"] == 0
     else:
-        assert counts["futures"] == 6 * 3
-    assert out["accuracy"] >= 0.85, out
+        assert counts["futures"] == 3 * 3
+    assert out["accuracy"] >= 0.8, out  # 0.93-0.97 measured; a tenth of this without training
 
 
 def _write_ids(folder, name: str, first: int, rows: int) -> None:
