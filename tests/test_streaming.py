@@ -7,6 +7,7 @@ nodes' feed."""
 from __future__ import annotations
 
 import os
+import threading
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,6 +16,7 @@ import pytest
 import duotf
 from examples import streaming
 from tests.conftest import QUIET_TF
+from tests.engines import poll_for
 from tests.suite import mains
 
 
@@ -150,3 +152,36 @@ def test_dask_futures_feed_one_stream_and_a_failed_future_fails_it(backend, engi
             duotf.dask.feed_stream(cluster, futures)
         with pytest.raises(duotf.errors.NodeError, match="the source is gone"):
             cluster.wait(timeout=120)
+
+
+def _numbered(first: int, rows: int):
+    import pandas as pd
+
+    return pd.DataFrame({"0": [float(i) for i in range(first, first + rows)],
+                         "1": list(range(first, first + rows))})
+
+
+@pytest.mark.engines("dask")
+def test_nodes_that_do_not_read_hold_the_stream_back(backend, engine, tmp_path):
+    """Backpressure: each node reads one batch and stops reading. A node queues at most 8
+    frames (a partition is one frame or more), so a stream of 30 partitions a node cannot be
+    fed whole: feed_stream is still feeding when both nodes hold, and ends once they read on."""
+    client = engine.client
+    args = {"batch": 100, "hold": 100, "held": str(tmp_path / "held"),
+            "release": str(tmp_path / "release")}
+    with duotf.run(mains.feed_hold_main, args, backend, duotf.ClusterSpec(workers=2),
+                   env=QUIET_TF) as cluster:
+        futures = [client.submit(_numbered, 100 * k, 100, pure=False) for k in range(60)]
+        counts = {}
+        feeding = threading.Thread(target=lambda: counts.update(duotf.dask.feed_stream(cluster, futures)))
+        feeding.start()
+        try:
+            poll_for(lambda: all(os.path.exists(f"{args['held']}-{rank}") for rank in (0, 1)),
+                     120, what="both nodes holding")
+            assert feeding.is_alive() and not counts  # the nodes' queues are full: it waits
+        finally:
+            open(args["release"], "w").close()
+            feeding.join(120)
+        assert not feeding.is_alive() and counts["rows_fed"] == 6000 and counts["ended"]
+        results = cluster.wait(timeout=120)
+    assert sorted(i for r in results for ids in r["ids"].values() for i in ids) == list(range(6000))
