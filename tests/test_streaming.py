@@ -65,7 +65,7 @@ def test_a_micro_batch_replayed_after_a_restart_is_not_fed_again(backend, engine
     """The first driver's query feeds three micro-batches, and its record of the last one's
     commit is lost (as when a driver dies after feeding a batch and before Spark commits it):
     the restarted query (same checkpoint, a new cluster) replays it, and skips it, then feeds
-    the new file only. Every row reaches the nodes once across both."""
+    the new file only, until stop() ends it. Every row reaches the nodes once across both."""
     spark = engine.handle
     source, checkpoint = tmp_path / "in", str(tmp_path / "checkpoint")
     source.mkdir()
@@ -90,11 +90,16 @@ def test_a_micro_batch_replayed_after_a_restart_is_not_fed_again(backend, engine
 
     with duotf.run(mains.feed_train_main, {"batch": 7}, backend, duotf.ClusterSpec(workers=2),
                    env=QUIET_TF) as cluster:
+        # a query that runs until stopped: stop() ends the nodes' feed after the rows fed
         stream = duotf.spark.feed_stream(cluster, rows, checkpoint_location=checkpoint,
-                                         trigger={"availableNow": True})
-        second = stream.wait(timeout=240)
+                                         trigger={"processingTime": "100 milliseconds"})
+        try:
+            poll_for(lambda: stream.batches_fed >= 1, 240, what="the new file fed")
+        finally:
+            second = stream.stop()
         second_ids = _ids(cluster.wait(timeout=120))
-    assert second is not None and second["batches_skipped"] == 1 and second["batches_fed"] == 1
+    assert not stream.query.isActive and second["ended"]
+    assert second["batches_skipped"] == 1 and second["batches_fed"] == 1
     assert second_ids == list(range(300, 340))  # the replayed batch's rows are not fed again
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
+import threading
 from typing import Optional, Sequence
 
 from ..errors import ConfigError, FeedError
@@ -19,6 +20,8 @@ from ..errors import ConfigError, FeedError
 logger = logging.getLogger("duotf.feed")
 
 __all__ = ["feed_stream", "SparkStream", "LEDGER"]
+
+_STOPPING = "duotf: the stream is stopping; this micro-batch is left to the next query"
 
 #: the file in the checkpoint location that records the last micro-batch fed
 LEDGER = "duotf-fed-batches.json"
@@ -63,6 +66,8 @@ class SparkStream:
         self.batches_fed = 0
         self.batches_skipped = 0  # micro-batches fed before (a replay after a restart)
         self._ledger = ledger
+        self._feeding = threading.Lock()  # held while a micro-batch is fed
+        self._stopping = False
 
     # foreachBatch's function: runs on the driver, in the query's own thread, one batch at a time
     def _batch(self, batch_df, batch_id: int) -> None:
@@ -70,9 +75,12 @@ class SparkStream:
             self.batches_skipped += 1
             logger.info("duotf: micro-batch %d was fed before (a replay): skipped", batch_id)
             return
-        rows = self.stream.feed(batch_df)  # raises a FeedError: the query fails with it
-        self._ledger.record(batch_id, rows)
-        self.batches_fed += 1
+        with self._feeding:
+            if self._stopping:  # not fed, so not committed: a later query feeds it
+                raise RuntimeError(_STOPPING)
+            rows = self.stream.feed(batch_df)  # raises a FeedError: the query fails with it
+            self._ledger.record(batch_id, rows)
+            self.batches_fed += 1
 
     @property
     def rows_fed(self) -> int:
@@ -86,6 +94,8 @@ class SparkStream:
         """The query has ended: end the feed (or fail it, if the query failed otherwise), and
         raise the feed's own error if it failed the query."""
         exc = self.query.exception()
+        if exc is not None and _STOPPING in str(exc):
+            exc = None  # a micro-batch refused by stop(): not fed, not committed
         if self.stream.error is not None:
             raise self.stream.error
         if exc is not None:
@@ -97,6 +107,9 @@ class SparkStream:
     def stop(self) -> dict:
         """Stop the query (after the micro-batch being fed, if any) and end the nodes' feed
         after its rows; return the counts. Raises the feed's error if a micro-batch failed."""
+        self._stopping = True
+        with self._feeding:  # the micro-batch being fed is fed whole; none starts after
+            pass
         self.query.stop()
         return self._finish()
 
