@@ -229,6 +229,11 @@ def main(argv) -> int:
         notify=lambda what: _notify(link, what),
         feed_server=feed,
         reporter=reporter,
+        attempt=job.get("attempt", 0),
+        resume_epoch=job.get("resume_epoch", 0),
+        checkpoint_dir=job.get("checkpoint_dir", ""),
+        checkpoint=job.get("checkpoint"),
+        on_checkpoint=lambda info: link.send(ChildMsg.CHECKPOINT, info),
     )
     if start["job"] == "ps":
         ctx.serve()  # a ps node only serves, until it is stopped

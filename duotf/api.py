@@ -69,6 +69,9 @@ def run(
     tensorboard_dir: Optional[str] = None,
     progress=None,
     verbose: bool = False,
+    max_restarts: int = 0,
+    restart_on=None,
+    checkpoint_dir: Optional[str] = None,
 ) -> Cluster:
     """Run ``main(args, ctx)`` once per node of a TensorFlow cluster; return when all run.
 
@@ -133,6 +136,26 @@ def run(
         (``TF_CPP_MIN_LOG_LEVEL=0`` unless ``env`` sets it), the engines' known notices (pyspark's
         pandas-version FutureWarning), and duotf's own log records at INFO on stderr where no
         logging handler of yours shows them. ``False`` leaves the setting as it is.
+    max_restarts:
+        How many times the cluster is restarted after a node fails (as Ray Train's
+        ``FailureConfig(max_failures=...)``): every node is stopped, the gang starts again
+        (a new engine job, new ports and ``TF_CONFIG``; lost executors or workers are waited
+        for up to ``reservation_timeout``), ``main`` runs again with ``ctx.attempt`` set, and
+        a :meth:`Cluster.train` in progress feeds the restarted nodes from
+        ``ctx.resume_epoch`` on, the last epoch every node reported a checkpoint of
+        (``ctx.report_checkpoint``). ``cluster.restarts`` lists each restart. Default 0:
+        the first failure is raised.
+    restart_on:
+        Which failures restart: causes among ``"killed"`` (a signal), ``"exited"`` (the node
+        process exited before main returned), ``"lost"`` (its engine task, executor or worker
+        went away), ``"hung"`` (no heartbeat for ``heartbeat_timeout``) and ``"exception"``
+        (main raised), and exception classes (or names) of main's to restart on. Default: all
+        but ``"exception"``, which is usually a bug that a restart would repeat.
+    checkpoint_dir:
+        Where ``ctx.checkpoint_dir`` is: ``<checkpoint_dir>/<job id>``, a path every node can
+        write (made absolute here) or a URL (``hdfs://``, ``s3://``), kept after shutdown.
+        By default a directory on the driver's host, removed at shutdown: enough where every
+        node runs on that host; a cluster of several hosts needs a shared location.
 
     Returns
     -------
@@ -162,6 +185,9 @@ def run(
             tensorboard=tensorboard,
             tensorboard_dir=tensorboard_dir,
             progress=progress,
+            max_restarts=max_restarts,
+            restart_on=restart_on,
+            checkpoint_dir=checkpoint_dir,
         )
     except BaseException:
         if owns:

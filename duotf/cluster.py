@@ -7,6 +7,7 @@ is planned by :mod:`duotf.planner`. This module is the public face and the start
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import logging
 import time
@@ -14,12 +15,14 @@ import uuid
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from .errors import ClusterClosedError, ConfigError, NodesStoppedError, TensorBoardError
+from .errors import (ClusterClosedError, ConfigError, DuotfError, InsufficientSlotsError,
+                     NodesStoppedError, TensorBoardError)
 from .metrics import NodeMetrics
 from .node import NodeJob, OutcomeStatus, default_log_dir, default_workdir_root, run_node
 from .nodelogs import NodeLogs, log_node_ids
 from .progress import FeedProgress, check_progress
 from .rendezvous import Msg
+from .restarts import Restart, check_restart_on, failure_cause, restartable, resume_point
 from .spec import ClusterSpec, seconds
 from .supervisor import TERMINAL, ClusterStatus, NodeInfo, NodeState, Supervisor
 
@@ -33,6 +36,8 @@ _live: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 #: before the chief is ready unless TensorBoard took more than the chief waits for it (60 s: a
 #: machine so loaded that importing TensorFlow takes that long)
 TENSORBOARD_WAIT = 120.0
+#: seconds a restart waits at most for the engine to replace lost executors or workers
+REPLACEMENT_WAIT = 60.0
 
 
 @atexit.register
@@ -72,6 +77,9 @@ class Cluster:
         tensorboard: bool = False,
         tensorboard_dir: Optional[str] = None,
         progress=None,
+        max_restarts: int = 0,
+        restart_on=None,
+        checkpoint_dir: Optional[str] = None,
     ):
         import cloudpickle
 
@@ -128,10 +136,32 @@ class Cluster:
         check_progress(progress)
         self._progress = progress
         self._metrics = NodeMetrics(spec.roles())
-        self.supervisor = Supervisor(
-            spec, backend.name, reservation_timeout=reservation_timeout,
-            heartbeat_timeout=heartbeat_timeout, stop_timeout=stop_timeout,
-            driver_host=driver_host or backend.driver_host(), job_id=self.job_id,
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+            raise ConfigError(f"max_restarts={max_restarts!r}: give a whole number, 0 or more")
+        self.max_restarts = max_restarts
+        self._restart_on = check_restart_on(restart_on)
+        #: 0 on the first run, then 1, 2, ... after each restart
+        self.attempt = 0
+        #: every failure that restarted the cluster, in order (:class:`duotf.restarts.Restart`)
+        self.restarts: List[Restart] = []
+        self._checkpoints: Dict[int, Dict[int, Optional[str]]] = {}  # every attempt's reports
+        self._resume_epoch = 0
+        self._resume_paths: Dict[int, Optional[str]] = {}
+        self._feed_call: Optional[dict] = None  # the latest train(): a restart feeds it on
+        self._engine_slots = 0  # the engine's slots at the first start (restarts wait for them)
+        if checkpoint_dir is None:
+            self.checkpoint_dir, self._owns_checkpoint_dir = self._workdir_root + "-checkpoints", True
+        else:
+            self.checkpoint_dir = _job_log_dir(checkpoint_dir, self.job_id, "checkpoint_dir")
+            self._owns_checkpoint_dir = False
+        self._driver_host = driver_host or backend.driver_host()
+        self.supervisor = self._new_supervisor()
+
+    def _new_supervisor(self) -> Supervisor:
+        return Supervisor(
+            self.spec, self.backend.name, reservation_timeout=self.reservation_timeout,
+            heartbeat_timeout=self.heartbeat_timeout, stop_timeout=self.stop_timeout,
+            driver_host=self._driver_host, job_id=self.job_id,
             logs=self._logs, metrics=self._metrics,
         )
 
@@ -241,7 +271,13 @@ class Cluster:
         if sup.status is not ClusterStatus.STARTING or self.startup_seconds is not None:
             raise ClusterClosedError(f"{self!r} was started already")
         try:
-            return self._start(t0)
+            try:
+                return self._start(t0)
+            except DuotfError:
+                # a node that fails while the nodes start restarts the gang as later failures do
+                if self.supervisor.error is None or not self._restart():
+                    raise
+                return self
         except BaseException:
             self.shutdown(grace_secs=0, _raise=False)
             raise
@@ -249,11 +285,24 @@ class Cluster:
     def _start(self, t0: float) -> "Cluster":
         sup = self.supervisor
         n = len(self.nodes)
-        self.backend.check_capacity(n)
+        if self.attempt:
+            self._await_capacity(n, t0 + self.reservation_timeout)
+        else:
+            self.backend.check_capacity(n)
+            self._engine_slots = self.backend.slots() if self.max_restarts else n
+        if self._owns_checkpoint_dir:
+            import os
+
+            os.makedirs(self.checkpoint_dir, exist_ok=True)
         gpus = self.spec.gpus_per_node
         if gpus:
             self.backend.check_gpus(n, gpus)
         _live.add(self)
+        # each attempt its own working directories and engine job: an old attempt's task that
+        # ends late removes or cancels nothing of the new one's
+        attempt_id = self.job_id if not self.attempt else f"{self.job_id}-{self.attempt}"
+        workdir_root = default_workdir_root(attempt_id)
+        log_dir = default_log_dir(workdir_root) if self._owns_log_dir else self._node_log_dir
         job = NodeJob(
             job_id=self.job_id,
             driver_address=sup.server.address,
@@ -265,18 +314,22 @@ class Cluster:
             connect_timeout=max(self.reservation_timeout, 10.0),
             env=self._env,
             default_fs=self._default_fs,
-            workdir_root=self._workdir_root,
+            workdir_root=workdir_root,
             stop_timeout=self.stop_timeout,
             keep_workdir=self._keep_workdir,
             log_nodes=self._log_nodes,
-            log_dir=self._node_log_dir,
+            log_dir=log_dir,
             owns_log_dir=self._owns_log_dir,
             tensorboard_node=-1 if self._tensorboard_node is None else self._tensorboard_node,
+            restart=self.attempt,
+            resume_epoch=self._resume_epoch,
+            checkpoint_dir=self.checkpoint_dir,
+            checkpoints=dict(self._resume_paths),
         )
         logger.info("duotf: starting %d nodes on %s (job %s)", n, self.backend.name, self.job_id)
         names = [str(node.role).replace(":", "-") for node in self.nodes]  # "worker-1"
         # Only a GPU run passes gpus_per_node: a backend that holds no GPUs keeps the plain call.
-        sup.watch(self.backend.start_nodes(functools.partial(run_node, job), n, self.job_id,
+        sup.watch(self.backend.start_nodes(functools.partial(run_node, job), n, attempt_id,
                                            names=names,
                                            **({"gpus_per_node": gpus} if gpus else {})))
 
@@ -300,19 +353,93 @@ class Cluster:
         as every other node has returned. Raises the first node failure as a
         :class:`~duotf.errors.NodeError`, or ``TimeoutError`` after ``timeout`` seconds.
         """
-        sup = self.supervisor
         deadline = None if timeout is None else time.monotonic() + timeout
         if timeout is not None:
             seconds(timeout, "timeout", zero=True)
         if self._stopped is not None:
             raise self._stopped
         live = (ClusterStatus.STARTING, ClusterStatus.RUNNING)
-        if not sup.wait_for(lambda: self.status not in live, deadline):
-            running = [x.describe() for x in self.nodes if x.state not in TERMINAL]
-            raise TimeoutError(f"after {timeout:g} s these nodes still run: {', '.join(running)}")
-        if sup.error is not None:
-            sup.raise_if_failed()
-        return self._collect()
+        while True:
+            sup = self.supervisor
+            if not sup.wait_for(lambda: sup.status not in live, deadline):
+                running = [x.describe() for x in self.nodes if x.state not in TERMINAL]
+                raise TimeoutError(f"after {timeout:g} s these nodes still run: {', '.join(running)}")
+            if sup.error is None:
+                return self._collect()
+            if not self._restart():
+                sup.raise_if_failed()
+            if self._feed_call is not None:
+                # the restarted nodes are fed the epochs of the latest train() not yet saved
+                self._feed(self._resume_epoch)
+
+    # -- restarts -----------------------------------------------------------------------------
+    def _restart(self) -> bool:
+        """After this attempt failed: start the gang again (True) if ``max_restarts`` and
+        ``restart_on`` allow, resuming at the last epoch every reporting node saved; False
+        where the failure is to be raised. A restart whose start fails counts as an attempt
+        of its own; when no more is allowed, its error is raised here, as a run without
+        restarts raises it."""
+        tried = False
+        while True:
+            sup = self.supervisor
+            error = sup.error
+            if (error is None or self._closed or self.attempt >= self.max_restarts
+                    or not restartable(error, *self._restart_on)):
+                if tried:
+                    sup.raise_if_failed()
+                return False
+            tried = True
+            failed_at = sup.failed_at if sup.failed_at is not None else time.monotonic()
+            for node_id, epochs in sup.checkpoints().items():
+                self._checkpoints.setdefault(node_id, {}).update(epochs)
+            sup.stop_nodes()
+            sup.close()  # its error is this restart's cause, kept in cluster.restarts
+            epoch, paths = resume_point(self._checkpoints, range(len(self.nodes)))
+            record = Restart(
+                attempt=self.attempt, cause=failure_cause(error), node=getattr(error, "role", None),
+                error=str(error).splitlines()[0], failed_at=time.time() - (time.monotonic() - failed_at),
+                resume_epoch=epoch)
+            self.attempt += 1
+            logger.warning("duotf: restarting the cluster (restart %d of max_restarts=%d) after "
+                           "%s: %s; resuming at epoch %d", self.attempt, self.max_restarts,
+                           record.cause, record.error, epoch)
+            self._resume_epoch, self._resume_paths = epoch, paths
+            self._tensorboard_url = None
+            self.supervisor = self._new_supervisor()
+            try:
+                self._start(time.monotonic())
+            except DuotfError:
+                self.restarts.append(record)
+                if self.supervisor.error is None:
+                    raise  # not a node failure (no capacity, no registration): as it is
+                continue  # a node failed while starting: this attempt failed too
+            self.restarts.append(dataclasses.replace(record, seconds=time.monotonic() - failed_at))
+            return True
+
+    def _await_capacity(self, n: int, deadline: float) -> None:
+        """Before a restart: wait for the executors or workers lost with the failed attempt
+        to be replaced (the engine's slots back to what they were at the first start), up to
+        :data:`REPLACEMENT_WAIT` seconds or ``deadline``; then restart on what there is, or
+        raise the engine's :class:`InsufficientSlotsError` when that is fewer than ``n``."""
+        import threading
+
+        pause = threading.Event()
+        bound = min(deadline, time.monotonic() + REPLACEMENT_WAIT)
+        want = max(n, self._engine_slots)
+        while True:
+            available = self.backend.slots()
+            if available >= want or time.monotonic() >= bound:
+                break
+            pause.wait(0.25)
+        if available < want:
+            logger.warning("duotf: the %s backend has %d slots, %d before the failure; restarting "
+                           "on what is left", self.backend.name, available, want)
+        try:
+            self.backend.check_capacity(n)
+        except InsufficientSlotsError as exc:
+            raise InsufficientSlotsError(
+                f"{exc} (after waiting for the engine to replace what the failed attempt lost, "
+                f"{min(REPLACEMENT_WAIT, self.reservation_timeout):g} s)", **exc.attributes) from exc
 
     def train(self, data, epochs: int = 1, *, feed_timeout: float = 600.0,
               balance: bool = True, ragged: Sequence[str] = (),
@@ -344,17 +471,34 @@ class Cluster:
         files, which are deleted when ``train`` returns. ``False`` reads the DataFrame every
         epoch. Other data is fed as it is (Dask's is in its workers' memory already).
         """
-        from . import planner
-
         _check_feed_args(epochs, feed_timeout)
         if convert_once not in (None, True, False):
             raise ConfigError(f"convert_once={convert_once!r}: give True, False or None")
-        bar = self._bar()
-        try:
-            return planner.train(self.supervisor, self.backend, data, epochs, feed_timeout,
-                                 balance, ragged, bar, convert_once)
-        finally:
-            self._metrics.listener = None
+        self._feed_call = dict(data=data, epochs=epochs, feed_timeout=feed_timeout,
+                               balance=balance, ragged=ragged, convert_once=convert_once)
+        return self._feed(0)
+
+    def _feed(self, first_epoch: int) -> dict:
+        """Feed the latest train() call from ``first_epoch`` on; a restart (where allowed)
+        feeds the restarted nodes from the epoch they resume at."""
+        from . import planner
+
+        call = self._feed_call
+        while True:
+            bar = self._bar()
+            try:
+                report = planner.train(self.supervisor, self.backend, call["data"], call["epochs"],
+                                       call["feed_timeout"], call["balance"], call["ragged"], bar,
+                                       call["convert_once"], first_epoch=first_epoch)
+                if first_epoch:
+                    report["resumed_at_epoch"] = first_epoch
+                return report
+            except DuotfError:
+                if self.supervisor.error is None or not self._restart():
+                    raise
+                first_epoch = self._resume_epoch
+            finally:
+                self._metrics.listener = None
 
     def open_stream(self, *, feed_timeout: float = 600.0, balance: bool = True,
                     ragged: Sequence[str] = ()):
@@ -385,12 +529,17 @@ class Cluster:
         from . import planner
 
         _check_feed_args(1, feed_timeout)
-        bar = self._bar()
-        try:
-            return planner.inference(self.supervisor, self.backend, data, keep, result_columns,
-                                     feed_timeout, ragged, bar)
-        finally:
-            self._metrics.listener = None
+        while True:
+            bar = self._bar()
+            try:
+                return planner.inference(self.supervisor, self.backend, data, keep,
+                                         result_columns, feed_timeout, ragged, bar)
+            except DuotfError:
+                if self.supervisor.error is None or not self._restart():
+                    raise
+                # the restarted nodes answer every row again (a result is all or nothing)
+            finally:
+                self._metrics.listener = None
 
     def _collect(self) -> List[Any]:
         if self._results is None:
@@ -425,6 +574,10 @@ class Cluster:
         self._metrics.close()  # every report has arrived: the callbacks get the last ones
         if self._logs is not None:
             self._logs.close()
+        if self._owns_checkpoint_dir:
+            import shutil
+
+            shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
         _live.discard(self)
         if self._owns_backend:
             self.backend.close()
@@ -455,7 +608,7 @@ class Cluster:
             self.shutdown(grace_secs=0, _raise=False)
 
 
-def _job_log_dir(tensorboard_dir, job_id: str) -> str:
+def _job_log_dir(tensorboard_dir, job_id: str, name: str = "tensorboard_dir") -> str:
     """``<tensorboard_dir>/<job id>``: a URL as given, a path made absolute on the driver (the
     nodes' current directory is their own)."""
     import os
@@ -463,8 +616,9 @@ def _job_log_dir(tensorboard_dir, job_id: str) -> str:
 
     where = os.fspath(tensorboard_dir) if isinstance(tensorboard_dir, (str, os.PathLike)) else None
     if not isinstance(where, str) or not where:
-        raise ConfigError(f"tensorboard_dir={tensorboard_dir!r}: give a directory path or a URL "
-                          "(hdfs://..., gs://...) that every node can write and TensorBoard read")
+        readers = "TensorBoard read" if name == "tensorboard_dir" else "every attempt read"
+        raise ConfigError(f"{name}={tensorboard_dir!r}: give a directory path or a URL "
+                          f"(hdfs://..., gs://...) that every node can write and {readers}")
     if "://" in where:
         return posixpath.join(where, job_id)
     return os.path.join(os.path.abspath(where), job_id)

@@ -47,6 +47,18 @@ class NodeContext:
         The GPUs the engine holds for this node (``ClusterSpec(gpus_per_node=k)``), as its
         ``CUDA_VISIBLE_DEVICES`` names them; TensorFlow sees them as ``/GPU:0`` to
         ``/GPU:k-1``. Empty with ``gpus_per_node=0``, where GPUs are left alone.
+    attempt : int
+        0 on the first run; 1, 2, ... after each restart (``duotf.run(..., max_restarts=N)``).
+    checkpoint_dir : str
+        The job's checkpoint location, the same on every node and every attempt:
+        ``<checkpoint_dir>/<job id>`` with ``duotf.run(..., checkpoint_dir=...)`` (a path or
+        URL every node can write, kept), else a directory of the job's on the driver's host
+        (every node must share that filesystem: one host), removed at shutdown.
+    resume_epoch : int
+        The epoch to resume at: 0 on the first attempt; after a restart, the last epoch every
+        node reported a checkpoint of (:meth:`report_checkpoint`). ``cluster.train`` feeds the
+        restarted nodes from that epoch on, so pass it to ``model.fit(initial_epoch=...)`` or
+        start the training loop's epoch count there.
     """
 
     def __init__(
@@ -65,6 +77,10 @@ class NodeContext:
         executor_id: str = "",
         gpus: Optional[List[str]] = None,
         log_dir: str = "",
+        attempt: int = 0,
+        resume_epoch: int = 0,
+        checkpoint_dir: str = "",
+        checkpoint: Optional[str] = None,
     ):
         self.node_id = node_id
         self.job_name = job_name
@@ -92,6 +108,11 @@ class NodeContext:
         self._reporter = None  # set by node_context
         self._feeds: list = []
         self._server = None
+        self.attempt = attempt
+        self.resume_epoch = resume_epoch
+        self.checkpoint_dir = checkpoint_dir
+        self._checkpoint = checkpoint
+        self._on_checkpoint: Optional[Callable[[dict], None]] = None  # set by node_context
 
     def __repr__(self) -> str:
         return (
@@ -151,6 +172,31 @@ class NodeContext:
             raise RuntimeError("this context cannot report (it was not created by duotf.run)")
         return self._reporter.report(step, metrics)
 
+    def latest_checkpoint(self) -> Optional[str]:
+        """The checkpoint this node restores after a restart: the path it (or, if it saved
+        none, the first node that saves) gave :meth:`report_checkpoint` for
+        :attr:`resume_epoch`. None on the first attempt, and when no checkpoint was reported."""
+        return self._checkpoint
+
+    def report_checkpoint(self, epoch: int, path: Optional[str] = None) -> None:
+        """Tell the driver that this node's state after ``epoch`` epochs is saved at ``path``
+        (a file or directory, e.g. what ``tf.train.CheckpointManager.save()`` returned).
+
+        A restart resumes at the last epoch every reporting node saved (see
+        :attr:`resume_epoch`), and hands each node its path for that epoch
+        (:meth:`latest_checkpoint`). Call it after the save has completed; keep the previous
+        checkpoint too (``max_to_keep=2`` or more), since the driver may learn of the newest
+        one only after a failure. ``epoch`` counts the epochs done: 1 after the first.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
+            from .errors import ConfigError
+
+            raise ConfigError(f"epoch={epoch!r}: give the number of epochs done, 1 or more")
+        if path is not None and not isinstance(path, str):
+            path = os.fspath(path)
+        if self._on_checkpoint is not None:
+            self._on_checkpoint({"epoch": epoch, "path": path})
+
     def start_server(self):
         """Start (once) and return this node's ``tf.distribute.Server`` with the spec's protocol.
 
@@ -184,7 +230,7 @@ class NodeContext:
 
 # -- the node process's side (duotf._child): not for user code -------------------------------------
 def node_context(*, notify: Callable[[str], None], feed_server, reporter=None,
-                 **fields) -> NodeContext:
+                 on_checkpoint=None, **fields) -> NodeContext:
     """The :class:`NodeContext` of a node process, wired to its agent and its feed.
 
     ``fields`` are :class:`NodeContext`'s own arguments; ``notify(what)`` tells the node's
@@ -196,6 +242,7 @@ def node_context(*, notify: Callable[[str], None], feed_server, reporter=None,
     ctx._notify = notify
     ctx._feed_server = feed_server
     ctx._reporter = reporter
+    ctx._on_checkpoint = on_checkpoint
     return ctx
 
 

@@ -409,7 +409,73 @@ def _report_callback_class():
     return ReportCallback
 
 
+# -- checkpoints that restarts resume from ----------------------------------------------------------
+_CHECKPOINT_CALLBACK = None
+
+
+def _checkpoint_callback_class():
+    """``CheckpointCallback``, made on first use (as ``ReportCallback``)."""
+    global _CHECKPOINT_CALLBACK
+    if _CHECKPOINT_CALLBACK is not None:
+        return _CHECKPOINT_CALLBACK
+    import keras
+
+    class CheckpointCallback(keras.callbacks.Callback):
+        """Save the model's weights after every epoch into ``ctx.checkpoint_dir`` and report
+        them (``ctx.report_checkpoint``), so that ``duotf.run(..., max_restarts=N)`` resumes
+        after the last epoch saved; :meth:`restore` loads them into a restarted node's model.
+
+        ``fit(ds, epochs=n, initial_epoch=ctx.resume_epoch, callbacks=[CheckpointCallback(ctx)])``
+        after ``CheckpointCallback.restore(model, ctx)``: the restarted ``fit`` goes on at the
+        epoch the feed resumes at. The chief (``worker:0`` without one) writes, as under
+        ``MultiWorkerMirroredStrategy`` every worker holds the same weights; ``keep`` files
+        are kept (at least 2: the driver may learn of the newest only after a failure).
+        """
+
+        def __init__(self, ctx, keep: int = 2):
+            super().__init__()
+            if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
+                raise ConfigError(f"CheckpointCallback(keep={keep!r}): keep 2 or more")
+            self.ctx = ctx
+            self.keep = keep
+
+        @staticmethod
+        def path(ctx, epoch: int) -> str:
+            import os
+
+            return os.path.join(ctx.checkpoint_dir, f"epoch-{epoch}.weights.h5")
+
+        @staticmethod
+        def restore(model, ctx) -> bool:
+            """Load ``ctx.latest_checkpoint()`` into ``model`` (built first); False when there
+            is none (the first attempt)."""
+            path = ctx.latest_checkpoint()
+            if not path:
+                return False
+            model.load_weights(path)
+            return True
+
+        def on_epoch_end(self, epoch, logs=None):
+            if not self.ctx.is_chief:
+                return
+            import os
+
+            done = epoch + 1  # Keras counts from 0; a checkpoint names the epochs done
+            path = self.path(self.ctx, done)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self.model.save_weights(path)
+            self.ctx.report_checkpoint(done, path)
+            old = self.path(self.ctx, done - self.keep)
+            if done > self.keep and os.path.exists(old):
+                os.remove(old)
+
+    _CHECKPOINT_CALLBACK = CheckpointCallback
+    return CheckpointCallback
+
+
 def __getattr__(name):
     if name == "ReportCallback":
         return _report_callback_class()
+    if name == "CheckpointCallback":
+        return _checkpoint_callback_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

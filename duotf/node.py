@@ -55,6 +55,7 @@ class ChildMsg(str, enum.Enum):
     FEED_FAILED = "feed_failed"  # {"why", "epoch", "partition", "seq", "rows"}
     TENSORBOARD = "tensorboard"  # {"port": n} once the TensorBoard it started serves, or {"error"}
     REPORT = "report"  # {"reports": [...], "dropped": n}: what main gave ctx.report (duotf._reports)
+    CHECKPOINT = "checkpoint"  # {"epoch": n, "path": p}: what main gave ctx.report_checkpoint
     RESULT = "result"  # main's return value, cloudpickled
     ERROR = "error"  # {"kind", "remote_type", "message", "traceback", ...}
 
@@ -71,6 +72,7 @@ _RELAYED = {
     ChildMsg.FEED_FAILED: Msg.FEED_FAILED,
     ChildMsg.TENSORBOARD: Msg.TENSORBOARD,
     ChildMsg.REPORT: Msg.REPORT,
+    ChildMsg.CHECKPOINT: Msg.CHECKPOINT,
 }
 
 
@@ -100,6 +102,12 @@ class NodeJob:
     owns_log_dir: bool = False
     #: the node whose process starts TensorBoard on ``log_dir`` (-1: none)
     tensorboard_node: int = -1
+    #: the cluster's attempt (0 first; ``max_restarts``), the epoch it resumes at, the job's
+    #: checkpoint location, and the checkpoint each node restores (node id -> path)
+    restart: int = 0
+    resume_epoch: int = 0
+    checkpoint_dir: str = ""
+    checkpoints: Dict[int, Optional[str]] = dataclasses.field(default_factory=dict)
 
 
 class OutcomeStatus(str, enum.Enum):
@@ -276,6 +284,10 @@ class _Agent:
                 "gpu_error": gpu_error,
                 "log_dir": job.log_dir,
                 "tensorboard": self.node_id == job.tensorboard_node,
+                "attempt": job.restart,
+                "resume_epoch": job.resume_epoch,
+                "checkpoint_dir": job.checkpoint_dir,
+                "checkpoint": job.checkpoints.get(self.node_id),
             },
         )
         self.child_reader = self._thread(

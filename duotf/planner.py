@@ -322,20 +322,22 @@ def _markers(sup: Supervisor, targets: List[FeedTarget], kind: wire.Marker, time
 
 def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, balanced: bool,
           ragged=(), progress: Optional[FeedProgress] = None,
-          convert_once: Optional[bool] = None) -> dict:
+          convert_once: Optional[bool] = None, first_epoch: int = 0) -> dict:
+    """Feed epochs ``first_epoch + 1`` to ``epochs`` (a restarted cluster resumes at
+    ``first_epoch``, the epochs before it done); then the end marker."""
     if epochs < 1:
         raise ConfigError(f"epochs={epochs}: must be >= 1")
     ragged = ragged_columns(ragged)
     adapter = backend.feed_adapter(data, len(sup.nodes))  # a ConfigError for bad data comes first
-    adapter.convert_once = convert_once
+    adapter.convert_once = convert_once  # (Spark converts in epoch 1: a resumed feed reads)
     try:
-        return _train(sup, adapter, epochs, feed_timeout, balanced, ragged, progress)
+        return _train(sup, adapter, epochs, feed_timeout, balanced, ragged, progress, first_epoch)
     finally:
         adapter.close()
 
 
 def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced: bool, ragged,
-           progress: Optional[FeedProgress]) -> dict:
+           progress: Optional[FeedProgress], first_epoch: int = 0) -> dict:
     sup.check_running("train")
     targets = sup.feed_targets()
     adapter.check_capacity(len(sup.nodes))
@@ -352,7 +354,7 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
     t0 = time.monotonic()
     fed, done = 0, 0
     try:
-        for epoch in range(1, epochs + 1):
+        for epoch in range(first_epoch + 1, epochs + 1):
             t1 = time.monotonic()
             progress.start(f"feed epoch {epoch}/{epochs}", epoch_rows)
             feed = dataclasses.replace(job, epoch=epoch, epochs=epochs)  # names its tasks too

@@ -56,6 +56,7 @@ class Msg(str, enum.Enum):
     LOG = "log"  # {"lines": [...], "dropped": n}: the node's output (see duotf._output)
     TENSORBOARD = "tensorboard"  # {"port": n} once its TensorBoard serves, or {"error": why}
     REPORT = "report"  # {"reports": [[step, time, {name: number}], ...], "dropped": n}: ctx.report
+    CHECKPOINT = "checkpoint"  # {"epoch": n, "path": p}: ctx.report_checkpoint (restarts resume there)
     # driver -> node agent
     START = "start"
     RELEASE = "release"

@@ -95,6 +95,7 @@ class NodeInfo:
     feed_terminated: bool = False
     feed_failure: Optional[dict] = None  # what the node's feed server reported (FEED_FAILED)
     tensorboard: Optional[dict] = None  # its TensorBoard's report: {"url": ...} or {"error": why}
+    checkpoints: dict = dataclasses.field(default_factory=dict)  # ctx.report_checkpoint: {epoch: path}
     state: NodeState = NodeState.PENDING
     last_seen: float = 0.0
     peer: Any = dataclasses.field(default=None, repr=False, compare=False)
@@ -218,6 +219,7 @@ class Supervisor:
         #: the job's secret: authenticates the rendezvous and the feed connections
         self.secret = rendezvous.new_secret()
         self.error: Optional[DuotfError] = None
+        self.failed_at: Optional[float] = None  # time.monotonic() when the error was recorded
         self._error_delivered = False
         self._cond = threading.Condition()
         self._gang = None
@@ -328,6 +330,11 @@ class Supervisor:
                 return node.describe(), node.feed_failure
         return None
 
+    def checkpoints(self) -> dict:
+        """``{node id: {epoch: path}}``: the checkpoints each node reported so far."""
+        with self._cond:
+            return {n.node_id: dict(n.checkpoints) for n in self.nodes if n.checkpoints}
+
     def takes_no_feed(self, node_id: int) -> bool:
         """True when a node needs no more feed markers: its main ended or it terminated its feed."""
         node = self.nodes[node_id]
@@ -400,6 +407,10 @@ class Supervisor:
                     node.feed_terminated = True
                 elif kind is Msg.TENSORBOARD:
                     node.tensorboard = _tensorboard_report(node, message)
+                elif kind is Msg.CHECKPOINT:
+                    epoch, path = message.get("epoch"), message.get("path")
+                    if isinstance(epoch, int) and (path is None or isinstance(path, str)):
+                        node.checkpoints[epoch] = path
                 elif kind is Msg.FEED_FAILED:
                     if node.feed_failure is None:
                         node.feed_failure = {k: message.get(k) for k in
@@ -634,6 +645,7 @@ class Supervisor:
             if self.error is not None or self.status in (ClusterStatus.CLOSED, ClusterStatus.STOPPING):
                 return
             self.error = error
+            self.failed_at = time.monotonic()
             self.status = ClusterStatus.FAILED
             self._cond.notify_all()
         logger.error("duotf: %s", str(error).splitlines()[0])

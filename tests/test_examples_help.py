@@ -7,10 +7,12 @@ import re
 import pytest
 
 from examples.digits import train
+from examples.modes import async_ps, averaging, ps_strategy
 from examples.pipeline import digits as pipeline
 
 
-@pytest.mark.parametrize("example", [train, pipeline], ids=["digits", "pipeline"])
+@pytest.mark.parametrize("example", [train, pipeline, ps_strategy, async_ps, averaging],
+                         ids=["digits", "pipeline", "ps_strategy", "async_ps", "averaging"])
 def test_help_documents_every_option_and_its_default(example, capsys):
     with pytest.raises(SystemExit) as exit_info:
         example.cli(["--help"])

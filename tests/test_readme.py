@@ -48,6 +48,7 @@ RUN_BY = {
     "python3 -m duotf doctor": "test_the_doctor_command_names_the_faults_and_exits_1",
     "python3 -m duotf run": "test_the_run_command_prints_every_main_value_as_json",
     "def summaries_main(args, ctx):": "test_the_tensorboard_block_serves_and_keeps_the_events",
+    "def resumable_main(args, ctx):": "test_the_restart_block_trains_and_reports_its_restarts",
 }
 
 
@@ -143,6 +144,14 @@ def test_your_program_trains_and_saves(backend, engine, tmp_path):
     losses = ns["results"]
     assert len(losses) == 2 and all(isinstance(v, float) and math.isfinite(v) for v in losses)
     assert (tmp_path / "digits.keras").stat().st_size > 0
+
+
+@pytest.mark.engines("spark-local")
+def test_the_restart_block_trains_and_reports_its_restarts(backend, engine):
+    ns = run_block(block("def resumable_main(args, ctx):"), spark=engine.session)
+    assert ns["cluster"].restarts == []  # nothing failed
+    for w in ns["weights"]:
+        np.testing.assert_allclose(w, [1.0, -2.0, 0.5], atol=0.05)
 
 
 @pytest.mark.engines("spark-local")

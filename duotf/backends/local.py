@@ -70,7 +70,7 @@ class LocalBackend(Backend):
         if nodes * per_node > len(self._gpus):
             raise InsufficientSlotsError(
                 f"the cluster needs {nodes} nodes of {per_node} GPUs each ({nodes * per_node}) "
-                f"but LocalBackend has {len(self._gpus)} ({', '.join(self._gpus)}): ask for "
+                f"but LocalBackend has {len(self._gpus)} (addresses {', '.join(self._gpus)}): ask for "
                 "fewer nodes or GPUs per node, or pass more devices to LocalBackend(gpus=...).",
                 needed=nodes * per_node, available=len(self._gpus), backend=self.name)
         return len(self._gpus) // per_node

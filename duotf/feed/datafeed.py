@@ -649,6 +649,24 @@ class DataFeed:
         cols = self._take(batch_size)
         if cols is None:
             return {} if self.input_mapping else []
+        return self._rows(cols)
+
+    def batches(self, batch_size: int):
+        """The batches of one epoch, as :meth:`next_batch` gives them: iterating stops at the
+        epoch's end (nothing more once the data ended), so ``for batch in feed.batches(n)``
+        is one epoch, and a checkpoint saved after it holds whole epochs (what a restart
+        resumes from: ``ctx.report_checkpoint``)."""
+        self.check_answered("batches() was called")
+        while True:
+            cols = self._take(batch_size, stop_at_epoch=True)
+            if cols is None or cols is _EPOCH:
+                return
+            cut = self._epoch_cut
+            yield self._rows(cols)
+            if cut:
+                return
+
+    def _rows(self, cols):
         if self.input_mapping:
             return cols
         values = list(cols.values())
