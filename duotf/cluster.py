@@ -507,6 +507,22 @@ class Cluster:
             finally:
                 self._metrics.listener = None
 
+    def open_stream(self, *, feed_timeout: float = 600.0, balance: bool = True,
+                    ragged: Sequence[str] = ()):
+        """Open a training feed that stays open between chunks: a
+        :class:`duotf.planner.Stream`. ``stream.feed(data)`` feeds one chunk (anything
+        :meth:`train` takes) and returns once the nodes have its rows queued;
+        ``stream.end()`` ends every node's feed. The nodes read one continuous stream: their
+        ``next_batch`` takes rows across chunks, and ``should_stop()`` / ``dataset()`` end
+        only with ``end()``. ``balance`` applies per chunk (its few rows left over are not
+        fed); ``feed_timeout`` and ``ragged`` as in :meth:`train`.
+        :func:`duotf.spark.feed_stream` and :func:`duotf.dask.feed_stream` feed a Spark
+        streaming DataFrame or Dask futures through one."""
+        from . import planner
+
+        _check_feed_args(1, feed_timeout)
+        return planner.Stream(self.supervisor, self.backend, feed_timeout, balance, ragged)
+
     def inference(self, data, *, keep=None, result_columns=None, feed_timeout: float = 600.0,
                   ragged: Sequence[str] = ()):
         """Push ``data`` through the nodes and return their results, one per input, in order.

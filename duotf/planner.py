@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -25,7 +26,7 @@ from .supervisor import FeedTarget, JobStopped, Supervisor
 
 logger = logging.getLogger("duotf.feed")
 
-__all__ = ["balance", "train", "inference"]
+__all__ = ["balance", "train", "inference", "Stream"]
 
 
 def balance(counts: List[int], targets: int, drop_remainder: bool = True):
@@ -401,3 +402,131 @@ def inference(sup: Supervisor, backend, data, keep, result_columns, feed_timeout
     finally:
         progress.close()
     return output
+
+
+class Stream:
+    """An open training feed: chunks of data (a Spark micro-batch, Dask partitions as they
+    complete) fed one after another, which every node reads as one continuous stream.
+
+    Each chunk is counted, balanced (:func:`balance`: with ``balanced`` every worker gets the
+    same number of the chunk's rows, and the fewer than one-per-worker rows left over are not
+    fed) and fed by one engine job, as one epoch of :func:`train` is, schema checks and
+    exactly-once delivery of its ranges included. The ranges of a node are numbered on from
+    the previous chunk's, so no marker separates chunks: a node's ``next_batch`` takes rows
+    across them, and its feed ends (``should_stop()``, the end of ``dataset()``) only with
+    :meth:`end`. :meth:`feed` returns once every row of the chunk is in the nodes' bounded
+    queues: a caller that feeds chunks one after another (Spark's ``foreachBatch``) is pushed
+    back by the slowest node. A chunk that fails ends every node's feed with the error (their
+    reads raise) and raises it; the stream is then closed.
+    """
+
+    def __init__(self, sup: Supervisor, backend, feed_timeout: float, balanced: bool = True,
+                 ragged=()):
+        sup.check_running("feed a stream")
+        self._sup = sup
+        self._backend = backend
+        self._targets = sup.feed_targets()
+        self._job = dataclasses.replace(
+            _job(sup, self._targets, "train", feed_timeout, ragged=ragged_columns(ragged)),
+            stream=True)
+        self._balanced = balanced
+        self._seqs = [0] * len(self._targets)  # each target's next range number
+        self._lock = threading.Lock()  # one chunk at a time, in the order fed
+        self.chunks = 0  # chunks fed (those with no row to feed included)
+        self.rows_fed = 0
+        self.rows_dropped = 0  # left over by balance, or a chunk of fewer rows than workers
+        self.seconds = 0.0  # spent feeding chunks (counting, then the engine jobs)
+        self.error: Optional[BaseException] = None  # why the stream failed
+        self.ended = False
+
+    @property
+    def terminated(self) -> bool:
+        """A node terminated its feed (``feed.terminate()``): chunks fed after are dropped."""
+        return self._sup.feed_terminated()
+
+    def _check_open(self) -> None:
+        if self.error is not None:
+            raise FeedError(f"the stream failed earlier: {str(self.error).splitlines()[0]}")
+        if self.ended:
+            raise ConfigError("the stream was ended: open another with cluster.open_stream()")
+
+    def feed(self, data) -> int:
+        """Feed one chunk (any data ``cluster.train`` takes); return the rows fed once every
+        node has them queued. Rows of a chunk fed after a node terminated its feed are
+        dropped (0)."""
+        with self._lock:
+            self._check_open()
+            t0 = time.monotonic()
+            adapter = self._backend.feed_adapter(data, len(self._sup.nodes))
+            adapter.convert_once = False  # each chunk is fed once
+            try:
+                return self._feed(adapter)
+            except BaseException as exc:
+                self.error = exc
+                _end_feeds_for(self._sup, self._targets, exc)
+                raise
+            finally:
+                adapter.close()
+                self.seconds += time.monotonic() - t0
+
+    def _feed(self, adapter) -> int:
+        sup, targets = self._sup, self._targets
+        self.chunks += 1
+        sup.check_running("feed a stream")
+        adapter.check_capacity(len(sup.nodes))
+        adapter.job_id = sup.job_id or ""
+        counts = _count(sup, adapter, targets)
+        total = sum(counts)
+        if sup.feed_terminated() or total < (len(targets) if self._balanced else 1):
+            if total:
+                logger.warning("duotf: stream chunk %d: its %d rows are not fed (%s)", self.chunks,
+                               total, "a node terminated its feed" if sup.feed_terminated() else
+                               f"fewer than one for each of {len(targets)} workers")
+            self.rows_dropped += total
+            return 0
+        plan, per, dropped = balance(counts, len(targets), drop_remainder=self._balanced)
+        if dropped:
+            logger.info("duotf: stream chunk %d: %d rows left over after giving each of %d "
+                        "workers %d are not fed", self.chunks, dropped, len(targets), per)
+        plan = {pid: [(t, a, b, self._seqs[t] + seq) for t, a, b, seq in ranges]
+                for pid, ranges in plan.items()}
+        feed = dataclasses.replace(self._job, plan=plan, epoch=self.chunks)
+        sent = _run(sup, adapter.train(feed), feed.what, True, targets, feed)
+        if sent is None:  # a node terminated the feed meanwhile
+            self.rows_dropped += total
+            return 0
+        for ranges in plan.values():
+            for t, *_ in ranges:
+                self._seqs[t] += 1
+        self.rows_fed += sum(sent)
+        self.rows_dropped += dropped
+        return sum(sent)
+
+    def end(self, timeout: Optional[float] = None) -> None:
+        """End the stream: every node's feed ends after the rows already fed (an end marker on
+        its data path). Idempotent; after a failure (the nodes were told then) it does nothing."""
+        with self._lock:
+            if self.ended or self.error is not None:
+                return
+            self.ended = True
+            try:
+                _markers(self._sup, self._targets, wire.Marker.END,
+                         self._job.timeout if timeout is None else timeout)
+            except BaseException as exc:
+                self.error = exc
+                _end_feeds_for(self._sup, self._targets, exc)
+                raise
+
+    def fail(self, why: str) -> None:
+        """End every node's feed with an error (their reads raise ``why``): the stream's source
+        failed. Idempotent."""
+        with self._lock:
+            if self.ended or self.error is not None:
+                return
+            self.error = FeedError(why)
+            _end_feeds(self._sup, self._targets, why)
+
+    def report(self) -> dict:
+        return {"chunks": self.chunks, "rows_fed": self.rows_fed,
+                "rows_dropped": self.rows_dropped, "seconds": self.seconds,
+                "terminated": self.terminated, "ended": self.ended}

@@ -6,6 +6,7 @@ saved model in Spark's own tasks; the Spark ML stages :class:`TFEstimator` and :
 
 from .backends.spark_feed import CachedPartition, FeedCache, feed_cache, pack_tensors
 from .backends.spark_scoring import PredictUDF, predict, predict_udf
+from .backends.spark_stream import SparkStream, feed_stream
 from .verbosity import quiet_known_notices
 
 quiet_known_notices()  # pyspark's pandas notice, raised by every pandas/Arrow function it runs
@@ -22,4 +23,4 @@ def __getattr__(name):
 
 # TFEstimator and TFModel are left out: ``import *`` would import pyspark with them.
 __all__ = ["feed_cache", "FeedCache", "CachedPartition", "pack_tensors", "predict_udf", "predict",
-           "PredictUDF"]
+           "PredictUDF", "feed_stream", "SparkStream"]

@@ -23,7 +23,8 @@ LAYERS: List[Tuple[str, List[str]]] = [
     ("the package's names and the command line", ["duotf", "duotf.__main__", "duotf.cli"]),
     ("ML stages, parallel runs, scoring", [
         "duotf.estimator", "duotf.parallel", "duotf.scoring", "duotf.spark", "duotf.dask",
-        "duotf.backends.spark_ml", "duotf.backends.spark_scoring"]),
+        "duotf.backends.spark_ml", "duotf.backends.spark_scoring",
+        "duotf.backends.spark_stream"]),
     ("API", ["duotf.api", "duotf.cluster", "duotf.doctor", "duotf.restarts"]),
     ("feed planner and supervisor", ["duotf.planner", "duotf.supervisor", "duotf.nodelogs",
                                      "duotf.metrics", "duotf.progress"]),

@@ -43,11 +43,16 @@ class FeedJob:
     job_id: str = ""  # the cluster's job id, for what the engine's UI shows
     epoch: Optional[int] = None  # train: the epoch (from 1) this engine job feeds, of ``epochs``
     epochs: int = 0
+    #: train: this job feeds one chunk of an open stream (``epoch``: the chunk's number, from
+    #: 1), not an epoch (:class:`duotf.planner.Stream`)
+    stream: bool = False
 
     @property
     def work(self) -> str:
-        """What this engine job does, as the engine's UI names it: ``"feed epoch 3/10"``
-        or ``"inference"``."""
+        """What this engine job does, as the engine's UI names it: ``"feed epoch 3/10"``,
+        ``"feed stream chunk 3"`` or ``"inference"``."""
+        if self.mode == "train" and self.stream:
+            return f"feed stream chunk {self.epoch}"
         if self.mode == "train":
             return f"feed epoch {self.epoch}/{self.epochs}" if self.epoch else "feed"
         return "inference"
@@ -56,6 +61,8 @@ class FeedJob:
     def key_prefix(self) -> str:
         """The start of this job's task names where an engine names tasks (Dask keys):
         ``"duotf-feed-<job id>-epoch-3"``, ``"duotf-infer-<job id>"``."""
+        if self.mode == "train" and self.stream:
+            return f"duotf-feed-{self.job_id}-chunk-{self.epoch}"
         if self.mode == "train":
             return f"duotf-feed-{self.job_id}" + (f"-epoch-{self.epoch}" if self.epoch else "")
         return f"duotf-infer-{self.job_id}"
@@ -63,6 +70,8 @@ class FeedJob:
     @property
     def what(self) -> str:
         """What this job does, for the first words of its errors."""
+        if self.stream:
+            return f"feeding stream chunk {self.epoch}"
         return f"feeding epoch {self.epoch}" if self.epoch is not None else "inference"
 
 
