@@ -42,7 +42,7 @@ REPLACEMENT_WAIT = 60.0
 #: cluster may restart: their state is thrown away (the next attempt resumes from the last
 #: checkpoint reported, never from a save cut short), and a node blocked in a collective with
 #: the dead one (MultiWorkerMirroredStrategy) would otherwise hold the restart for stop_timeout
-RESTART_STOP_TIMEOUT = 1.0
+RESTART_STOP_TIMEOUT = 0.25
 
 
 @atexit.register
