@@ -39,7 +39,9 @@ def room_for(backend, engine, slots: int):
         poll_for(lambda: backend.slots() == have, 60, 0.1, f"back to {have} Dask workers")
 
 
-@pytest.mark.engines("spark-standalone", "dask")
+# One engine each (CI time): the ps strategy on a standalone cluster, async ps on Dask; the
+# examples' --backend runs either mode on both.
+@pytest.mark.engines("spark-standalone")
 def test_ps_strategy_example_trains_and_the_evaluator_scores_every_checkpoint(backend, engine, tmp_path):
     """A chief with ClusterCoordinator, a worker that only serves, a ps, an evaluator scoring the
     chief's checkpoints as they appear. The engine writes its DataFrame as TFRecord files of
@@ -68,7 +70,7 @@ def test_ps_strategy_example_trains_and_the_evaluator_scores_every_checkpoint(ba
     assert list(reported[reported.node == "evaluator:0"]["eval_accuracy"]) == [s["accuracy"] for s in scored]
 
 
-@pytest.mark.engines("spark-standalone", "dask")
+@pytest.mark.engines("dask")
 def test_async_ps_example_trains_from_the_engine_feed(backend, engine, tmp_path):
     """tf.compat.v1 between-graph: replica_device_setter, MonitoredTrainingSession, 2 workers
     reading their DataFeed with next_batch, a ps; unbalanced partitions (balance=False)."""

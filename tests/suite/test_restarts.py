@@ -87,7 +87,7 @@ def test_a_node_killed_mid_training_restarts_and_its_feed_resumes(backend, engin
     assert not os.path.exists(cluster.checkpoint_dir)  # duotf's own, removed at shutdown
 
 
-@pytest.mark.engines("local", "spark-standalone", "dask")
+@pytest.mark.engines("local")
 def test_a_hung_node_is_killed_and_the_cluster_restarts(backend, engine, tmp_path):
     """SIGSTOP: the node falls silent; after heartbeat_timeout it counts as hung, is killed,
     and the gang restarts from its checkpoint."""
