@@ -35,8 +35,9 @@ def reference_weights(path: str, global_batch: int, steps: int, lr: float):
     return w, b
 
 
-def mwms_main(args, ctx):
-    """Synchronous data-parallel training: TF reads its own data (a file) on every worker."""
+def _mwms_linear(args, ctx, w0, b0):
+    """MultiWorkerMirroredStrategy over a linear model from ``(w0, b0)``: ``(w, b, step)``,
+    ``step(k)`` training global step ``k`` on this worker's share of the file's rows."""
     import tensorflow as tf
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -44,14 +45,13 @@ def mwms_main(args, ctx):
     x, y = data["x"], data["y"]
     global_batch, lr = args["batch"], args["lr"]
     per_worker = global_batch // ctx.num_workers
-    rank = ctx.task_index
     with strategy.scope():
         # SUM: every replica's update (its share of the mean gradient) is added on every copy.
-        w = tf.Variable(tf.zeros([N_FEATURES]), aggregation=tf.VariableAggregation.SUM)
-        b = tf.Variable(0.0, aggregation=tf.VariableAggregation.SUM)
+        w = tf.Variable(w0, aggregation=tf.VariableAggregation.SUM)
+        b = tf.Variable(b0, aggregation=tf.VariableAggregation.SUM)
 
     @tf.function
-    def step(xb, yb):
+    def replica_step(xb, yb):
         def replica_fn(xb, yb):
             with tf.GradientTape() as tape:
                 err = tf.linalg.matvec(xb, w) + b - yb
@@ -62,10 +62,19 @@ def mwms_main(args, ctx):
 
         strategy.run(replica_fn, args=(xb, yb))
 
+    def step(k):
+        lo = (k * global_batch) % len(x) + ctx.task_index * per_worker
+        replica_step(tf.constant(x[lo : lo + per_worker]), tf.constant(y[lo : lo + per_worker]))
+
+    return w, b, step
+
+
+def mwms_main(args, ctx):
+    """Synchronous data-parallel training: TF reads its own data (a file) on every worker."""
+    w, b, step = _mwms_linear(args, ctx, np.zeros(N_FEATURES, np.float32), np.float32(0.0))
     for k in range(args["steps"]):
-        lo = (k * global_batch) % len(x) + rank * per_worker
-        step(tf.constant(x[lo : lo + per_worker]), tf.constant(y[lo : lo + per_worker]))
-    return {"w": w.numpy().tolist(), "b": float(b.numpy()), "rank": rank}
+        step(k)
+    return {"w": w.numpy().tolist(), "b": float(b.numpy()), "rank": ctx.task_index}
 
 
 def ps_chief_main(args, ctx):
@@ -756,44 +765,22 @@ def mwms_resume_main(args, ctx):
     """mwms_main (TF reads its own file, MultiWorkerMirroredStrategy) in epochs of
     ``steps_per_epoch`` steps; the chief saves the weights after each epoch and reports it;
     after a restart every worker starts from that checkpoint at ctx.resume_epoch."""
-    import tensorflow as tf
-
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    data = np.load(args["data"])
-    x, y = data["x"], data["y"]
-    global_batch, lr, per_epoch = args["batch"], args["lr"], args["steps_per_epoch"]
-    per_worker = global_batch // ctx.num_workers
-    rank = ctx.task_index
+    per_epoch = args["steps_per_epoch"]
     w0, b0 = np.zeros(N_FEATURES, np.float32), np.float32(0.0)
     if ctx.latest_checkpoint():
         saved = np.load(ctx.latest_checkpoint())
         w0, b0 = saved["w"], saved["b"]
-    with strategy.scope():
-        w = tf.Variable(w0, aggregation=tf.VariableAggregation.SUM)
-        b = tf.Variable(b0, aggregation=tf.VariableAggregation.SUM)
-
-    @tf.function
-    def step(xb, yb):
-        def replica_fn(xb, yb):
-            with tf.GradientTape() as tape:
-                err = tf.linalg.matvec(xb, w) + b - yb
-                loss = tf.reduce_sum(tf.square(err)) / global_batch
-            gw, gb = tape.gradient(loss, [w, b])
-            w.assign_sub(lr * gw)
-            b.assign_sub(lr * gb)
-
-        strategy.run(replica_fn, args=(xb, yb))
-
+    w, b, step = _mwms_linear(args, ctx, w0, b0)
     for epoch in range(ctx.resume_epoch, args["epochs"]):
         for k in range(epoch * per_epoch, (epoch + 1) * per_epoch):
-            lo = (k * global_batch) % len(x) + rank * per_worker
-            step(tf.constant(x[lo : lo + per_worker]), tf.constant(y[lo : lo + per_worker]))
+            step(k)
         if ctx.is_chief:
             path = os.path.join(ctx.checkpoint_dir, f"epoch{epoch + 1}.npz")
             np.savez(path, w=w.numpy(), b=b.numpy())
             ctx.report_checkpoint(epoch + 1, path)
         _hold_until_killed(args, ctx, epoch + 1)
-    return {"w": w.numpy().tolist(), "b": float(b.numpy()), "rank": rank, "attempt": ctx.attempt}
+    return {"w": w.numpy().tolist(), "b": float(b.numpy()), "rank": ctx.task_index,
+            "attempt": ctx.attempt}
 
 
 def always_exit_main(args, ctx):

@@ -279,6 +279,9 @@ def test_a_failed_fit_group_stops_its_running_cluster_and_its_waiting_fit(backen
     first = threading.Thread(target=one, args=("first",))
     first.start()
     poll_for(lambda: (tmp_path / "node-0").exists(), 60, what="the first fit's node")
+    # the node runs before duotf.run returns the cluster to the fit; a group failing in between
+    # is refused at once with the group's own error (FitGroup.running), not stopped under it
+    poll_for(lambda: group._live, 60, what="the first fit's cluster running in its group")
     second = threading.Thread(target=one, args=("second",))
     second.start()
     poll_for(lambda: any("waiting for" in r.getMessage() for r in caplog.records), 10,
