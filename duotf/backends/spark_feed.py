@@ -102,7 +102,7 @@ def pack_tensors(df, columns: Union[str, Sequence[str]], dtype: str = "float32")
 
 
 def _frames(batches, tensors: Dict[str, tuple], block_bytes: int, ragged: Sequence[str] = ()):
-    """``(rows, the frame's buffers)`` of about ``block_bytes`` each from a partition's Arrow batches
+    """``(rows, packed frame)`` of about ``block_bytes`` each from a partition's Arrow batches
     (small batches joined, large ones cut, as the feed cuts its frames); a
     :class:`~duotf.errors.FeedSchemaError` placed at its row of the partition where the feed
     refuses the data."""
@@ -118,7 +118,7 @@ def _frames(batches, tensors: Dict[str, tuple], block_bytes: int, ragged: Sequen
         row_bytes = sum(v.nbytes // max(len(v), 1) if hasattr(v, "nbytes") else 64
                         for v in cols.values())
         for piece in split(cols, max(1, block_bytes // max(row_bytes, 1))):
-            yield num_rows(piece), wire.frame_parts(wire.Frame.BATCH, piece)
+            yield num_rows(piece), wire.pack_frame(piece)
 
     parts, size, pos, shapes = [], 0, 0, {}
     pid = TaskContext.get().partitionId()
@@ -199,30 +199,13 @@ def _room(folder: str, need: int) -> bool:
     return usage.free - need >= max(MIN_FREE_BYTES, MIN_FREE_FRACTION * usage.total)
 
 
-def _write_at(fd: int, buffers, offset: int) -> int:
-    """Write ``buffers`` one after another at ``offset`` of file ``fd``; the offset after them."""
-    import os
-
-    for buf in buffers:
-        view = memoryview(buf).cast("B")
-        while len(view):
-            n = os.pwrite(fd, view, offset)
-            view, offset = view[n:], offset + n
-    return offset
-
-
 def _keep(pid: int, frames, cache_id: str, job=None) -> dict:
-    """Write a partition's ``frames`` (``(rows, the frame's buffers)``) to a file in this
-    executor's local dir, and with ``job`` feed each to the nodes as it is written; return the
-    partition's index entry (:data:`_INDEX_SCHEMA`'s fields).
-
-    A frame written is fed from the file, as a cached one is in the later epochs (a node on
-    this host maps it from the page cache, one on another host gets it by ``sendfile``): the
-    frame is copied once, into the file, and not again into the feed. A partition the feed
-    refuses leaves no file: its entry carries the error instead. A disk that would fall below
-    its floor (:data:`MIN_FREE_BYTES`, :data:`MIN_FREE_FRACTION`) stops the keeping, not the
-    feeding: the file is removed, the entry has no path, and the frames go on to the nodes
-    from memory."""
+    """Write a partition's packed ``frames`` (``(rows, bytes)``) to a file in this executor's
+    local dir, and with ``job`` feed each to the nodes as it is written; return the partition's
+    index entry (:data:`_INDEX_SCHEMA`'s fields). A partition the feed refuses leaves no file:
+    its entry carries the error instead. A disk that would fall below its floor
+    (:data:`MIN_FREE_BYTES`, :data:`MIN_FREE_FRACTION`) stops the keeping, not the feeding: the
+    file is removed and the entry has no path."""
     import os
     import socket
     import tempfile
@@ -238,9 +221,7 @@ def _keep(pid: int, frames, cache_id: str, job=None) -> dict:
     for attempt in range(3):  # another task of this cache may remove the folder, emptied
         os.makedirs(folder, exist_ok=True)
         try:
-            # unbuffered, written with pwrite at known offsets; read too (FileFrame.read,
-            # sendfile), which moves the file position but not where the next frame goes
-            f = open(path, "w+b", buffering=0)
+            f = open(path, "wb")
             break
         except FileNotFoundError:
             if attempt == 2:
@@ -256,21 +237,19 @@ def _keep(pid: int, frames, cache_id: str, job=None) -> dict:
 
     def written():
         offset = 0
-        for n, buffers in frames:
-            length = sum(memoryview(b).nbytes for b in buffers)
-            if keep[0] and job is not None and not _room(folder, length + 4096):
+        for n, frame in frames:
+            if keep[0] and job is not None and not _room(folder, len(frame) + 4096):
                 keep[0] = False
                 f.close()
                 drop()
-            if not keep[0]:
-                yield wire.Packed(n, b"".join(buffers))
-                continue
-            end = _write_at(f.fileno(), buffers, offset)
-            index.append((n, offset, length))
-            if job is not None:
-                yield wire.FileFrame(n, f, offset, length)
-            # each frame starts a page: a node maps it where it lies
-            offset = end + (-end % 4096)
+            if keep[0]:
+                f.write(frame)
+                index.append((n, offset, len(frame)))
+                offset += len(frame)
+                pad = -offset % 4096  # each frame starts a page: a node maps it where it lies
+                f.write(bytes(pad))
+                offset += pad
+            yield wire.Packed(n, frame)
 
     try:
         if job is None:
@@ -312,7 +291,7 @@ def _spiller(cache_id: str, tensors: Dict[str, tuple], block_bytes: int, ragged:
 
 
 def _row_frames(rows, ragged: Sequence[str], pid: int):
-    """``(rows, the frame's buffers)`` from an RDD partition's rows (or the other kinds
+    """``(rows, packed frame)`` from an RDD partition's rows (or the other kinds
     :func:`duotf.feed.tasks.chunks_of` takes), checked and framed as the feed frames them (a
     chunk of rows at a time, cut at ``FRAME_BYTES``: a failing source has delivered the
     chunks before it); a refusal placed at its row of the partition."""
@@ -338,7 +317,7 @@ def _row_frames(rows, ragged: Sequence[str], pid: int):
         pos += n
         row_bytes = sum(getattr(v, "nbytes", 64 * n) // n for v in cols.values())
         for part in split(cols, max(1, FRAME_BYTES // max(row_bytes, 1))):
-            yield num_rows(part), wire.frame_parts(wire.Frame.BATCH, part)
+            yield num_rows(part), wire.pack_frame(part)
 
 
 def _sweeper(cache_id: str):

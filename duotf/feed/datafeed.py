@@ -358,7 +358,7 @@ class FeedServer:
             raise wire.FeedProtocolError(f"{path}: not a feed cache file")
         if path not in files:
             fd = os.open(path, os.O_RDONLY)
-            files[path] = (fd, os.fstat(fd).st_size)  # frames are appended, never changed
+            files[path] = (fd, os.fstat(fd).st_size)  # cache files are written once, never changed
         return files[path]
 
     @classmethod
@@ -367,9 +367,6 @@ class FeedServer:
         read copy, no fresh pages), unmapped once TF no longer holds them."""
         path, offset, length = header["path"], header["offset"], header["length"]
         fd, size = cls._open_cache_file(path, files)
-        if offset + length > size:  # a file still being written (an epoch that converts)
-            size = os.fstat(fd).st_size
-            files[path] = (fd, size)
         if offset < 0 or length <= 0 or offset + length > size:
             raise wire.FeedProtocolError(f"{path}: frame at {offset} of {length} bytes lies outside "
                                          f"the file's {size}")

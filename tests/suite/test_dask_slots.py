@@ -11,7 +11,9 @@ import duotf
 from duotf.backends.dask import DaskBackend
 from tests.suite import mains
 
-STARTS = 200
+# Back-to-back starts: 200 in the first fix; 100 keep the race in reach (the slots test
+# above reads the scheduler's answer 500 times, the mechanism itself) at half the suite's time.
+STARTS = 100
 
 
 @pytest.fixture
