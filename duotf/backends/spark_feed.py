@@ -101,6 +101,20 @@ def pack_tensors(df, columns: Union[str, Sequence[str]], dtype: str = "float32")
     return packed
 
 
+def arrow_source(df):
+    """``(the DataFrame to read with mapInArrow, its tensor specs)``: ``df`` with its numeric
+    array columns packed in the JVM (:func:`duotf.jvm.pack`, one memory copy a row instead of
+    Spark's Arrow conversion of each element), their specs ``(dtype, None)`` beside those of
+    its tensor columns; ``df`` itself where nothing is packed."""
+    from .. import jvm
+    from ..feed.columns import tensor_specs
+
+    packed, lists = jvm.pack(df)
+    specs = tensor_specs(df.schema)
+    specs.update({name: (dtype, None) for name, dtype in lists.items()})
+    return packed, specs
+
+
 def _frames(batches, tensors: Dict[str, tuple], block_bytes: int, ragged: Sequence[str] = ()):
     """``(rows, packed frame)`` of about ``block_bytes`` each from a partition's Arrow batches
     (small batches joined, large ones cut, as the feed cuts its frames); a
@@ -429,11 +443,11 @@ def feed_cache(df, *, block_bytes: int = 4 << 20, ragged: Sequence[str] = ()) ->
 
     from pyspark import StorageLevel
 
-    from ..feed.columns import ragged_columns, tensor_specs
+    from ..feed.columns import ragged_columns
 
-    spill = _spiller(uuid.uuid4().hex[:16], tensor_specs(df.schema), block_bytes,
-                     ragged_columns(ragged))
-    index = df.mapInArrow(spill, _INDEX_SCHEMA).rdd.map(_cached_partition)
+    source, tensors = arrow_source(df)
+    spill = _spiller(uuid.uuid4().hex[:16], tensors, block_bytes, ragged_columns(ragged))
+    index = source.mapInArrow(spill, _INDEX_SCHEMA).rdd.map(_cached_partition)
     index.persist(StorageLevel.MEMORY_ONLY)
     collected = index.collect()
     parts = sorted((p for p in collected if isinstance(p, CachedPartition)), key=lambda part: part.pid)
@@ -661,6 +675,7 @@ class SparkFeed(FeedAdapter):
         self.cache = data if isinstance(data, FeedCache) else None
         self.df = data if hasattr(data, "mapInArrow") else None
         self.rdd = None if self.df is not None or self.cache is not None else data
+        self._source = None  # (the DataFrame read with mapInArrow, its tensor specs): arrow_source
         if self.cache is not None and self.cache.index is None:
             raise ConfigError(f"{self.cache!r} was unpersisted; make a new feed_cache()")
 
@@ -671,6 +686,11 @@ class SparkFeed(FeedAdapter):
         sc = self.sc
         return ThreadJob(lambda: _in_group(sc, group, work_name(job.job_id, job.work), call),
                          cancel=lambda: sc.cancelJobGroup(group), name="spark-feed")
+
+    def _arrow(self):
+        if self._source is None:
+            self._source = arrow_source(self.df)
+        return self._source
 
     def check_capacity(self, nodes: int) -> None:
         slots = self.backend.slots()
@@ -709,10 +729,8 @@ class SparkFeed(FeedAdapter):
         if job.epoch == 1 and job.epochs > 1 and self.convert_once is not False:
             return self._job(job, self._train_converting(job))
         if self.df is not None:
-            from ..feed.columns import tensor_specs
-
-            df = self.df
-            task = _arrow_train(job, tensor_specs(df.schema))
+            df, tensors = self._arrow()
+            task = _arrow_train(job, tensors)
 
             def run_df():
                 out = df.mapInArrow(task, f"rows long, {_ERROR} string").collect()
@@ -751,11 +769,10 @@ class SparkFeed(FeedAdapter):
             if missed:
                 logger.info("duotf: %d cached partitions were on another host; feeding them "
                             "from the DataFrame", len(missed))
-                from ..feed.columns import tensor_specs
-
                 source = cache.df  # a DataFrame, or the RDD converted in the first epoch
                 if hasattr(source, "mapInArrow"):
-                    fed = source.mapInArrow(_arrow_train(job, tensor_specs(source.schema)),
+                    source, tensors = arrow_source(source)
+                    fed = source.mapInArrow(_arrow_train(job, tensors),
                                             f"rows long, {_ERROR} string").rdd
                     again = [(row.rows, row[_ERROR]) for row in sc.runJob(fed, lambda rows: rows, missed)]
                 else:
@@ -775,18 +792,17 @@ class SparkFeed(FeedAdapter):
         (:meth:`_train_cached`), and :meth:`close` deletes them when ``train`` returns."""
         import uuid
 
-        from ..feed.columns import tensor_specs
-
         source, cache_id = (self.df if self.df is not None else self.rdd), uuid.uuid4().hex[:16]
         self._converting = cache_id
         if self.df is not None:
-            task = _spiller(cache_id, tensor_specs(source.schema), 4 << 20, job.ragged, job=job)
+            read, tensors = self._arrow()
+            task = _spiller(cache_id, tensors, 4 << 20, job.ragged, job=job)
         else:
             task = _rdd_spiller(cache_id, job.ragged, job)
 
         def call():
             if self.df is not None:
-                teed = source.mapInArrow(task, _INDEX_SCHEMA).rdd.map(_teed_partition)
+                teed = read.mapInArrow(task, _INDEX_SCHEMA).rdd.map(_teed_partition)
             else:
                 teed = source.mapPartitionsWithIndex(task).map(_teed_partition)
             # Checkpointed, not just persisted: a lost block is never recomputed, since that
@@ -867,20 +883,28 @@ class SparkFeed(FeedAdapter):
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
-        from ..feed.columns import tensor_specs
+        from .. import jvm
 
-        df = self.df
+        df, tensors = self._arrow()  # array columns packed in the JVM: unpacked there on the way out
         keep = list(df.columns) if keep is None else list(keep)
         spec = result_columns or {"prediction": "double"}
         result_fields = df.sparkSession.createDataFrame(
             [], ", ".join(f"`{k}` {v}" for k, v in spec.items())).schema.fields
-        # nullable: a task's error comes back as a row of nulls beside its message
-        kept = [T.StructField(f.name, f.dataType, True, f.metadata) for f in (df.schema[k] for k in keep)]
-        schema = T.StructType(kept + list(result_fields) + [T.StructField(_ERROR, T.StringType(), True)])
-        task = _arrow_infer(job, kept, result_fields, tensor_specs(df.schema))
+
+        def nullable(schema):  # a task's error comes back as a row of nulls beside its message
+            return [T.StructField(f.name, f.dataType, True, f.metadata) for f in (schema[k] for k in keep)]
+
+        errors = [T.StructField(_ERROR, T.StringType(), True)]
+        kept = nullable(df.schema)
+        schema = T.StructType(kept + list(result_fields) + errors)
+        unpacked = T.StructType(nullable(self.df.schema) + list(result_fields) + errors)
+        task = _arrow_infer(job, kept, result_fields, tensors)
 
         def run():
-            out = df.mapInArrow(task, schema).localCheckpoint(eager=True)
+            out = df.mapInArrow(task, schema)
+            if unpacked != schema:
+                out = jvm.unpack(out, unpacked)
+            out = out.localCheckpoint(eager=True)
             failed = out.where(F.col(_ERROR).isNotNull()).select(_ERROR).limit(1).collect()
             _raise_first(row[0] for row in failed)
             return out.drop(_ERROR)

@@ -6,7 +6,7 @@ import functools
 import itertools
 import operator
 import os
-from typing import Collection, Dict, Iterable, Iterator, List, Tuple
+from typing import Collection, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -351,10 +351,19 @@ def tensor_specs(spark_schema) -> Dict[str, tuple]:
     return specs
 
 
-def decode_tensor(column, name: str, dtype: str, shape: tuple) -> np.ndarray:
-    """A binary Arrow column of fixed-size values as an ``(n, *shape)`` array, without a copy."""
+def decode_tensor(column, name: str, dtype: str, shape: Optional[tuple],
+                  ragged: Collection[str] = ()):
+    """A binary Arrow column of fixed-size values as an ``(n, *shape)`` array, without a copy.
+
+    ``shape`` None: an array column packed in the JVM (:func:`duotf.jvm.pack`), each value the
+    raw elements of one row, decoded as the list column it was (:func:`_list_column`): an
+    ``(n, width)`` array, or a RaggedColumn when ``name`` is in ``ragged``; a row of a length
+    other than the first row's, a null row and a row with a null element (packed as one byte,
+    which no element size divides) are refused as there."""
     import pyarrow as pa
 
+    if shape is None:
+        return _packed_list(column, name, np.dtype(dtype), ragged)
     dt = np.dtype(dtype)
     width = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     n = len(column)
@@ -377,6 +386,37 @@ def decode_tensor(column, name: str, dtype: str, shape: tuple) -> np.ndarray:
     if data.ctypes.data % dt.alignment:
         data = data.copy()
     return data.view(dt).reshape(n, *shape)
+
+
+def _packed_list(column, name: str, dt: np.dtype, ragged: Collection[str]):
+    import pyarrow as pa
+
+    n = len(column)
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if column.null_count:
+        raise _null(name, _first_true(column.is_null().to_numpy(zero_copy_only=False)))
+    if not n:
+        empty = np.empty(0, dtype=dt)
+        return RaggedColumn(empty, np.zeros(1, np.int64)) if name in ragged else empty.reshape(0, 0)
+    offsets_type = np.int64 if pa.types.is_large_binary(column.type) else np.int32
+    offsets = np.frombuffer(column.buffers()[1], dtype=offsets_type)[column.offset:column.offset + n + 1]
+    sizes = np.diff(offsets)
+    odd = np.flatnonzero(sizes % dt.itemsize)
+    if odd.size:
+        raise _null(name, int(odd[0]), inside=True)
+    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]
+    if data.ctypes.data % dt.alignment:
+        data = data.copy()
+    values = data.view(dt)
+    if name in ragged:
+        return RaggedColumn(values, ((offsets - offsets[0]) // dt.itemsize).astype(np.int64))
+    width = int(sizes[0])
+    bad = np.flatnonzero(sizes != width)
+    if bad.size:
+        row = int(bad[0])
+        raise _ragged(name, row, int(sizes[row]) // dt.itemsize, width // dt.itemsize)
+    return values.reshape(n, width // dt.itemsize)
 
 
 @functools.lru_cache(maxsize=16)
@@ -440,7 +480,7 @@ def from_arrow(batch, tensors: Dict[str, tuple] = None, ragged: Collection[str] 
     for name, column in zip(batch.schema.names, batch.columns):
         t = column.type
         if tensors and name in tensors:
-            cols[name] = decode_tensor(column, name, *tensors[name])
+            cols[name] = decode_tensor(column, name, *tensors[name], ragged=ragged)
         elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
             cols[name] = _list_column(name, column, ragged)
         elif VALIDATE and column.null_count:

@@ -1,0 +1,187 @@
+package duotf.jvm;
+
+import java.io.Serializable;
+import java.util.Iterator;
+
+import org.apache.spark.api.java.function.FlatMapFunction;
+import org.apache.spark.rdd.RDD;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.UnsafeArrayData;
+import org.apache.spark.sql.catalyst.util.ArrayData;
+import org.apache.spark.sql.catalyst.util.MapData;
+import org.apache.spark.sql.types.ArrayType;
+import org.apache.spark.sql.types.BinaryType$;
+import org.apache.spark.sql.types.ByteType$;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.DoubleType$;
+import org.apache.spark.sql.types.FloatType$;
+import org.apache.spark.sql.types.IntegerType$;
+import org.apache.spark.sql.types.LongType$;
+import org.apache.spark.sql.types.ShortType$;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.unsafe.Platform;
+import org.apache.spark.unsafe.types.UTF8String;
+
+/**
+ * duotf's JVM side of the Spark feed: columns of numeric arrays moved out of the JVM (and back)
+ * as binary values holding the raw elements, one memory copy a row.
+ *
+ * <p>Spark's Arrow writer turns an {@code array<float>} column into Arrow one element at a
+ * time; a binary column it copies as one buffer. {@link #pack} turns each named array column
+ * into a binary column of the array's elements in native byte order (a row with a null element
+ * becomes the one-byte value {@code {0}}, which no element size divides: the Python side names
+ * the row), and {@link #unpack} turns such binary columns back into arrays of the given schema.
+ * Every other column passes unchanged, and the partitions stay those of the input.
+ */
+public final class ArrayPacking {
+  private ArrayPacking() {}
+
+  /** The one-byte value of a row whose array holds a null element. */
+  static final byte[] NULL_INSIDE = new byte[] {0};
+
+  /** {@code df} with the array columns {@code names} as binary columns of their raw elements. */
+  public static Dataset<Row> pack(Dataset<Row> df, java.util.List<String> names) {
+    org.apache.spark.sql.classic.Dataset<Row> classic = (org.apache.spark.sql.classic.Dataset<Row>) df;
+    StructType schema = classic.schema();
+    StructField[] fields = schema.fields().clone();
+    Rows rows = new Rows(schema, false);
+    for (String name : names) {
+      int i = schema.fieldIndex(name);
+      ArrayType type = (ArrayType) fields[i].dataType();
+      rows.set(i, type.elementType(), type.containsNull());
+      fields[i] = new StructField(fields[i].name(), BinaryType$.MODULE$, true, fields[i].metadata());
+    }
+    return create(classic, classic.queryExecution().toRdd(), rows, new StructType(fields));
+  }
+
+  /** {@code df} with its binary columns that {@code target} (a schema as JSON) gives as arrays
+   *  turned back into those arrays: the inverse of {@link #pack}. */
+  public static Dataset<Row> unpack(Dataset<Row> df, String target) {
+    org.apache.spark.sql.classic.Dataset<Row> classic = (org.apache.spark.sql.classic.Dataset<Row>) df;
+    StructType schema = classic.schema();
+    StructType to = (StructType) DataType.fromJson(target);
+    StructField[] fields = schema.fields().clone();
+    Rows rows = new Rows(schema, true);
+    for (int i = 0; i < fields.length; i++) {
+      if (fields[i].dataType() instanceof BinaryType$ && to.fields()[i].dataType() instanceof ArrayType) {
+        ArrayType type = (ArrayType) to.fields()[i].dataType();
+        rows.set(i, type.elementType(), false);
+        fields[i] = new StructField(fields[i].name(), type, fields[i].nullable(), fields[i].metadata());
+      }
+    }
+    return create(classic, classic.queryExecution().toRdd(), rows, new StructType(fields));
+  }
+
+  private static Dataset<Row> create(org.apache.spark.sql.classic.Dataset<Row> df, RDD<InternalRow> in,
+                                     Rows rows, StructType schema) {
+    RDD<InternalRow> out = in.toJavaRDD().mapPartitions(rows).rdd();
+    return df.sparkSession().internalCreateDataFrame(out, schema, false);
+  }
+
+  /** Element kinds: the element's size in bytes, and whether it is a floating-point type. */
+  static int size(DataType element) {
+    if (element instanceof FloatType$ || element instanceof IntegerType$) return 4;
+    if (element instanceof DoubleType$ || element instanceof LongType$) return 8;
+    if (element instanceof ShortType$) return 2;
+    if (element instanceof ByteType$) return 1;
+    throw new IllegalArgumentException("duotf: cannot pack arrays of " + element.simpleString());
+  }
+
+  static final class Rows implements FlatMapFunction<Iterator<InternalRow>, InternalRow>, Serializable {
+    private static final long serialVersionUID = 1L;
+    final DataType[] types;
+    final DataType[] elements;  // null: the column passes unchanged
+    final int[] sizes;
+    final boolean[] nullsInside;
+    final boolean unpack;
+
+    Rows(StructType schema, boolean unpack) {
+      int n = schema.fields().length;
+      types = new DataType[n];
+      for (int i = 0; i < n; i++) types[i] = schema.fields()[i].dataType();
+      elements = new DataType[n];
+      sizes = new int[n];
+      nullsInside = new boolean[n];
+      this.unpack = unpack;
+    }
+
+    void set(int i, DataType element, boolean containsNull) {
+      elements[i] = element;
+      sizes[i] = size(element);
+      nullsInside[i] = containsNull;
+    }
+
+    @Override
+    public Iterator<InternalRow> call(Iterator<InternalRow> in) {
+      return new Iterator<InternalRow>() {
+        @Override public boolean hasNext() { return in.hasNext(); }
+        @Override public InternalRow next() { return convert(in.next()); }
+      };
+    }
+
+    InternalRow convert(InternalRow row) {
+      Object[] values = new Object[types.length];
+      for (int i = 0; i < types.length; i++) {
+        if (row.isNullAt(i)) {
+          values[i] = null;
+        } else if (elements[i] == null) {
+          values[i] = copied(row.get(i, types[i]));
+        } else if (unpack) {
+          values[i] = toArray(row.getBinary(i), elements[i], sizes[i]);
+        } else {
+          values[i] = toBinary(row.getArray(i), elements[i], sizes[i], nullsInside[i]);
+        }
+      }
+      return new GenericInternalRow(values);
+    }
+  }
+
+  /** A value that may point into a reused row's buffer, as a value of its own. */
+  static Object copied(Object value) {
+    if (value instanceof UTF8String) return ((UTF8String) value).copy();
+    if (value instanceof InternalRow) return ((InternalRow) value).copy();
+    if (value instanceof ArrayData) return ((ArrayData) value).copy();
+    if (value instanceof MapData) return ((MapData) value).copy();
+    if (value instanceof byte[]) return ((byte[]) value).clone();
+    return value;
+  }
+
+  static byte[] toBinary(ArrayData array, DataType element, int size, boolean nullsInside) {
+    int n = array.numElements();
+    if (nullsInside) {
+      for (int j = 0; j < n; j++) {
+        if (array.isNullAt(j)) return NULL_INSIDE;
+      }
+    }
+    byte[] out = new byte[n * size];
+    if (array instanceof UnsafeArrayData) {
+      UnsafeArrayData unsafe = (UnsafeArrayData) array;
+      Platform.copyMemory(unsafe.getBaseObject(),
+                          unsafe.getBaseOffset() + UnsafeArrayData.calculateHeaderPortionInBytes(n),
+                          out, Platform.BYTE_ARRAY_OFFSET, (long) n * size);
+      return out;
+    }
+    Object values;
+    long offset;
+    if (element instanceof FloatType$) { values = array.toFloatArray(); offset = Platform.FLOAT_ARRAY_OFFSET; }
+    else if (element instanceof DoubleType$) { values = array.toDoubleArray(); offset = Platform.DOUBLE_ARRAY_OFFSET; }
+    else if (element instanceof IntegerType$) { values = array.toIntArray(); offset = Platform.INT_ARRAY_OFFSET; }
+    else if (element instanceof LongType$) { values = array.toLongArray(); offset = Platform.LONG_ARRAY_OFFSET; }
+    else if (element instanceof ShortType$) { values = array.toShortArray(); offset = Platform.SHORT_ARRAY_OFFSET; }
+    else { values = array.toByteArray(); offset = Platform.BYTE_ARRAY_OFFSET; }
+    Platform.copyMemory(values, offset, out, Platform.BYTE_ARRAY_OFFSET, (long) n * size);
+    return out;
+  }
+
+  static ArrayData toArray(byte[] bytes, DataType element, int size) {
+    if (bytes.length % size != 0) {
+      throw new IllegalStateException("duotf: a packed " + element.simpleString() + " array of "
+                                      + bytes.length + " bytes");
+    }
+    return UnsafeArrayData.fromPrimitiveArray(bytes, Platform.BYTE_ARRAY_OFFSET, bytes.length / size, size);
+  }
+}
