@@ -729,11 +729,10 @@ class SparkFeed(FeedAdapter):
         if job.epoch == 1 and job.epochs > 1 and self.convert_once is not False:
             return self._job(job, self._train_converting(job))
         if self.df is not None:
-            df, tensors = self._arrow()
-            task = _arrow_train(job, tensors)
-
             def run_df():
-                out = df.mapInArrow(task, f"rows long, {_ERROR} string").collect()
+                # packing reads the plan (AQE runs its shuffles then): in the job's group
+                df, tensors = self._arrow()
+                out = df.mapInArrow(_arrow_train(job, tensors), f"rows long, {_ERROR} string").collect()
                 _raise_first(row[_ERROR] for row in out)
                 return [row.rows for row in out]
 
@@ -794,17 +793,15 @@ class SparkFeed(FeedAdapter):
 
         source, cache_id = (self.df if self.df is not None else self.rdd), uuid.uuid4().hex[:16]
         self._converting = cache_id
-        if self.df is not None:
-            read, tensors = self._arrow()
-            task = _spiller(cache_id, tensors, 4 << 20, job.ragged, job=job)
-        else:
-            task = _rdd_spiller(cache_id, job.ragged, job)
 
         def call():
             if self.df is not None:
+                read, tensors = self._arrow()
+                task = _spiller(cache_id, tensors, 4 << 20, job.ragged, job=job)
                 teed = read.mapInArrow(task, _INDEX_SCHEMA).rdd.map(_teed_partition)
             else:
-                teed = source.mapPartitionsWithIndex(task).map(_teed_partition)
+                teed = source.mapPartitionsWithIndex(_rdd_spiller(cache_id, job.ragged, job)).map(
+                    _teed_partition)
             # Checkpointed, not just persisted: a lost block is never recomputed, since that
             # would run this epoch's feeding task again. Persisted too: PySpark pipelines a
             # map onto an RDD that is neither cached nor checkpointed (its Python flag), and
@@ -885,22 +882,21 @@ class SparkFeed(FeedAdapter):
 
         from .. import jvm
 
-        df, tensors = self._arrow()  # array columns packed in the JVM: unpacked there on the way out
-        keep = list(df.columns) if keep is None else list(keep)
+        source = self.df
+        keep = list(source.columns) if keep is None else list(keep)
         spec = result_columns or {"prediction": "double"}
-        result_fields = df.sparkSession.createDataFrame(
+        result_fields = source.sparkSession.createDataFrame(
             [], ", ".join(f"`{k}` {v}" for k, v in spec.items())).schema.fields
 
-        def nullable(schema):  # a task's error comes back as a row of nulls beside its message
-            return [T.StructField(f.name, f.dataType, True, f.metadata) for f in (schema[k] for k in keep)]
-
-        errors = [T.StructField(_ERROR, T.StringType(), True)]
-        kept = nullable(df.schema)
-        schema = T.StructType(kept + list(result_fields) + errors)
-        unpacked = T.StructType(nullable(self.df.schema) + list(result_fields) + errors)
-        task = _arrow_infer(job, kept, result_fields, tensors)
+        def fields(schema):  # nullable: a task's error comes back as a row of nulls beside its message
+            kept = [T.StructField(f.name, f.dataType, True, f.metadata) for f in (schema[k] for k in keep)]
+            return kept + list(result_fields) + [T.StructField(_ERROR, T.StringType(), True)]
 
         def run():
+            # array columns packed in the JVM (in the job's group), and unpacked there on the way out
+            df, tensors = self._arrow()
+            schema, unpacked = T.StructType(fields(df.schema)), T.StructType(fields(source.schema))
+            task = _arrow_infer(job, schema.fields[:len(keep)], result_fields, tensors)
             out = df.mapInArrow(task, schema)
             if unpacked != schema:
                 out = jvm.unpack(out, unpacked)

@@ -95,7 +95,11 @@ def pack(df) -> Tuple[object, Dict[str, str]]:
     if not columns:
         return df, {}
     session = df.sparkSession
-    if not load(session.sparkContext):
+    try:
+        sc = session.sparkContext
+    except Exception:  # noqa: BLE001 - Spark Connect: no JVM of ours to load into
+        return df, {}
+    if not load(sc):
         return df, {}
     from pyspark.sql import DataFrame
 
