@@ -34,7 +34,8 @@ LAYERS: List[Tuple[str, List[str]]] = [
     ("node agent and child", ["duotf.node", "duotf._output", "duotf._child", "duotf.context",
                               "duotf.keras", "duotf.averaging", "duotf._reports", "duotf._gpus", "duotf._tensorboard",
                               "duotf._probe"]),
-    ("transport", ["duotf.feed", "duotf.feed.*", "duotf.rendezvous", "duotf.gate"]),
+    ("transport", ["duotf.feed", "duotf.feed.*", "duotf.rendezvous", "duotf.gate", "duotf.jvm",
+                   "duotf.jvm.*"]),
     ("io", ["duotf.io", "duotf.io.*"]),
     ("shared by every layer", ["duotf.errors", "duotf.spec", "duotf._version", "duotf.verbosity"]),
 ]
