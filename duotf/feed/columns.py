@@ -351,6 +351,30 @@ def tensor_specs(spark_schema) -> Dict[str, tuple]:
     return specs
 
 
+def _binary_offsets(column, name: str):
+    """``(column, offsets)`` of a binary Arrow column (chunks combined; the ``n + 1`` offsets of
+    its slice, None when it has no row); a null row refused."""
+    import pyarrow as pa
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if column.null_count:
+        raise _null(name, _first_true(column.is_null().to_numpy(zero_copy_only=False)))
+    n = len(column)
+    if not n:
+        return column, None
+    kind = np.int64 if pa.types.is_large_binary(column.type) else np.int32
+    return column, np.frombuffer(column.buffers()[1], dtype=kind)[column.offset:column.offset + n + 1]
+
+
+def _binary_values(column, start: int, stop: int, dt: np.dtype) -> np.ndarray:
+    """Bytes ``start:stop`` of a binary column's data as ``dt`` values (copied only if unaligned)."""
+    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[start:stop]
+    if data.ctypes.data % dt.alignment:
+        data = data.copy()
+    return data.view(dt)
+
+
 def decode_tensor(column, name: str, dtype: str, shape: Optional[tuple],
                   ragged: Collection[str] = ()):
     """A binary Arrow column of fixed-size values as an ``(n, *shape)`` array, without a copy.
@@ -360,21 +384,14 @@ def decode_tensor(column, name: str, dtype: str, shape: Optional[tuple],
     ``(n, width)`` array, or a RaggedColumn when ``name`` is in ``ragged``; a row of a length
     other than the first row's, a null row and a row with a null element (packed as one byte,
     which no element size divides) are refused as there."""
-    import pyarrow as pa
-
-    if shape is None:
-        return _packed_list(column, name, np.dtype(dtype), ragged)
     dt = np.dtype(dtype)
+    if shape is None:
+        return _packed_list(column, name, dt, ragged)
     width = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    n = len(column)
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    if column.null_count:
-        raise _null(name, _first_true(column.is_null().to_numpy(zero_copy_only=False)))
-    if not n:
+    column, offsets = _binary_offsets(column, name)
+    if offsets is None:
         return np.empty((0, *shape), dtype=dt)
-    offsets_type = np.int64 if pa.types.is_large_binary(column.type) else np.int32
-    offsets = np.frombuffer(column.buffers()[1], dtype=offsets_type)[column.offset:column.offset + n + 1]
+    n = len(column)
     sizes = np.diff(offsets)
     bad = np.flatnonzero(sizes != width)
     if bad.size:
@@ -382,33 +399,19 @@ def decode_tensor(column, name: str, dtype: str, shape: Optional[tuple],
         raise feed_schema_error(
             name, row, "ragged", f"{{where}} holds {int(sizes[row])} bytes where {dtype}{list(shape)} "
             f"needs {width}", "pack the column with duotf.spark.pack_tensors")
-    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[0] + n * width]
-    if data.ctypes.data % dt.alignment:
-        data = data.copy()
-    return data.view(dt).reshape(n, *shape)
+    return _binary_values(column, offsets[0], offsets[0] + n * width, dt).reshape(n, *shape)
 
 
 def _packed_list(column, name: str, dt: np.dtype, ragged: Collection[str]):
-    import pyarrow as pa
-
-    n = len(column)
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    if column.null_count:
-        raise _null(name, _first_true(column.is_null().to_numpy(zero_copy_only=False)))
-    if not n:
+    column, offsets = _binary_offsets(column, name)
+    if offsets is None:
         empty = np.empty(0, dtype=dt)
         return RaggedColumn(empty, np.zeros(1, np.int64)) if name in ragged else empty.reshape(0, 0)
-    offsets_type = np.int64 if pa.types.is_large_binary(column.type) else np.int32
-    offsets = np.frombuffer(column.buffers()[1], dtype=offsets_type)[column.offset:column.offset + n + 1]
     sizes = np.diff(offsets)
     odd = np.flatnonzero(sizes % dt.itemsize)
     if odd.size:
         raise _null(name, int(odd[0]), inside=True)
-    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]
-    if data.ctypes.data % dt.alignment:
-        data = data.copy()
-    values = data.view(dt)
+    values = _binary_values(column, offsets[0], offsets[-1], dt)
     if name in ragged:
         return RaggedColumn(values, ((offsets - offsets[0]) // dt.itemsize).astype(np.int64))
     width = int(sizes[0])
@@ -416,7 +419,7 @@ def _packed_list(column, name: str, dt: np.dtype, ragged: Collection[str]):
     if bad.size:
         row = int(bad[0])
         raise _ragged(name, row, int(sizes[row]) // dt.itemsize, width // dt.itemsize)
-    return values.reshape(n, width // dt.itemsize)
+    return values.reshape(len(column), width // dt.itemsize)
 
 
 @functools.lru_cache(maxsize=16)
