@@ -147,7 +147,7 @@ def identity_main(args, ctx):
     return {"rows": rows, "ready": ready, "first": first, "last": last}
 
 
-def run_inference(backend, data, row_bytes: int, label: str, count) -> float:
+def run_inference(backend, data, row_bytes: int, label: str, count, keep=None) -> float:
     """``cluster.inference(data)`` rows/s, from the moment it was called (once every node had
     imported TensorFlow) to the last answer; ``count(out)`` materializes the output and gives
     its rows (they must all be there)."""
@@ -158,7 +158,7 @@ def run_inference(backend, data, row_bytes: int, label: str, count) -> float:
                    duotf.ClusterSpec(workers=2)) as cluster:
         start = _when_ready(ready, 2)
         jvm = executor_cpu()
-        out = cluster.inference(data, **({"result_columns": {"prediction": "double"}}
+        out = cluster.inference(data, **({"result_columns": {"prediction": "double"}, "keep": keep}
                                           if hasattr(data, "mapInArrow") else {}))
         n = count(out)
         jvm = executor_cpu() - jvm
@@ -283,11 +283,12 @@ def executor_cpu() -> float:
 
 
 def run_duotf(backend, data, epochs: int, row_bytes: int, label: str, main=drain_main, env=None,
-              quiet=False, **train):
+              quiet=False, breakdown=False, **train):
     """The feed's rate over the whole run: every row fed, from the moment ``train`` was called
     (once every node had imported TensorFlow: the limit leaves TF's start-up out too) to the
     last batch a node read. Counting, a first epoch that converts, and every epoch's start are
-    in it. The rate while every node was reading is printed beside it."""
+    in it. The rate while every node was reading is printed beside it; with ``breakdown``, where
+    ``train`` spent its time (its report's ``count_seconds`` and ``epoch_seconds``)."""
     import tempfile
 
     ready = tempfile.mkdtemp(prefix="duotf-bench-ready-")
@@ -310,7 +311,26 @@ def run_duotf(backend, data, epochs: int, row_bytes: int, label: str, main=drain
           f"over the whole run of {span:5.1f} s ({steady or 0:,.0f} rows/s over the {seconds:.1f} s "
           f"every node was reading)" + ("  (under 10 s: raise the epochs)" if span < 10 else "")
           + (f"; executors' JVMs: {jvm / fed * 1e6:.1f} us CPU a row" if jvm else ""), flush=True)
+    if breakdown:
+        later = report["epoch_seconds"][1:]
+        print(f"    train() took {report['seconds']:.2f} s: counting the rows {report['count_seconds']:.2f} s, "
+              f"epoch 1 {report['epoch_seconds'][0]:.2f} s"
+              + (f", epochs 2-{len(later) + 1} {min(later):.2f}-{max(later):.2f} s ({sum(later):.2f} s "
+                 "in all)" if later else ""), flush=True)
     return rate
+
+
+def spark_job_floor(session, tasks: int = 2, repeats: int = 9) -> float:
+    """The median seconds of a Spark job of ``tasks`` Python tasks that do nothing: what every
+    job costs on this cluster before any data moves (``train`` runs one to count the rows and
+    one an epoch; a cached epoch's job has one task per free slot, 2 here)."""
+    sc = session.sparkContext
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sc.parallelize(range(tasks), tasks).map(lambda x: x).collect()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[repeats // 2]
 
 
 def spark_data(session, rows: int, tiny: bool, partitions: int, packed: bool = False):
@@ -444,10 +464,18 @@ def cli():
             df = spark_data(session, opts.rows, False, 8)
             run_duotf(session, df, 1, 3144, "first feed of the session (warm-up)")
             df.unpersist()
+            floor = spark_job_floor(session)
+            print(f"  a Spark job of 2 Python tasks that do nothing: {floor:.3f} s (median of 9); "
+                  f"train(df, epochs={opts.epochs}) runs {opts.epochs + 1} jobs (a count, one an "
+                  f"epoch): {(opts.epochs + 1) * floor:.2f} s before any data moves, a ceiling of "
+                  f"{opts.rows * opts.epochs / ((opts.epochs + 1) * floor):,.0f} rows/s = "
+                  f"{opts.rows * opts.epochs / ((opts.epochs + 1) * floor) / mnist_limit:.0%} of the "
+                  "limit", flush=True)
             for kind, packed, label in [("mnist", False, "MNIST-like array<float> column (default)"),
                                         ("mnist-packed", True, "MNIST-like packed tensor column")]:
                 df = spark_data(session, opts.rows, False, 8, packed=packed)
-                rates["spark", kind] = run_duotf(session, df, opts.epochs, 3144, label)
+                rates["spark", kind] = run_duotf(session, df, opts.epochs, 3144, label,
+                                                 breakdown=True)
                 if not packed:
                     rates["spark", "mnist-every-epoch"] = run_duotf(
                         session, df, opts.epochs, 3144, "MNIST-like array<float>, convert_once=False",
@@ -472,6 +500,10 @@ def cli():
             rates["spark", "mnist-1-epoch"] = run_duotf(session, df, 1, 3144, "array<float>, 1 epoch")
             rates["spark", "mnist-inference"] = run_inference(
                 session, df, 3144, "array<float> column", lambda out: out.count())
+            # what TFoS's inference returns: the answers only (here beside the label), no input
+            rates["spark", "mnist-label-inference"] = run_inference(
+                session, df, 3144, "array<float> column, keep=['label']", lambda out: out.count(),
+                keep=["label"])
             df.unpersist()
             for numpy_rows, kind in [(True, "numpy"), (False, "lists")]:
                 rdd = spark_rdd(session, opts.rdd_rows, numpy_rows, 8)

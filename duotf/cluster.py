@@ -458,7 +458,10 @@ class Cluster:
         every worker gets the same number of rows per epoch (see :func:`duotf.planner.balance`),
         so synchronous workers run the same number of steps. Raises the node's error within
         moments if a node dies, and :class:`~duotf.errors.FeedError` if a node takes no data for
-        ``feed_timeout`` seconds. Returns counts: rows fed, rows per worker, rows left over.
+        ``feed_timeout`` seconds. Returns counts: rows fed, rows per worker, rows left over;
+        and where the call's time went: ``seconds`` (all of it), ``count_seconds`` (counting
+        the rows of every partition, which the balanced plan needs first) and
+        ``epoch_seconds`` (each epoch's engine job, its epoch markers acknowledged).
         Shows a progress bar per epoch (rows fed of the epoch's rows, rows/s, the latest
         reported metrics) as ``duotf.run(progress=...)`` says.
 

@@ -342,7 +342,9 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
     targets = sup.feed_targets()
     adapter.check_capacity(len(sup.nodes))
     adapter.job_id = sup.job_id or ""
+    t0 = time.monotonic()
     counts = _count(sup, adapter, targets)
+    count_seconds = time.monotonic() - t0
     plan, per, dropped = balance(counts, len(targets), drop_remainder=balanced)
     if dropped:
         logger.warning("duotf: %d rows left over after giving each of %d workers %d rows are not "
@@ -351,8 +353,7 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
     progress = progress if progress is not None else FeedProgress(False)
     adapter.on_partition = progress.partition_done
     epoch_rows = sum(counts) if per is None else per * len(targets)
-    t0 = time.monotonic()
-    fed, done = 0, 0
+    fed, done, epoch_seconds = 0, 0, []
     try:
         for epoch in range(first_epoch + 1, epochs + 1):
             t1 = time.monotonic()
@@ -367,6 +368,7 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
             done += 1
             t2 = time.monotonic()
             _markers(sup, targets, wire.Marker.EPOCH, feed_timeout, epoch)
+            epoch_seconds.append(time.monotonic() - t1)
             logger.debug("duotf: epoch %d fed in %.3f s, its markers acknowledged in %.3f s",
                          epoch, t2 - t1, time.monotonic() - t2)
         _markers(sup, targets, wire.Marker.END, feed_timeout)
@@ -378,7 +380,8 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
         progress.close()
     return {"epochs": done, "rows": sum(counts), "rows_fed": fed, "rows_per_worker": per,
             "rows_dropped_per_epoch": dropped, "terminated": sup.feed_terminated(),
-            "seconds": time.monotonic() - t0, **adapter.report()}
+            "seconds": time.monotonic() - t0, "count_seconds": count_seconds,
+            "epoch_seconds": epoch_seconds, **adapter.report()}
 
 
 def inference(sup: Supervisor, backend, data, keep, result_columns, feed_timeout: float,

@@ -21,6 +21,10 @@ def test_train_epochs_balanced_across_workers(backend, engine):
     assert report["rows_dropped_per_epoch"] == 1 and report["rows_fed"] == 3 * 44
     # a Spark RDD too is converted once, in epoch 1, and fed from what it kept after
     assert report.get("converted_once", False) == engine.converts_frames_once
+    # where the call's time went: counting, then each epoch's feeding job with its markers
+    assert len(report["epoch_seconds"]) == report["epochs"] == 3
+    assert all(s > 0 for s in report["epoch_seconds"]) and report["count_seconds"] > 0
+    assert report["count_seconds"] + sum(report["epoch_seconds"]) <= report["seconds"]
     for result in (first, second):
         assert result["epochs"] == 3
         assert sorted(result["ids"]) == [0, 1, 2]
