@@ -23,6 +23,7 @@ import time
 import psutil
 
 import duotf
+from benchmarks.feed import checkout_on_executors
 
 BATCH = 1000
 
@@ -118,11 +119,13 @@ def main():
     from duotf.io import dataframe as dfio
     from duotf.spark import feed_cache, pack_tensors
 
-    session = (SparkSession.builder.master(opts.spark_master).config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    session = checkout_on_executors(
+        SparkSession.builder.master(opts.spark_master).config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     conf = session.sparkContext.getConf()
-    print("Spark settings beyond the master URL: none (engine defaults): executor memory "
+    print("Spark settings beyond the master URL: none (engine defaults; the executors' PYTHONPATH "
+          "names this checkout, for the nodes to import the benchmark's functions): executor memory "
           f"{conf.get('spark.executor.memory', '1g')}, Arrow batch "
           f"{session.conf.get('spark.sql.execution.arrow.maxRecordsPerBatch')} records / "
           f"{session.conf.get('spark.sql.execution.arrow.maxBytesPerBatch')}")

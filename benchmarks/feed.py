@@ -320,6 +320,15 @@ def run_duotf(backend, data, epochs: int, row_bytes: int, label: str, main=drain
     return rate
 
 
+def checkout_on_executors(builder):
+    """``builder`` with this checkout on the executors' ``PYTHONPATH``: the nodes that a
+    standalone cluster's executors start import the benchmark's functions (``drain_main``, ...)
+    by name, from this folder. Not a setting of the engine: nothing it does changes."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return builder.config("spark.executorEnv.PYTHONPATH", os.pathsep.join(paths))
+
+
 def spark_job_floor(session, tasks: int = 2, repeats: int = 9) -> float:
     """The median seconds of a Spark job of ``tasks`` Python tasks that do nothing: what every
     job costs on this cluster before any data moves (``train`` runs one to count the rows and
@@ -452,9 +461,11 @@ def cli():
 
         # Spark's defaults (1 GiB driver and executor memory, 10,000 records per Arrow batch):
         # only the master, and the UI and progress bar off (they cost nothing to the figures).
-        session = (SparkSession.builder.master(opts.spark_master).config("spark.ui.enabled", "false")
-                   .config("spark.ui.showConsoleProgress", "false").getOrCreate())
-        print("Spark settings beyond the master URL: none (engine defaults)")
+        session = checkout_on_executors(
+            SparkSession.builder.master(opts.spark_master).config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")).getOrCreate()
+        print("Spark settings beyond the master URL: none (engine defaults; the executors' "
+              "PYTHONPATH names this checkout, for the nodes to import the benchmark's functions)")
         session.sparkContext.setLogLevel("ERROR")
         try:
             print(f"Spark {opts.spark_master}:")

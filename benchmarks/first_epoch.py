@@ -18,7 +18,8 @@ import tempfile
 import time
 
 import duotf
-from benchmarks.feed import BATCH, _when_ready, drain_main, executor_cpu, identity_main, spark_data
+from benchmarks.feed import (BATCH, _when_ready, checkout_on_executors, drain_main, executor_cpu,
+                             identity_main, spark_data)
 
 
 def _drain(batches):
@@ -75,8 +76,9 @@ def main():
 
     from duotf.backends.spark_feed import arrow_source
 
-    session = (SparkSession.builder.master(opts.spark_master).config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    session = checkout_on_executors(
+        SparkSession.builder.master(opts.spark_master).config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     df = spark_data(session, opts.rows, False, 8)
     if opts.inference:
