@@ -308,9 +308,14 @@ class DaskEngine(Engine):
     @classmethod
     @contextlib.contextmanager
     def start(cls, request):
+        import dask
         from distributed import Client, LocalCluster
 
-        with LocalCluster(
+        # A LocalCluster closes the nanny of a worker that has been gone from the scheduler
+        # for distributed.deploy.lost-worker-timeout (15 s). The tests that kill a worker wait
+        # for its nanny's new one; on a loaded 2-core CI machine that one once took longer to
+        # register, its nanny was closed, and every later Dask test had 1 worker of 2.
+        with dask.config.set({"distributed.deploy.lost-worker-timeout": "180s"}), LocalCluster(
             n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None,
             host="127.0.0.1",
         ) as cluster, Client(cluster) as client:
