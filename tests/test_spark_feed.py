@@ -105,3 +105,64 @@ def test_train_with_every_slot_taken_raises_before_any_spark_job(backend, engine
     finally:
         (tmp_path / "release").touch()
         cluster.shutdown(grace_secs=30)
+
+
+def test_duotf_jobs_cut_arrow_batches_at_4_mib_and_leave_the_session_as_it_was(backend, engine):
+    from pyspark.sql import functions as F
+
+    from duotf.backends.spark_feed import ARROW_BATCH_BYTES, arrow_batches
+
+    def batch_rows(batches):  # (local functions: pickled by value, for standalone's workers)
+        import pyarrow as pa
+
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"n": [batch.num_rows], "bytes": [batch.nbytes]})
+
+    def tell_batch_rows(batches):
+        import pyarrow as pa
+
+        for batch in batches:
+            yield pa.RecordBatch.from_arrays(
+                [batch.column(0), pa.array([batch.num_rows] * batch.num_rows, pa.int64())], ["x", "rows"])
+
+    session = engine.session
+    conf = session._jsparkSession.sessionState().conf()
+    key, records = "spark.sql.execution.arrow.maxBytesPerBatch", "spark.sql.execution.arrow.maxRecordsPerBatch"
+    assert not conf.contains(key) and not conf.contains(records)
+    # 3,000 rows of 784 floats (9.4 MB) in one partition: one batch at Spark's 10,000 records
+    df = session.range(0, 3000, numPartitions=1).select(
+        F.array_repeat(F.col("id").cast("float"), 784).alias("x"))
+
+    def batches():
+        return [tuple(r) for r in df.mapInArrow(batch_rows, "n long, bytes long").collect()]
+
+    assert [n for n, _ in batches()] == [3000]
+    with arrow_batches(session):
+        with arrow_batches(session):  # a second duotf job of the session meanwhile
+            pass
+        assert session.conf.get(key) == str(ARROW_BATCH_BYTES)  # still held by the first
+        cut = batches()
+    assert not conf.contains(key)
+    assert sum(n for n, _ in cut) == 3000 and len(cut) >= 3
+    assert all(size <= ARROW_BATCH_BYTES + 784 * 4 + 1024 for _, size in cut), cut
+
+    # a session that sets its batches keeps them
+    session.conf.set(records, "1000")
+    try:
+        with arrow_batches(session):
+            assert not conf.contains(key)
+            assert [n for n, _ in batches()] == [1000, 1000, 1000]
+        assert session.conf.get(records) == "1000"
+    finally:
+        session.conf.unset(records)
+
+    # train()'s jobs run with it (its converting epoch too, an RDD job), and leave the session
+    # as they found it: an Arrow step of the user's own DataFrame tells each row the size of
+    # the batch it came in
+    with duotf.run(mains.feed_train_main, {"batch": 500}, backend, duotf.ClusterSpec(workers=2),
+                   env={"TF_CPP_MIN_LOG_LEVEL": "3"}) as cluster:
+        cluster.train(df.mapInArrow(tell_batch_rows, "x array<float>, rows long"), epochs=2)
+        results = cluster.wait(timeout=120)
+    seen = [v for r in results for epoch in r["ids"].values() for v in epoch]
+    assert len(seen) == 6000 and max(seen) < 3000 and sum(seen) < 6000 * 3000, sorted(set(seen))
+    assert not conf.contains(key) and not conf.contains(records)

@@ -8,8 +8,10 @@ once instead of every epoch. Public names are re-exported by :mod:`duotf.spark`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
 import time
 from typing import Dict, List, Sequence, Union
 
@@ -449,7 +451,8 @@ def feed_cache(df, *, block_bytes: int = 4 << 20, ragged: Sequence[str] = ()) ->
     spill = _spiller(uuid.uuid4().hex[:16], tensors, block_bytes, ragged_columns(ragged))
     index = source.mapInArrow(spill, _INDEX_SCHEMA).rdd.map(_cached_partition)
     index.persist(StorageLevel.MEMORY_ONLY)
-    collected = index.collect()
+    with arrow_batches(getattr(df, "sparkSession", None)):
+        collected = index.collect()
     parts = sorted((p for p in collected if isinstance(p, CachedPartition)), key=lambda part: part.pid)
     cache = FeedCache(index, df, parts, list(df.columns))
     errors = sorted((e for e in collected if isinstance(e, str)), key=lambda e: json.loads(e)["partition"])
@@ -492,6 +495,54 @@ def _in_group(sc, group: str, what: str, call):
     finally:
         for key, value in before.items():
             sc.setLocalProperty(key, value)
+
+
+#: The Arrow batches of duotf's own jobs out of the JVM: at most this many bytes each (Spark's
+#: default cuts them at 10,000 records only: 31 MB of MNIST-sized rows, which its Arrow writer
+#: fills at about half the speed it fills batches that stay in the CPU's cache).
+ARROW_BATCH_BYTES = 4 << 20
+_ARROW_KEYS = ("spark.sql.execution.arrow.maxBytesPerBatch", "spark.sql.execution.arrow.maxRecordsPerBatch")
+_arrow_lock = threading.Lock()
+_arrow_users = {}  # id(session) -> [duotf jobs in flight, the value set]
+
+
+@contextlib.contextmanager
+def arrow_batches(session):
+    """duotf's jobs of ``session`` run with Arrow batches of at most :data:`ARROW_BATCH_BYTES`
+    (``spark.sql.execution.arrow.maxBytesPerBatch``), unless the session sets either batch
+    setting itself: then that is kept. The setting is the session's, so while a duotf job plans
+    its stages, another thread's Arrow query of the session may get batches of that size too
+    (batch sizes only: never other rows or values); it is unset when the last duotf job of the
+    session ends, if it still holds duotf's value."""
+    jconf = None
+    try:
+        jconf = session._jsparkSession.sessionState().conf() if session is not None else None
+    except Exception:  # noqa: BLE001 - Spark Connect, or no JVM: Spark's own batches
+        jconf = None
+    if jconf is None:
+        yield
+        return
+    key, value = _ARROW_KEYS[0], str(ARROW_BATCH_BYTES)
+    with _arrow_lock:
+        users = _arrow_users.get(id(session))
+        if users is None:
+            if any(jconf.contains(k) for k in _ARROW_KEYS):
+                users = None  # the user's own setting
+            else:
+                session.conf.set(key, value)
+                users = _arrow_users[id(session)] = [0, value]
+        if users is not None:
+            users[0] += 1
+    try:
+        yield
+    finally:
+        if users is not None:
+            with _arrow_lock:
+                users[0] -= 1
+                if users[0] == 0:
+                    del _arrow_users[id(session)]
+                    if session.conf.get(key, None) == value:
+                        session.conf.unset(key)
 
 
 def _raise_first(errors) -> None:
@@ -683,9 +734,18 @@ class SparkFeed(FeedAdapter):
         # A group of its own (cancelled alone), described as the Spark UI shows it:
         # "duotf <job id>: feed epoch 3/10".
         group = f"{job.key_prefix}-{time.monotonic_ns()}"
-        sc = self.sc
-        return ThreadJob(lambda: _in_group(sc, group, work_name(job.job_id, job.work), call),
-                         cancel=lambda: sc.cancelJobGroup(group), name="spark-feed")
+        sc, session = self.sc, self._session()
+
+        def scoped():
+            with arrow_batches(session):
+                return _in_group(sc, group, work_name(job.job_id, job.work), call)
+
+        return ThreadJob(scoped, cancel=lambda: sc.cancelJobGroup(group), name="spark-feed")
+
+    def _session(self):
+        """The SparkSession of the DataFrame read (directly or by a cache), else None."""
+        source = self.df if self.df is not None else getattr(self.cache, "df", None)
+        return getattr(source, "sparkSession", None)
 
     def _arrow(self):
         if self._source is None:
@@ -711,13 +771,14 @@ class SparkFeed(FeedAdapter):
 
             # One literal column: Spark reads no data column just to count rows.
             collect = self.df.select(F.lit(0).alias("_")).mapInArrow(_arrow_counts, "p long, n long").collect
-            counts = [0] * self.df.rdd.getNumPartitions()
+            counts = [0] * self.df.select(F.lit(0)).rdd.getNumPartitions()  # the plan of df itself stays unmade
         else:
             collect = self.rdd.mapPartitionsWithIndex(_rdd_counts).collect
             counts = [0] * self.rdd.getNumPartitions()
         # the Spark UI names it: "duotf <job id>: count rows"
-        rows = _in_group(self.sc, f"duotf-count-{self.job_id}-{time.monotonic_ns()}",
-                         work_name(self.job_id, "count rows"), collect)
+        with arrow_batches(self._session()):
+            rows = _in_group(self.sc, f"duotf-count-{self.job_id}-{time.monotonic_ns()}",
+                             work_name(self.job_id, "count rows"), collect)
         _raise_first(n for _, n in rows if isinstance(n, str))
         for p, n in rows:
             counts[p] = n

@@ -104,7 +104,9 @@ def pack(df) -> Tuple[object, Dict[str, str]]:
     from pyspark.sql import DataFrame
 
     try:
-        jdf = session.sparkContext._jvm.duotf.jvm.ArrayPacking.pack(df._jdf, list(columns))
+        # a plan of its own (select *): made now, under the settings of the job that reads
+        # it, not the one Spark keeps for ``df`` if something ran ``df`` itself before
+        jdf = session.sparkContext._jvm.duotf.jvm.ArrayPacking.pack(df.select("*")._jdf, list(columns))
     except Exception as exc:  # noqa: BLE001 - e.g. a Spark whose internals differ
         logger.info("duotf: the JVM helper could not pack %s (%s); they go through Spark's "
                     "Arrow writer", sorted(columns), str(exc).splitlines()[0] if str(exc) else exc)
