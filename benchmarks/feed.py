@@ -4,6 +4,7 @@
                               [--rows 250000 --epochs 50] [--tiny-rows 4000000 --tiny-epochs 20]
                               [--rdd-rows 100000 --rdd-epochs 10] [--backends spark dask]
     python -m benchmarks.feed --malloc ROUNDS [--rows N --epochs E]
+    python -m benchmarks.feed --arrow-batches ROUNDS --spark-master URL [--rows N --epochs E]
 
 Each of 2 worker nodes drains ``ctx.get_data_feed().dataset(100)`` (feed only, no model). A
 node first imports TensorFlow and says so; the driver starts the feed once both have, and a
@@ -43,6 +44,15 @@ inference >= 0.5x its training feed and >= 30x TFoS.
 ``--malloc ROUNDS`` only compares the node's C heap setting under ``dataset()`` (TF's
 ``from_generator`` sets a 128 KiB trim threshold; duotf sets its own again: see
 ``duotf/feed/malloc.py``), on Dask, in alternating rounds.
+
+``--arrow-batches ROUNDS`` only compares, on Spark, the Arrow batches of duotf's own jobs (at
+most 4 MiB: ``duotf.backends.spark_feed.ARROW_BATCH_BYTES``) with Spark's default (10,000
+records, which duotf keeps where the session sets it, as here), in alternating rounds: the
+default ``train(df, epochs)`` and ``inference(df)``.
+
+``--default-rows N [N ...]`` also runs the default ``train(df, epochs)`` at these row counts,
+each beside the limit measured on that many rows: how the fixed costs (a count job, one engine
+job an epoch) weigh as the data grows.
 """
 
 from __future__ import annotations
@@ -147,7 +157,7 @@ def identity_main(args, ctx):
     return {"rows": rows, "ready": ready, "first": first, "last": last}
 
 
-def run_inference(backend, data, row_bytes: int, label: str, count, keep=None) -> float:
+def run_inference(backend, data, row_bytes: int, label: str, count, keep=None, quiet=False) -> float:
     """``cluster.inference(data)`` rows/s, from the moment it was called (once every node had
     imported TensorFlow) to the last answer; ``count(out)`` materializes the output and gives
     its rows (they must all be there)."""
@@ -168,6 +178,8 @@ def run_inference(backend, data, row_bytes: int, label: str, count, keep=None) -
     assert n == fed, (n, fed)
     span = max(r["last"] for r in results) - start
     rate = fed / span
+    if quiet:
+        return rate
     print(f"  duotf {label:<40} {fed:>9} rows: {rate:>10,.0f} rows/s {rate * row_bytes / 1e6:>6.0f} MB/s "
           f"in {span:5.1f} s (inference, identity model)"
           + (f"; executors' JVMs: {jvm / fed * 1e6:.1f} us CPU a row" if jvm else ""), flush=True)
@@ -249,6 +261,41 @@ def feed_rates(results):
         return whole, None, t1 - t0
     steady = sum(_rows_at(r["marks"], t1) - _rows_at(r["marks"], t0) for r in results) / (t1 - t0)
     return whole, steady, t1 - t0
+
+
+def arrow_batches(session, rows: int, epochs: int, rounds: int) -> None:
+    """duotf's Arrow batches (4 MiB) against Spark's default (10,000 records, set on the session
+    so that duotf keeps it), alternating: the default ``train(df, epochs)`` and
+    ``inference(df)`` on the MNIST-like ``array<float>`` DataFrame."""
+    import statistics
+
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    df = spark_data(session, rows, False, 8)
+    got = {}
+    for r in range(rounds):
+        for setting in (("duotf", "spark") if r % 2 == 0 else ("spark", "duotf")):
+            if setting == "spark":
+                session.conf.set(key, "10000")
+            try:
+                cpu = executor_cpu()
+                train = run_duotf(session, df, epochs, 3144, "", quiet=True)[0]
+                cpu, infer_cpu = executor_cpu() - cpu, executor_cpu()
+                infer = run_inference(session, df, 3144, "", lambda out: out.count(), quiet=True)
+                infer_cpu = executor_cpu() - infer_cpu
+            finally:
+                session.conf.unset(key)
+            # the executors' JVM CPU a row: of the training's first (converting) epoch, which
+            # is where nearly all of it goes, and of inference
+            run = (train, infer, cpu / rows * 1e6, infer_cpu / rows * 1e6)
+            got.setdefault(setting, []).append(run)
+            print(f"  round {r + 1}, {setting + ' batches':<14} train {train:>10,.0f} rows/s "
+                  f"({run[2]:.1f} us JVM CPU a row of the data), inference {infer:>10,.0f} rows/s "
+                  f"({run[3]:.1f} us)", flush=True)
+    for setting, runs in got.items():
+        med = [statistics.median(run[i] for run in runs) for i in range(4)]
+        print(f"  median, {setting + ' batches':<14} train {med[0]:>10,.0f} rows/s ({med[2]:.1f} us), "
+              f"inference {med[1]:>10,.0f} rows/s ({med[3]:.1f} us)")
+    df.unpersist()
 
 
 def limit(x, y, epochs: int, repeats: int = 2) -> float:
@@ -430,6 +477,11 @@ def cli():
     parser.add_argument("--rdd-rows", type=int, default=100_000,
                         help="rows of the RDDs of tuples (a converted TFoS program's data)")
     parser.add_argument("--rdd-epochs", type=int, default=10)
+    parser.add_argument("--arrow-batches", type=int, default=0, metavar="ROUNDS",
+                        help="only compare duotf's Arrow batches (4 MiB) with Spark's default "
+                             "(10,000 records) on Spark, ROUNDS rounds of each")
+    parser.add_argument("--default-rows", type=int, nargs="*", default=[], metavar="N",
+                        help="also run the default train(df, epochs) on N rows, beside the limit on N rows")
     parser.add_argument("--malloc", type=int, default=0, metavar="ROUNDS",
                         help="only compare dataset()'s C heap settings (TF's, duotf's) on Dask, "
                              "ROUNDS rounds of each")
@@ -443,6 +495,22 @@ def cli():
             print(f"dataset()'s C heap setting, Dask LocalCluster (2 workers), {opts.rows} "
                   f"MNIST-like rows x {opts.epochs} epochs:")
             malloc_settings(client, opts.rows, opts.epochs, opts.malloc)
+        return
+    if opts.arrow_batches:
+        from pyspark.sql import SparkSession
+
+        session = checkout_on_executors(
+            SparkSession.builder.master(opts.spark_master).config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")).getOrCreate()
+        session.sparkContext.setLogLevel("ERROR")
+        try:
+            print(f"Arrow batches, Spark {opts.spark_master}, {opts.rows} MNIST-like rows, "
+                  f"train {opts.epochs} epochs and inference:")
+            run_duotf(session, spark_data(session, opts.rows, False, 8), 1, 3144,
+                      "first feed of the session (warm-up)")
+            arrow_batches(session, opts.rows, opts.epochs, opts.arrow_batches)
+        finally:
+            session.stop()
         return
     x = np.random.default_rng(0).random((opts.rows, 784), dtype=np.float32)
     y = np.arange(opts.rows, dtype=np.int64) % 10
@@ -497,6 +565,16 @@ def cli():
                     rates["spark", "mnist-cache"] = run_duotf(session, cache, opts.epochs, 3144,
                                                               "MNIST-like feed_cache(DataFrame)")
                     cache.unpersist()
+                df.unpersist()
+            for rows in opts.default_rows:
+                x = np.random.default_rng(0).random((rows, 784), dtype=np.float32)
+                y = np.arange(rows, dtype=np.int64) % 10
+                there = limit(x, y, opts.epochs)
+                del x, y
+                df = spark_data(session, rows, False, 8)
+                rate = run_duotf(session, df, opts.epochs, 3144,
+                                 f"array<float> (default), {rows} rows", breakdown=True)
+                print(f"    = {rate / there:.0%} of the limit on {rows} rows ({there:,.0f} rows/s)", flush=True)
                 df.unpersist()
             df = spark_data(session, opts.tiny_rows, True, 8)
             rates["spark", "tiny"] = run_duotf(session, df, opts.tiny_epochs, 8, "tiny DataFrame")
