@@ -330,6 +330,7 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
     ragged = ragged_columns(ragged)
     adapter = backend.feed_adapter(data, len(sup.nodes))  # a ConfigError for bad data comes first
     adapter.convert_once = convert_once  # (Spark converts in epoch 1: a resumed feed reads)
+    adapter.feed_epochs, adapter.ragged = epochs - first_epoch, tuple(ragged)
     try:
         return _train(sup, adapter, epochs, feed_timeout, balanced, ragged, progress, first_epoch)
     finally:

@@ -97,3 +97,87 @@ def test_packing_is_off_when_asked(backend, engine, monkeypatch):
     assert arrow_source(df) == (df, {})
     monkeypatch.delenv("DUOTF_SPARK_PACK_ARRAYS")
     assert arrow_source(df)[1] == {"x": ("float32", None)}
+
+
+@pytestmark_spark
+def test_the_jvm_writes_each_partition_as_the_frames_the_feed_would_send(backend, engine):
+    import json
+    import os
+    import uuid
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyspark.sql import functions as F
+
+    from duotf.backends.spark_feed import _ERROR, CachedPartition
+    from duotf.feed import wire
+    from duotf.feed.columns import split
+
+    # every number type, as a column and as an array column; 3 partitions of 7 or 8 rows
+    df = engine.session.range(0, 23, 1, 3).select(
+        *[(F.col("id") * 3 - 7).cast(t).alias(t) for t in TYPES],
+        *[F.array(*[(F.col("id") * 5 + k - 40).cast(t) for k in range(3)]).alias(f"a_{t}") for t in TYPES])
+    block = 200  # a few rows a frame: each partition is several frames
+    cache_id = f"test-{uuid.uuid4().hex[:8]}"
+    entries = sorted(jvm.spill(df, cache_id, block, 0, 0.0, _ERROR).collect(), key=lambda e: e.pid)
+
+    # what the Python side would have sent: each partition's Arrow rows as the feed decodes
+    # them, cut into frames of block // row bytes rows
+    table = pa.Table.from_batches(df.withColumn("_p", F.spark_partition_id())._collect_as_arrow())
+    parts = []
+    try:
+        assert [e.pid for e in entries] == [0, 1, 2]
+        for entry in entries:
+            assert entry[_ERROR] is None and entry.path
+            assert os.path.basename(os.path.dirname(entry.path)) == f"duotf-feedcache-{cache_id}"
+            part = CachedPartition(entry.pid, entry.host, entry.path,
+                                   [tuple(f) for f in json.loads(entry.frames)])
+            parts.append(part)
+            rows = table.filter(pc.equal(table["_p"], entry.pid)).drop_columns(["_p"])
+            cols = from_arrow(rows.combine_chunks().to_batches()[0])
+            row_bytes = sum(v.nbytes // len(v) for v in cols.values())
+            want = [wire.pack_frame(piece) for piece in split(cols, block // row_bytes)]
+            assert entry.rows == rows.num_rows == part.rows and len(want) > 2
+            with open(entry.path, "rb") as f:
+                data = f.read()
+            got = [data[offset:offset + length] for _, offset, length in part.frames]
+            assert [n for n, _, _ in part.frames] == [len(next(iter(p.values())))
+                                                     for p in split(cols, block // row_bytes)]
+            assert got == want  # byte for byte
+            assert all(offset % 4096 == 0 for _, offset, _ in part.frames)
+    finally:
+        for entry in entries:
+            CachedPartition(entry.pid, entry.host, entry.path, []).remove()
+    assert not os.path.exists(os.path.dirname(entries[0].path))
+
+
+@pytestmark_spark
+@pytest.mark.parametrize("value", [None, [1.0, None], [1.0, 2.0, 3.0], []],
+                         ids=["null", "null-inside", "ragged", "empty"])
+def test_the_jvm_leaves_a_partition_the_feed_refuses_to_the_dataframe_and_counts_it(backend, engine, value):
+    import uuid
+
+    from duotf.backends.spark_feed import _ERROR, CachedPartition
+
+    rows = [[(i, [float(i), i + 0.5]) for i in range(p * 4, p * 4 + 4)] for p in range(3)]
+    rows[1][2] = (6, value)
+    df = engine.table(rows, {"id": "long", "v": "array<float>"})
+    entries = sorted(jvm.spill(df, f"test-{uuid.uuid4().hex[:8]}", 1 << 20, 0, 0.0, _ERROR).collect(),
+                     key=lambda e: e.pid)
+    try:
+        assert [(e.pid, e.rows, bool(e.path), e[_ERROR]) for e in entries] == \
+            [(0, 4, True, None), (1, 4, False, None), (2, 4, True, None)]
+        assert entries[1].frames == "[]"
+    finally:
+        for entry in entries:
+            CachedPartition(entry.pid, entry.host, entry.path, []).remove()
+
+
+def test_the_jvm_writes_only_dataframes_of_numbers():
+    from pyspark.sql.types import StructType
+
+    assert jvm.spillable(StructType.fromDDL("a float, b array<double>, c tinyint, d array<bigint>"))
+    for other in ["s string", "b binary", "t boolean", "d decimal(10,2)", "n array<array<float>>",
+                  "m array<string>", "st struct<a: float>"]:
+        assert not jvm.spillable(StructType.fromDDL(f"a float, {other}")), other
+    assert not jvm.spillable(StructType([]))

@@ -166,3 +166,33 @@ def test_duotf_jobs_cut_arrow_batches_at_4_mib_and_leave_the_session_as_it_was(b
     seen = [v for r in results for epoch in r["ids"].values() for v in epoch]
     assert len(seen) == 6000 and max(seen) < 3000 and sum(seen) < 6000 * 3000, sorted(set(seen))
     assert not conf.contains(key) and not conf.contains(records)
+
+
+@pytest.mark.engines("spark-local")
+@pytest.mark.parametrize("column, value, problem", [
+    ("id", None, "null"), ("x", None, "null"), ("v", None, "null"), ("v", [1.0, None], "null"),
+    ("v", [1.0, 2.0, 3.0], "ragged"),
+])
+def test_a_dataframe_of_numbers_written_by_the_jvm_still_names_a_refused_row(backend, engine, tmp_path,
+                                                                            column, value, problem):
+    from tests.suite.data import kept_frame_folders
+
+    # numbers only: the JVM writes the frames (duotf.jvm.spill); partition 1 holds the bad row,
+    # which it leaves to the DataFrame's own feed, where the row is named
+    parts = [[(i, i / 4, [float(i), i + 0.25]) for i in range(p * 4, p * 4 + 4)] for p in range(3)]
+    row = list(parts[1][2])
+    row[["id", "x", "v"].index(column)] = value
+    parts[1][2] = tuple(row)
+    schema = {"id": "long", "x": "double", "v": "array<float>"}
+    before = kept_frame_folders()
+    cluster = duotf.run(mains.block_main, {"release": str(tmp_path / "release")}, backend,
+                        duotf.ClusterSpec(workers=1))
+    try:
+        with pytest.raises(duotf.FeedSchemaError) as info:
+            cluster.train(engine.table(parts, schema), epochs=2, feed_timeout=60)
+        assert not kept_frame_folders() - before
+    finally:
+        (tmp_path / "release").touch()
+        cluster.shutdown(grace_secs=0, _raise=False)
+    err = info.value
+    assert (err.column, err.partition, err.row, err.problem) == (column, 1, 2, problem)

@@ -148,6 +148,11 @@ class FeedAdapter(abc.ABC):
     #: never). What is kept goes with :meth:`close`.
     convert_once: Optional[bool] = None
 
+    #: the epochs this ``train`` feeds, and its ragged columns; set by the feed planner before
+    #: it counts (an adapter that converts once may do it while counting)
+    feed_epochs: int = 1
+    ragged: tuple = ()
+
     def report(self) -> dict:
         """What the adapter adds to ``cluster.train``'s counts (e.g. what it kept)."""
         return {}

@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 import time
-from typing import Dict, List, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 from ..errors import ConfigError, InsufficientSlotsError
 from .base import EngineJob, FeedAdapter, ThreadJob, work_name
@@ -727,6 +727,7 @@ class SparkFeed(FeedAdapter):
         self.df = data if hasattr(data, "mapInArrow") else None
         self.rdd = None if self.df is not None or self.cache is not None else data
         self._source = None  # (the DataFrame read with mapInArrow, its tensor specs): arrow_source
+        self.converted_in_jvm = False  # the kept frames were written by the JVM (_convert_in_jvm)
         if self.cache is not None and self.cache.index is None:
             raise ConfigError(f"{self.cache!r} was unpersisted; make a new feed_cache()")
 
@@ -766,6 +767,11 @@ class SparkFeed(FeedAdapter):
     def counts(self) -> List[int]:
         if self.cache is not None:
             return list(self.cache.counts)
+        if self.df is not None and self.feed_epochs > 1 and self.convert_once is not False \
+                and not self.ragged:
+            counts = self._convert_in_jvm()
+            if counts is not None:
+                return counts
         if self.df is not None:
             from pyspark.sql import functions as F
 
@@ -782,6 +788,52 @@ class SparkFeed(FeedAdapter):
         _raise_first(n for _, n in rows if isinstance(n, str))
         for p, n in rows:
             counts[p] = n
+        return counts
+
+    def _convert_in_jvm(self) -> Optional[List[int]]:
+        """The first pass of a DataFrame of numbers fed ``epochs > 1`` times: the JVM writes
+        each partition into a feed frame file in its executor's local dir, and counts its rows,
+        in one job (:func:`duotf.jvm.spill`); every epoch is then fed from those files
+        (:meth:`_train_cached`), and :meth:`close` deletes them. No row passes through Arrow
+        or a Python worker, and no separate count is run. None (nothing done) where the
+        DataFrame has another kind of column or the JVM helper is not usable: the first epoch
+        then converts through Arrow (:meth:`_train_converting`). A partition the JVM did not
+        write (one the feed refuses, or a near-full disk) is read from the DataFrame in every
+        epoch, where the feed names a refused row."""
+        import uuid
+
+        from pyspark import StorageLevel
+
+        from .. import jvm
+
+        cache_id = uuid.uuid4().hex[:16]
+        # the DataFrame's plan is made here: under duotf's Arrow batches (its own Arrow steps)
+        with arrow_batches(self._session()):
+            spilled = jvm.spill(self.df, cache_id, 4 << 20, MIN_FREE_BYTES, MIN_FREE_FRACTION, _ERROR)
+            if spilled is None:
+                return None
+            self._converting = cache_id  # close() sweeps the files of a pass that failed
+            teed = spilled.rdd.map(_teed_partition)
+            # Persisted and checkpointed, as in _train_converting: each index entry stays in the
+            # memory of the executor whose disk holds the file, and the pass is never run again.
+            teed.persist(StorageLevel.MEMORY_AND_DISK)
+            teed.localCheckpoint()
+            out = _in_group(self.sc, f"duotf-convert-{self.job_id}-{time.monotonic_ns()}",
+                            work_name(self.job_id, "convert once (count rows, keep feed frames)"),
+                            teed.collect)
+        parts = sorted((entry for entry, _ in out), key=lambda p: p.pid)
+        self.kept = self.cache = FeedCache(teed.map(lambda item: item[0]), self.df, parts,
+                                           list(self.df.columns), kept=teed)
+        self.converted_in_jvm = True
+        dropped = sum(1 for p in parts if not p.path)
+        if dropped:
+            logger.info("duotf: %d of %d partitions were not written to feed frames by the JVM (the "
+                        "feed refuses a row of theirs, or an executor's local disk is near full: "
+                        "see duotf.backends.spark_feed MIN_FREE_BYTES); they are read from the "
+                        "DataFrame in every epoch", dropped, len(parts))
+        counts = [0] * len(parts)
+        for entry, rows in out:
+            counts[entry.pid] = rows
         return counts
 
     def train(self, job) -> EngineJob:
@@ -896,7 +948,7 @@ class SparkFeed(FeedAdapter):
     def report(self) -> dict:
         if self.kept is None:
             return {}
-        return {"converted_once": True,
+        return {"converted_once": True, "converted_in_jvm": self.converted_in_jvm,
                 "partitions_kept": sum(1 for p in self.kept.parts if p.path)}
 
     def close(self) -> None:

@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 JAR = HERE / "duotf-jvm.jar"
-SOURCE = HERE / "src" / "duotf" / "jvm" / "ArrayPacking.java"
+SOURCES = sorted((HERE / "src" / "duotf" / "jvm").glob("*.java"))
 CLASS = "duotf.jvm.ArrayPacking"
 DIGEST_ENTRY = "duotf/jvm/SOURCE.sha256"  # the source's digest, kept in the jar it was built into
 
@@ -44,7 +44,11 @@ def enabled() -> bool:
 
 
 def source_digest() -> str:
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+    """The digest of every Java source file, by name and content."""
+    digest = hashlib.sha256()
+    for path in SOURCES:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def load(sc) -> bool:
@@ -114,6 +118,46 @@ def pack(df) -> Tuple[object, Dict[str, str]]:
     return DataFrame(jdf, session), columns
 
 
+def spillable(schema) -> bool:
+    """Whether :func:`spill` writes every column of a Spark schema: numbers, and arrays of
+    numbers (no strings, no binary or tensor columns, no nested arrays)."""
+    from pyspark.sql import types as T
+
+    def number(t) -> bool:
+        return t.simpleString() in DTYPES
+
+    return bool(schema.fields) and all(
+        number(f.dataType) or (isinstance(f.dataType, T.ArrayType) and number(f.dataType.elementType))
+        for f in schema.fields)
+
+
+def spill(df, cache_id: str, block_bytes: int, min_free_bytes: int, min_free_fraction: float,
+          error_column: str):
+    """The DataFrame of ``df``'s partitions written from the JVM into feed frame files
+    (``duotf.jvm.FeedFrames.spill``: one index row a partition, see
+    ``duotf.backends.spark_feed``); None where ``df`` has a column it does not write, or the
+    helper is not usable."""
+    if not enabled() or not spillable(df.schema):
+        return None
+    session = df.sparkSession
+    try:
+        sc = session.sparkContext
+    except Exception:  # noqa: BLE001 - Spark Connect: no JVM of ours to load into
+        return None
+    if not load(sc):
+        return None
+    from pyspark.sql import DataFrame
+
+    try:
+        jdf = sc._jvm.duotf.jvm.FeedFrames.spill(df.select("*")._jdf, cache_id, block_bytes,
+                                                 min_free_bytes, float(min_free_fraction), error_column)
+    except Exception as exc:  # noqa: BLE001 - e.g. a Spark whose internals differ
+        logger.info("duotf: the JVM helper could not write the feed's frames (%s); the first "
+                    "epoch converts through Arrow", str(exc).splitlines()[0] if str(exc) else exc)
+        return None
+    return DataFrame(jdf, session)
+
+
 def unpack(df, schema):
     """``df`` (a DataFrame whose columns are those of ``schema``, the packed ones binary) with its
     packed columns turned back into the arrays ``schema`` gives."""
@@ -139,7 +183,7 @@ def build(jar: Path = JAR) -> Path:
         raise RuntimeError("building duotf's jar needs a JDK (javac on PATH)")
     with tempfile.TemporaryDirectory(prefix="duotf-jvm-") as out:
         subprocess.run([javac, "--release", "17", "-nowarn", "-cp", str(jars / "*"), "-d", out,
-                        str(SOURCE)], check=True)
+                        *map(str, SOURCES)], check=True)
         classes: List[Path] = sorted(Path(out).rglob("*.class"))
         with zipfile.ZipFile(jar, "w", zipfile.ZIP_DEFLATED) as z:
             for path in classes:

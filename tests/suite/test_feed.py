@@ -48,6 +48,8 @@ def test_a_dataframe_fed_several_epochs_arrives_once_an_epoch_and_leaves_nothing
     # Spark converts the DataFrame once, in epoch 1, and feeds epochs 2 and 3 from what it kept
     assert report.get("converted_once", False) == engine.converts_frames_once
     assert report.get("partitions_kept", 0) == (len(SIZES) if engine.converts_frames_once else 0)
+    # columns of numbers: the JVM writes the frames, and counts the rows, in one pass
+    assert report.get("converted_in_jvm", False) == engine.converts_frames_once
     assert not left
 
 
