@@ -119,7 +119,9 @@ def test_the_jvm_writes_each_partition_as_the_frames_the_feed_would_send(backend
         *[F.array(*[(F.col("id") * 5 + k - 40).cast(t) for k in range(3)]).alias(f"a_{t}") for t in TYPES])
     block = 200  # a few rows a frame: each partition is several frames
     cache_id = f"test-{uuid.uuid4().hex[:8]}"
-    entries = sorted(jvm.spill(df, cache_id, block, 0, 0.0, _ERROR).collect(), key=lambda e: e.pid)
+    index, kept = jvm.spill(df, cache_id, block, 0, 0.0, _ERROR)
+    entries = sorted(index.collect(), key=lambda e: e.pid)
+    assert sorted(index.collect()) == sorted(entries)  # the index is kept: written once
 
     # what the Python side would have sent: each partition's Arrow rows as the feed decodes
     # them, cut into frames of block // row bytes rows
@@ -148,6 +150,7 @@ def test_the_jvm_writes_each_partition_as_the_frames_the_feed_would_send(backend
     finally:
         for entry in entries:
             CachedPartition(entry.pid, entry.host, entry.path, []).remove()
+        kept.unpersist(False)
     assert not os.path.exists(os.path.dirname(entries[0].path))
 
 
@@ -162,8 +165,8 @@ def test_the_jvm_leaves_a_partition_the_feed_refuses_to_the_dataframe_and_counts
     rows = [[(i, [float(i), i + 0.5]) for i in range(p * 4, p * 4 + 4)] for p in range(3)]
     rows[1][2] = (6, value)
     df = engine.table(rows, {"id": "long", "v": "array<float>"})
-    entries = sorted(jvm.spill(df, f"test-{uuid.uuid4().hex[:8]}", 1 << 20, 0, 0.0, _ERROR).collect(),
-                     key=lambda e: e.pid)
+    index, kept = jvm.spill(df, f"test-{uuid.uuid4().hex[:8]}", 1 << 20, 0, 0.0, _ERROR)
+    entries = sorted(index.collect(), key=lambda e: e.pid)
     try:
         assert [(e.pid, e.rows, bool(e.path), e[_ERROR]) for e in entries] == \
             [(0, 4, True, None), (1, 4, False, None), (2, 4, True, None)]
@@ -171,6 +174,7 @@ def test_the_jvm_leaves_a_partition_the_feed_refuses_to_the_dataframe_and_counts
     finally:
         for entry in entries:
             CachedPartition(entry.pid, entry.host, entry.path, []).remove()
+        kept.unpersist(False)
 
 
 def test_the_jvm_writes_only_dataframes_of_numbers():

@@ -385,6 +385,17 @@ def _remove_local(index, parts):
     yield sum(part.remove() for part in parts if isinstance(part, CachedPartition))
 
 
+class _JvmKept:
+    """The JVM RDD that keeps the index of frames the JVM wrote (:func:`duotf.jvm.spill`), as
+    :class:`FeedCache` releases what it keeps."""
+
+    def __init__(self, jrdd):
+        self.jrdd = jrdd
+
+    def unpersist(self) -> None:
+        self.jrdd.unpersist(False)
+
+
 class FeedCache:
     """A Spark DataFrame turned into ready-to-send feed frames, held in files on the executors
     (see :func:`feed_cache`). Pass it to ``cluster.train`` instead of the DataFrame."""
@@ -802,8 +813,6 @@ class SparkFeed(FeedAdapter):
         epoch, where the feed names a refused row."""
         import uuid
 
-        from pyspark import StorageLevel
-
         from .. import jvm
 
         cache_id = uuid.uuid4().hex[:16]
@@ -812,18 +821,20 @@ class SparkFeed(FeedAdapter):
             spilled = jvm.spill(self.df, cache_id, 4 << 20, MIN_FREE_BYTES, MIN_FREE_FRACTION, _ERROR)
             if spilled is None:
                 return None
+            index, kept = spilled[0], _JvmKept(spilled[1])
             self._converting = cache_id  # close() sweeps the files of a pass that failed
-            teed = spilled.rdd.map(_teed_partition)
-            # Persisted and checkpointed, as in _train_converting: each index entry stays in the
-            # memory of the executor whose disk holds the file, and the pass is never run again.
-            teed.persist(StorageLevel.MEMORY_AND_DISK)
-            teed.localCheckpoint()
-            out = _in_group(self.sc, f"duotf-convert-{self.job_id}-{time.monotonic_ns()}",
-                            work_name(self.job_id, "convert once (count rows, keep feed frames)"),
-                            teed.collect)
+            try:
+                rows = _in_group(self.sc, f"duotf-convert-{self.job_id}-{time.monotonic_ns()}",
+                                 work_name(self.job_id, "convert once (count rows, keep feed frames)"),
+                                 index.collect)
+            except BaseException:
+                kept.unpersist()
+                raise
+        out = [_teed_partition(row) for row in rows]
         parts = sorted((entry for entry, _ in out), key=lambda p: p.pid)
-        self.kept = self.cache = FeedCache(teed.map(lambda item: item[0]), self.df, parts,
-                                           list(self.df.columns), kept=teed)
+        # each task reading the index runs where its entry, and so its file, is
+        self.kept = self.cache = FeedCache(index.rdd.map(_cached_partition), self.df, parts,
+                                           list(self.df.columns), kept=kept)
         self.converted_in_jvm = True
         dropped = sum(1 for p in parts if not p.path)
         if dropped:

@@ -133,10 +133,11 @@ def spillable(schema) -> bool:
 
 def spill(df, cache_id: str, block_bytes: int, min_free_bytes: int, min_free_fraction: float,
           error_column: str):
-    """The DataFrame of ``df``'s partitions written from the JVM into feed frame files
-    (``duotf.jvm.FeedFrames.spill``: one index row a partition, see
-    ``duotf.backends.spark_feed``); None where ``df`` has a column it does not write, or the
-    helper is not usable."""
+    """``(index, kept)``: the DataFrame of ``df``'s partitions written from the JVM into feed
+    frame files (``duotf.jvm.FeedFrames.spill``: one index row a partition, see
+    ``duotf.backends.spark_feed``), and the JVM RDD that keeps that index on the executors
+    (locally checkpointed: its first job writes the files; ``kept.unpersist(False)`` when they
+    are gone). None where ``df`` has a column it does not write, or the helper is not usable."""
     if not enabled() or not spillable(df.schema):
         return None
     session = df.sparkSession
@@ -149,13 +150,14 @@ def spill(df, cache_id: str, block_bytes: int, min_free_bytes: int, min_free_fra
     from pyspark.sql import DataFrame
 
     try:
-        jdf = sc._jvm.duotf.jvm.FeedFrames.spill(df.select("*")._jdf, cache_id, block_bytes,
-                                                 min_free_bytes, float(min_free_fraction), error_column)
+        jdf, kept = sc._jvm.duotf.jvm.FeedFrames.spill(df.select("*")._jdf, cache_id, block_bytes,
+                                                       min_free_bytes, float(min_free_fraction),
+                                                       error_column)
     except Exception as exc:  # noqa: BLE001 - e.g. a Spark whose internals differ
         logger.info("duotf: the JVM helper could not write the feed's frames (%s); the first "
                     "epoch converts through Arrow", str(exc).splitlines()[0] if str(exc) else exc)
         return None
-    return DataFrame(jdf, session)
+    return DataFrame(jdf, session), kept
 
 
 def unpack(df, schema):

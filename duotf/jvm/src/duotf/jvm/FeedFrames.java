@@ -54,15 +54,23 @@ import org.apache.spark.unsafe.types.UTF8String;
 public final class FeedFrames {
   private FeedFrames() {}
 
-  /** The index of {@code df} written into feed frames: one row a partition (see the class). */
-  public static Dataset<Row> spill(Dataset<Row> df, String cacheId, long blockBytes, long minFreeBytes,
-                                   double minFreeFraction, String errorColumn) {
+  /**
+   * {@code {the index of df written into feed frames (one row a partition, see the class), the
+   * RDD that holds it}}. The RDD is locally checkpointed: its first job writes the frames, and
+   * each index row then stays in the memory (or on the disk) of the executor whose disk holds
+   * its file, so a task reading it runs there, and the writing is never run again. Unpersist
+   * the RDD when the files are gone.
+   */
+  public static Object[] spill(Dataset<Row> df, String cacheId, long blockBytes, long minFreeBytes,
+                               double minFreeFraction, String errorColumn) {
     org.apache.spark.sql.classic.Dataset<Row> classic = (org.apache.spark.sql.classic.Dataset<Row>) df;
-    Spill task = new Spill(classic.schema(), cacheId, blockBytes, minFreeBytes, minFreeFraction);
+    long block = Math.max(1, Math.min(blockBytes, 64L << 20));  // the frame buffers: 64 MiB at most
+    Spill task = new Spill(classic.schema(), cacheId, block, minFreeBytes, minFreeFraction);
     RDD<InternalRow> out = classic.queryExecution().toRdd().toJavaRDD().mapPartitions(task).rdd();
+    out.localCheckpoint();
     StructType index = StructType.fromDDL("pid long, host string, path string, frames string, rows long, `"
                                           + errorColumn + "` string");
-    return classic.sparkSession().internalCreateDataFrame(out, index, false);
+    return new Object[] {classic.sparkSession().internalCreateDataFrame(out, index, false), out};
   }
 
   /** Whether {@link #spill} writes a column of this type. */
