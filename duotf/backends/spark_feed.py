@@ -717,6 +717,30 @@ def _infer_rdd(job, keep):
     return run
 
 
+def _lost_run(exc, runs, job):
+    """The FeedError for a lost task of a cached epoch whose tasks each fed a run of partitions
+    (``runs[i]``: task i's): it names the run's partitions, where the engine's error names only
+    the task's index; None where the error names no task of the job."""
+    from ..errors import FeedError
+    from ..planner import _cause, _lost_task, _node_of
+
+    task, where = _lost_task(str(exc))
+    if task is None or task >= len(runs) or not runs[task]:
+        return None
+    pids = [part.pid for part in runs[task]]
+    node = _node_of(job, pids[0])
+    cause = _cause(exc)
+    others = f" (and partition{'s' if len(pids) > 2 else ''} {', '.join(map(str, pids[1:]))}, " \
+             "fed by the same task)" if len(pids) > 1 else ""
+    # no cause attribute: the planner still waits for a node's report of a range broken
+    # mid-way (what it says wins); the engine's error is in the message
+    return FeedError(f"{job.what} failed{f' on {node}' if node else ''}: the task feeding "
+                     f"partition {pids[0]} of epoch {job.epoch}{others} was lost ({where}): "
+                     f"{cause.rstrip('.')}; the rows of its partitions that had reached their nodes "
+                     "are not sent again (each row reaches its node at most once)",
+                     epoch=job.epoch, partition=pids[0], node=node)
+
+
 def _is_error(item) -> bool:
     return isinstance(item, tuple) and len(item) == 2 and item[0] == _ERROR
 
@@ -872,7 +896,7 @@ class SparkFeed(FeedAdapter):
 
     def _train_cached(self, job):
         cache, sc = self.cache, self.sc
-        index = cache.index
+        index, runs = cache.index, None
         free = max(self.backend.slots() - len(job.addresses), 1)
         if len({part.host for part in cache.parts}) == 1 and len(cache.parts) > free:
             # One host: every file is local to every task. One task per free slot, each
@@ -885,7 +909,13 @@ class SparkFeed(FeedAdapter):
             index = sc.parallelize(runs, len(runs)).flatMap(lambda run: run)
 
         def call():
-            out = index.mapPartitions(_cached_files(job)).collect()
+            try:
+                out = index.mapPartitions(_cached_files(job)).collect()
+            except Exception as exc:
+                lost = _lost_run(exc, runs, job) if runs else None
+                if lost is None:
+                    raise
+                raise lost from exc
             _raise_first(error for _, _, error in out)
             sent = {pid: rows for pid, rows, _ in out}
             missed = sorted(pid for pid, rows in sent.items() if rows is None)

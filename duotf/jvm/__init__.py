@@ -6,13 +6,16 @@ the executors tens of microseconds of CPU a row and bounds the DataFrame feed at
 memory speed. :func:`pack` turns such columns into binary columns of their raw elements inside
 the JVM (``duotf.jvm.ArrayPacking``), which Arrow copies as one buffer; the feed decodes them
 back into the same arrays, with the same checks (:func:`duotf.feed.columns.decode_tensor`).
+:func:`spill` goes further for a DataFrame of numbers trained on for several epochs: the JVM
+writes each partition straight into the feed's frames, in a file on its executor, and counts its
+rows (``duotf.jvm.FeedFrames``); no row then passes through Arrow or a Python worker.
 
 The jar is loaded into a running SparkContext on first use: added to the driver's class loader
 and shipped to the executors with ``addJar``. Where that is not possible (Spark before 4.0, a
 driver whose class loader takes no jars, Spark Connect) or ``DUOTF_SPARK_PACK_ARRAYS=0`` is
 set, the feed uses Spark's Arrow writer as before: same data, slower.
 
-Rebuild the jar after changing the Java source: ``python -m duotf.jvm`` (needs a JDK).
+Rebuild the jar after changing a Java source: ``python -m duotf.jvm`` (needs a JDK).
 """
 
 from __future__ import annotations
