@@ -181,14 +181,14 @@ def _run(sup: Supervisor, job, what: str, stoppable: bool, targets: List[FeedTar
                  else None)
         raise _failure_error(what, failure, cause) from broken
     except FeedError as exc:
-        _failed(sup, what, feed, exc)
+        _failed(sup, what, feed, exc, job)
     except DuotfError:
         raise
     except Exception as exc:
-        _failed(sup, what, feed, exc)
+        _failed(sup, what, feed, exc, job)
 
 
-def _failed(sup: Supervisor, what: str, feed: FeedJob, exc: BaseException):
+def _failed(sup: Supervisor, what: str, feed: FeedJob, exc: BaseException, job=None):
     """Raise the error for a feed job that failed with ``exc``. A node that died is usually
     why (its error wins), or a node reports a range broken after delivering rows: one wait of
     up to ``_GRACE`` seconds for either, none when the task's data source failed before its
@@ -213,6 +213,20 @@ def _failed(sup: Supervisor, what: str, feed: FeedJob, exc: BaseException):
         raise exc
     cause = _cause(exc)
     partition, where = _lost_task(str(exc))
+    runs = getattr(job, "task_partitions", None)
+    if runs is not None and partition is not None and partition < len(runs) and runs[partition]:
+        # the lost task fed a run of partitions (cached epochs on one host): name them. A
+        # node reports a range broken mid-way (above); here no range broke: the task's
+        # ranges that reached their nodes are delivered, the others never will be.
+        pids = runs[partition]
+        partition, node = pids[0], _node_of(feed, pids[0])
+        others = (f" (and partition{'s' if len(pids) > 2 else ''} "
+                  f"{', '.join(map(str, pids[1:]))}, fed by the same task)") if len(pids) > 1 else ""
+        raise FeedError(f"{what} failed{f' on {node}' if node else ''}: the task feeding partition "
+                        f"{partition} of epoch {feed.epoch}{others} was lost ({where}): "
+                        f"{cause.rstrip('.')}; the rows of its partitions that had reached their "
+                        "nodes are not sent again (each row reaches its node at most once)",
+                        epoch=feed.epoch, partition=partition, node=node, cause=cause) from exc
     node = _node_of(feed, partition)
     place = f" on {node}" if node else ""
     task = f"the {where} failed" if where else "the engine's job failed"

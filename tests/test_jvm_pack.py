@@ -113,10 +113,17 @@ def test_the_jvm_writes_each_partition_as_the_frames_the_feed_would_send(backend
     from duotf.feed import wire
     from duotf.feed.columns import split
 
-    # every number type, as a column and as an array column; 3 partitions of 7 or 8 rows
+    from duotf.feed.columns import tensor_specs
+    from duotf.spark import pack_tensors
+
+    # every number type, as a column and as an array column, and a tensor column (pack_tensors);
+    # 3 partitions of 7 or 8 rows
     df = engine.session.range(0, 23, 1, 3).select(
         *[(F.col("id") * 3 - 7).cast(t).alias(t) for t in TYPES],
-        *[F.array(*[(F.col("id") * 5 + k - 40).cast(t) for k in range(3)]).alias(f"a_{t}") for t in TYPES])
+        *[F.array(*[(F.col("id") * 5 + k - 40).cast(t) for k in range(3)]).alias(f"a_{t}") for t in TYPES],
+        F.array(*[(F.col("id") / 4 + k).cast("double") for k in range(4)]).alias("t"))
+    df = pack_tensors(df, "t", dtype="float64")
+    assert jvm.spillable(df.schema)
     block = 200  # a few rows a frame: each partition is several frames
     cache_id = f"test-{uuid.uuid4().hex[:8]}"
     index, kept = jvm.spill(df, cache_id, block, 0, 0.0, _ERROR)
@@ -136,7 +143,8 @@ def test_the_jvm_writes_each_partition_as_the_frames_the_feed_would_send(backend
                                    [tuple(f) for f in json.loads(entry.frames)])
             parts.append(part)
             rows = table.filter(pc.equal(table["_p"], entry.pid)).drop_columns(["_p"])
-            cols = from_arrow(rows.combine_chunks().to_batches()[0])
+            cols = from_arrow(rows.combine_chunks().to_batches()[0], tensor_specs(df.schema))
+            assert cols["t"].shape == (rows.num_rows, 4) and cols["t"].dtype == np.float64
             row_bytes = sum(v.nbytes // len(v) for v in cols.values())
             want = [wire.pack_frame(piece) for piece in split(cols, block // row_bytes)]
             assert entry.rows == rows.num_rows == part.rows and len(want) > 2

@@ -43,6 +43,11 @@ class EngineJob(abc.ABC):
     :class:`~duotf.node.NodeOutcome` per node) or a feed job (its result: what the
     :class:`FeedAdapter` method says)."""
 
+    #: a feed job whose engine tasks each feed several partitions: task i's partitions, as
+    #: the planner names them when the engine reports task i lost; None where task i feeds
+    #: partition i
+    task_partitions: Optional[List[List[int]]] = None
+
     @abc.abstractmethod
     def done(self) -> bool:
         """True once the engine call returned or failed."""
@@ -71,7 +76,9 @@ class EngineJob(abc.ABC):
 class ThreadJob(EngineJob):
     """An engine job whose engine call blocks: it runs in a driver thread until it returns."""
 
-    def __init__(self, call: Callable[[], Any], cancel: Callable[[], None], name: str):
+    def __init__(self, call: Callable[[], Any], cancel: Callable[[], None], name: str,
+                 task_partitions: Optional[List[List[int]]] = None):
+        self.task_partitions = task_partitions
         self._call = call
         self._cancel = cancel
         self._value: Any = None

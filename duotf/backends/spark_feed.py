@@ -717,30 +717,6 @@ def _infer_rdd(job, keep):
     return run
 
 
-def _lost_run(exc, runs, job):
-    """The FeedError for a lost task of a cached epoch whose tasks each fed a run of partitions
-    (``runs[i]``: task i's): it names the run's partitions, where the engine's error names only
-    the task's index; None where the error names no task of the job."""
-    from ..errors import FeedError
-    from ..planner import _cause, _lost_task, _node_of
-
-    task, where = _lost_task(str(exc))
-    if task is None or task >= len(runs) or not runs[task]:
-        return None
-    pids = [part.pid for part in runs[task]]
-    node = _node_of(job, pids[0])
-    cause = _cause(exc)
-    others = f" (and partition{'s' if len(pids) > 2 else ''} {', '.join(map(str, pids[1:]))}, " \
-             "fed by the same task)" if len(pids) > 1 else ""
-    # no cause attribute: the planner still waits for a node's report of a range broken
-    # mid-way (what it says wins); the engine's error is in the message
-    return FeedError(f"{job.what} failed{f' on {node}' if node else ''}: the task feeding "
-                     f"partition {pids[0]} of epoch {job.epoch}{others} was lost ({where}): "
-                     f"{cause.rstrip('.')}; the rows of its partitions that had reached their nodes "
-                     "are not sent again (each row reaches its node at most once)",
-                     epoch=job.epoch, partition=pids[0], node=node)
-
-
 def _is_error(item) -> bool:
     return isinstance(item, tuple) and len(item) == 2 and item[0] == _ERROR
 
@@ -766,7 +742,7 @@ class SparkFeed(FeedAdapter):
         if self.cache is not None and self.cache.index is None:
             raise ConfigError(f"{self.cache!r} was unpersisted; make a new feed_cache()")
 
-    def _job(self, job, call) -> EngineJob:
+    def _job(self, job, call, task_partitions=None) -> EngineJob:
         # A group of its own (cancelled alone), described as the Spark UI shows it:
         # "duotf <job id>: feed epoch 3/10".
         group = f"{job.key_prefix}-{time.monotonic_ns()}"
@@ -776,7 +752,8 @@ class SparkFeed(FeedAdapter):
             with arrow_batches(session):
                 return _in_group(sc, group, work_name(job.job_id, job.work), call)
 
-        return ThreadJob(scoped, cancel=lambda: sc.cancelJobGroup(group), name="spark-feed")
+        return ThreadJob(scoped, cancel=lambda: sc.cancelJobGroup(group), name="spark-feed",
+                         task_partitions=task_partitions)
 
     def _session(self):
         """The SparkSession of the DataFrame read (directly or by a cache), else None."""
@@ -826,7 +803,8 @@ class SparkFeed(FeedAdapter):
         return counts
 
     def _convert_in_jvm(self) -> Optional[List[int]]:
-        """The first pass of a DataFrame of numbers fed ``epochs > 1`` times: the JVM writes
+        """The first pass of a DataFrame of numbers (numbers, arrays of numbers, tensor
+        columns) fed ``epochs > 1`` times: the JVM writes
         each partition into a feed frame file in its executor's local dir, and counts its rows,
         in one job (:func:`duotf.jvm.spill`); every epoch is then fed from those files
         (:meth:`_train_cached`), and :meth:`close` deletes them. No row passes through Arrow
@@ -873,7 +851,7 @@ class SparkFeed(FeedAdapter):
 
     def train(self, job) -> EngineJob:
         if self.cache is not None:
-            return self._job(job, self._train_cached(job))
+            return self._job(job, *self._train_cached(job))
         if job.epoch == 1 and job.epochs > 1 and self.convert_once is not False:
             return self._job(job, self._train_converting(job))
         if self.df is not None:
@@ -895,6 +873,8 @@ class SparkFeed(FeedAdapter):
         return self._job(job, run_rdd)
 
     def _train_cached(self, job):
+        """``(the engine call of a cached epoch, each task's partitions where a task feeds
+        several)``."""
         cache, sc = self.cache, self.sc
         index, runs = cache.index, None
         free = max(self.backend.slots() - len(job.addresses), 1)
@@ -909,13 +889,7 @@ class SparkFeed(FeedAdapter):
             index = sc.parallelize(runs, len(runs)).flatMap(lambda run: run)
 
         def call():
-            try:
-                out = index.mapPartitions(_cached_files(job)).collect()
-            except Exception as exc:
-                lost = _lost_run(exc, runs, job) if runs else None
-                if lost is None:
-                    raise
-                raise lost from exc
+            out = index.mapPartitions(_cached_files(job)).collect()
             _raise_first(error for _, _, error in out)
             sent = {pid: rows for pid, rows, _ in out}
             missed = sorted(pid for pid, rows in sent.items() if rows is None)
@@ -936,7 +910,8 @@ class SparkFeed(FeedAdapter):
                     sent[pid] = rows
             return [sent[pid] for pid in sorted(sent)]
 
-        return call
+        # a lost task of a run is named by its partitions, not by its index
+        return call, ([[part.pid for part in run] for run in runs] if runs else None)
 
     def _train_converting(self, job):
         """The first epoch of a DataFrame or RDD fed ``epochs > 1`` times: each task converts

@@ -121,23 +121,43 @@ def pack(df) -> Tuple[object, Dict[str, str]]:
     return DataFrame(jdf, session), columns
 
 
+def _tensors(schema) -> Dict[str, str]:
+    """``{column: "<numpy type>|<item size>|<shape>"}`` of the tensor columns of a Spark schema
+    (:func:`duotf.spark.pack_tensors`) whose type :func:`spill` writes (numbers)."""
+    import numpy as np
+
+    from ..feed.columns import tensor_specs
+
+    out = {}
+    for name, (dtype, shape) in tensor_specs(schema).items():
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            continue
+        if dt.kind in "biuf":
+            out[name] = f"{dt.str}|{dt.itemsize}|{','.join(str(int(d)) for d in shape)}"
+    return out
+
+
 def spillable(schema) -> bool:
-    """Whether :func:`spill` writes every column of a Spark schema: numbers, and arrays of
-    numbers (no strings, no binary or tensor columns, no nested arrays)."""
+    """Whether :func:`spill` writes every column of a Spark schema: numbers, arrays of numbers,
+    and tensor columns of numbers (no strings, no other binary columns, no nested arrays)."""
     from pyspark.sql import types as T
 
     def number(t) -> bool:
         return t.simpleString() in DTYPES
 
+    tensors = _tensors(schema)
     return bool(schema.fields) and all(
         number(f.dataType) or (isinstance(f.dataType, T.ArrayType) and number(f.dataType.elementType))
+        or (isinstance(f.dataType, T.BinaryType) and f.name in tensors)
         for f in schema.fields)
 
 
 def spill(df, cache_id: str, block_bytes: int, min_free_bytes: int, min_free_fraction: float,
           error_column: str):
-    """``(index, kept)``: the DataFrame of ``df``'s partitions written from the JVM into feed
-    frame files (``duotf.jvm.FeedFrames.spill``: one index row a partition, see
+    """``(index, kept)``: the DataFrame of ``df``'s partitions (its numbers, arrays of numbers
+    and tensor columns) written from the JVM into feed frame files (``duotf.jvm.FeedFrames.spill``: one index row a partition, see
     ``duotf.backends.spark_feed``), and the JVM RDD that keeps that index on the executors
     (locally checkpointed: its first job writes the files; ``kept.unpersist(False)`` when they
     are gone). None where ``df`` has a column it does not write, or the helper is not usable."""
@@ -155,7 +175,7 @@ def spill(df, cache_id: str, block_bytes: int, min_free_bytes: int, min_free_fra
     try:
         jdf, kept = sc._jvm.duotf.jvm.FeedFrames.spill(df.select("*")._jdf, cache_id, block_bytes,
                                                        min_free_bytes, float(min_free_fraction),
-                                                       error_column)
+                                                       error_column, _tensors(df.schema))
     except Exception as exc:  # noqa: BLE001 - e.g. a Spark whose internals differ
         logger.info("duotf: the JVM helper could not write the feed's frames (%s); the first "
                     "epoch converts through Arrow", str(exc).splitlines()[0] if str(exc) else exc)

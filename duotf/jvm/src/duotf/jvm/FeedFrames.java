@@ -22,6 +22,7 @@ import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.expressions.UnsafeArrayData;
 import org.apache.spark.sql.catalyst.util.ArrayData;
 import org.apache.spark.sql.types.ArrayType;
+import org.apache.spark.sql.types.BinaryType$;
 import org.apache.spark.sql.types.ByteType$;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DoubleType$;
@@ -38,6 +39,9 @@ import org.apache.spark.unsafe.types.UTF8String;
  * numeric array columns) written, partition by partition, straight from the JVM into files of
  * the feed's own frames, the files a {@code FeedCache} holds.
  *
+ * <p>A tensor column ({@code duotf.spark.pack_tensors}: binary values of a fixed shape and
+ * number type, named in {@code tensors}) is written as the rows' bytes, of that shape.
+ *
  * <p>{@link #spill} is the first pass of {@code cluster.train(df, epochs > 1)}: each task writes
  * its partition into a file in its executor's local dir (the dir Spark gives its Python workers
  * as {@code SPARK_LOCAL_DIRS}, under {@code duotf-feedcache-<id>}) and yields one row: where the
@@ -47,7 +51,7 @@ import org.apache.spark.unsafe.types.UTF8String;
  * raw elements in native byte order padded to 64 bytes; each frame starts a 4096-byte page.
  *
  * <p>A partition the feed would refuse (a null, an array null inside, array rows of different
- * lengths, or empty arrays) is not written: its row has no path, only its count, and the feed
+ * lengths, empty arrays, a tensor value of another size) is not written: its row has no path, only its count, and the feed
  * reads that partition from the DataFrame, where the Python side names the column and the row. A
  * disk that would fall below its floor stops the writing the same way.
  */
@@ -62,10 +66,11 @@ public final class FeedFrames {
    * the RDD when the files are gone.
    */
   public static Object[] spill(Dataset<Row> df, String cacheId, long blockBytes, long minFreeBytes,
-                               double minFreeFraction, String errorColumn) {
+                               double minFreeFraction, String errorColumn,
+                               java.util.Map<String, String> tensors) {
     org.apache.spark.sql.classic.Dataset<Row> classic = (org.apache.spark.sql.classic.Dataset<Row>) df;
     long block = Math.max(1, Math.min(blockBytes, 64L << 20));  // the frame buffers: 64 MiB at most
-    Spill task = new Spill(classic.schema(), cacheId, block, minFreeBytes, minFreeFraction);
+    Spill task = new Spill(classic.schema(), tensors, cacheId, block, minFreeBytes, minFreeFraction);
     RDD<InternalRow> out = classic.queryExecution().toRdd().toJavaRDD().mapPartitions(task).rdd();
     out.localCheckpoint();
     StructType index = StructType.fromDDL("pid long, host string, path string, frames string, rows long, `"
@@ -119,21 +124,47 @@ public final class FeedFrames {
     final DataType[] elements;  // the number type: the column's own, or its arrays' elements
     final boolean[] arrays;
     final boolean[] nullsInside;
+    final String[] tensorDtypes;  // a tensor column's numpy type ("<f4"); null for other columns
+    final int[] tensorItems;  // its item size in bytes
+    final String[] tensorShapes;  // its shape, as JSON's list inside: "28, 28"
+    final long[] tensorBytes;  // the bytes of one value
     final String cacheId;
     final long blockBytes;
     final long minFreeBytes;
     final double minFreeFraction;
 
-    Spill(StructType schema, String cacheId, long blockBytes, long minFreeBytes, double minFreeFraction) {
+    Spill(StructType schema, java.util.Map<String, String> tensors, String cacheId, long blockBytes,
+          long minFreeBytes, double minFreeFraction) {
       int n = schema.fields().length;
       names = new String[n];
       types = new DataType[n];
       elements = new DataType[n];
       arrays = new boolean[n];
       nullsInside = new boolean[n];
+      tensorDtypes = new String[n];
+      tensorItems = new int[n];
+      tensorShapes = new String[n];
+      tensorBytes = new long[n];
       for (int i = 0; i < n; i++) {
         names[i] = schema.fields()[i].name();
         DataType type = schema.fields()[i].dataType();
+        String tensor = tensors == null ? null : tensors.get(names[i]);
+        if (tensor != null && type instanceof BinaryType$) {
+          // "<dtype>|<item size>|<shape, comma-separated>"
+          String[] spec = tensor.split("\\|", -1);
+          types[i] = type;
+          tensorDtypes[i] = spec[0];
+          tensorItems[i] = Integer.parseInt(spec[1]);
+          long count = 1;
+          StringBuilder shape = new StringBuilder();
+          for (String d : spec[2].isEmpty() ? new String[0] : spec[2].split(",")) {
+            count *= Long.parseLong(d.trim());
+            shape.append(shape.length() > 0 ? ", " : "").append(Long.parseLong(d.trim()));
+          }
+          tensorShapes[i] = shape.toString();
+          tensorBytes[i] = count * tensorItems[i];
+          continue;
+        }
         if (!writable(type)) {
           throw new IllegalArgumentException("duotf: cannot write column " + names[i] + " of "
                                              + type.simpleString() + " into feed frames");
@@ -225,6 +256,13 @@ public final class FeedFrames {
       long total = 0;
       for (int i = 0; i < n; i++) {
         if (row.isNullAt(i)) return false;
+        if (spec.tensorDtypes[i] != null) {
+          widths[i] = 1;
+          rowBytes[i] = spec.tensorBytes[i];
+          if (rowBytes[i] == 0) return false;
+          total += rowBytes[i];
+          continue;
+        }
         widths[i] = spec.arrays[i] ? row.getArray(i).numElements() : 1;
         if (widths[i] == 0) return false;
         rowBytes[i] = (long) widths[i] * element(spec.elements[i]);
@@ -242,6 +280,12 @@ public final class FeedFrames {
         if (row.isNullAt(i)) return false;
         byte[] buf = bufs[i];
         long at = Platform.BYTE_ARRAY_OFFSET + fill * rowBytes[i];
+        if (spec.tensorDtypes[i] != null) {
+          byte[] value = row.getBinary(i);
+          if (value.length != rowBytes[i]) return false;
+          System.arraycopy(value, 0, buf, (int) (fill * rowBytes[i]), value.length);
+          continue;
+        }
         DataType type = spec.elements[i];
         if (!spec.arrays[i]) {
           if (type instanceof FloatType$) Platform.putFloat(buf, at, row.getFloat(i));
@@ -295,10 +339,11 @@ public final class FeedFrames {
       long body = 0;
       for (int i = 0; i < spec.names.length; i++) {
         long nbytes = fill * rowBytes[i];
+        boolean tensor = spec.tensorDtypes[i] != null;
         header.append(i == 0 ? "" : ", ").append('[').append(json(spec.names[i])).append(", \"nd\", \"")
-              .append(dtype(spec.elements[i])).append("\", [")
-              .append(spec.arrays[i] ? Integer.toString(widths[i]) : "").append("], ").append(nbytes)
-              .append(']');
+              .append(tensor ? spec.tensorDtypes[i] : dtype(spec.elements[i])).append("\", [")
+              .append(tensor ? spec.tensorShapes[i] : spec.arrays[i] ? Integer.toString(widths[i]) : "")
+              .append("], ").append(nbytes).append(']');
         body += nbytes + padding(nbytes, 64);
       }
       header.append("], \"rows\": ").append(fill).append('}');
