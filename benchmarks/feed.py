@@ -5,6 +5,7 @@
                               [--rdd-rows 100000 --rdd-epochs 10] [--backends spark dask]
     python -m benchmarks.feed --malloc ROUNDS [--rows N --epochs E]
     python -m benchmarks.feed --arrow-batches ROUNDS --spark-master URL [--rows N --epochs E]
+    python -m benchmarks.feed --rounds ROUNDS --spark-master URL [--rows N --epochs E]
 
 Each of 2 worker nodes drains ``ctx.get_data_feed().dataset(100)`` (feed only, no model). A
 node first imports TensorFlow and says so; the driver starts the feed once both have, and a
@@ -50,6 +51,10 @@ inference >= 0.5x its training feed and >= 30x TFoS.
 most 4 MiB: ``duotf.backends.spark_feed.ARROW_BATCH_BYTES``) with Spark's default (10,000
 records, which duotf keeps where the session sets it, as here), in alternating rounds: the
 default ``train(df, epochs)`` and ``inference(df)``.
+
+``--rounds ROUNDS`` only runs, on Spark, the default ``train(df, epochs)`` ROUNDS times in one
+session after the warm-up, each with where its time went, beside the limit: how a session's
+runs differ as it warms.
 
 ``--default-rows N [N ...]`` also runs the default ``train(df, epochs)`` at these row counts,
 each beside the limit measured on that many rows: how the fixed costs (a count job, one engine
@@ -481,6 +486,8 @@ def cli():
     parser.add_argument("--arrow-batches", type=int, default=0, metavar="ROUNDS",
                         help="only compare duotf's Arrow batches (4 MiB) with Spark's default "
                              "(10,000 records) on Spark, ROUNDS rounds of each")
+    parser.add_argument("--rounds", type=int, default=0, metavar="ROUNDS",
+                        help="only the default train(df, epochs) on Spark, ROUNDS times in one session")
     parser.add_argument("--default-rows", type=int, nargs="*", default=[], metavar="N",
                         help="also run the default train(df, epochs) on N rows, beside the limit on N rows")
     parser.add_argument("--malloc", type=int, default=0, metavar="ROUNDS",
@@ -496,6 +503,28 @@ def cli():
             print(f"dataset()'s C heap setting, Dask LocalCluster (2 workers), {opts.rows} "
                   f"MNIST-like rows x {opts.epochs} epochs:")
             malloc_settings(client, opts.rows, opts.epochs, opts.malloc)
+        return
+    if opts.rounds:
+        from pyspark.sql import SparkSession
+
+        x = np.random.default_rng(0).random((opts.rows, 784), dtype=np.float32)
+        there = limit(x, np.arange(opts.rows, dtype=np.int64) % 10, opts.epochs)
+        del x
+        session = checkout_on_executors(
+            SparkSession.builder.master(opts.spark_master).config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")).getOrCreate()
+        session.sparkContext.setLogLevel("ERROR")
+        try:
+            print(f"The default train(df, epochs={opts.epochs}), Spark {opts.spark_master}, "
+                  f"{opts.rows} MNIST-like rows, {opts.rounds} rounds in one session; limit "
+                  f"{there:,.0f} rows/s:")
+            df = spark_data(session, opts.rows, False, 8)
+            run_duotf(session, df, 2, 3144, "first feed of the session (warm-up, 2 epochs)")
+            for r in range(opts.rounds):
+                rate = run_duotf(session, df, opts.epochs, 3144, f"round {r + 1}", breakdown=True)
+                print(f"    = {rate / there:.0%} of the limit", flush=True)
+        finally:
+            session.stop()
         return
     if opts.arrow_batches:
         from pyspark.sql import SparkSession
