@@ -240,6 +240,59 @@ def test_cached_file_frames_reach_the_node_read_there_or_sent(tmp_path, folder, 
     assert probes and set(probes) == {node_reads}
 
 
+def test_named_file_frames_are_read_by_the_node_whole_or_sliced(tmp_path):
+    """The driver's feed of kept frames (FileRef): it never opens the file; the node reads each
+    frame, and only the rows of a frame that a range takes where the plan splits it."""
+    import threading
+
+    from duotf.feed.feeder import FeedJob, feed_train
+
+    path, frames = _cache_file(str(tmp_path / "duotf-feedcache-t"), [40, 25, 35])
+    server = FeedServer(SECRET, capacity=64)
+    plan = {0: [(0, 0, 50, 0), (1, 50, 100, 1)]}  # the second frame's rows 10..25 go to "b"
+    job = FeedJob(SECRET, [("127.0.0.1", server.port)] * 2, ["a", "b"], "train", 30, plan)
+    sent, order = [], []
+
+    def push():
+        with wire.connect(("127.0.0.1", server.port), SECRET, 30) as sock:
+            assert wire.probe_file(sock, path)
+            assert not wire.probe_file(sock, str(tmp_path / "duotf-feedcache-t" / "gone"))
+        sent.append(feed_train(job, 0, [wire.FileRef(n, path, o, length) for n, o, length in frames]))
+        sock = wire.connect(("127.0.0.1", server.port), SECRET, 30)
+        wire.send_frame(sock, "marker", marker="end")
+        wire.recv_frame(sock)
+        sock.close()
+
+    pusher = threading.Thread(target=push)
+    try:
+        pusher.start()
+        feed = DataFeed(server, train=True)
+        while not feed.should_stop():
+            order.extend(feed.next_batch(7))
+    finally:
+        pusher.join()
+        server.close()
+    assert sent == [100] and order == list(range(100))  # in the plan's order, each row once
+
+
+def test_a_named_slice_outside_its_frame_is_refused(tmp_path):
+    path, frames = _cache_file(str(tmp_path / "duotf-feedcache-t"), [40, 25])
+    n, offset, length = frames[1]
+    files = {}
+    try:
+        at = {"path": path, "offset": offset, "length": length, "rows": n}
+        header, cols = FeedServer._read_file_frame({**at, "start": 5, "stop": 12}, files)
+        assert header["rows"] == 7 and list(cols["id"]) == list(range(45, 52))
+        for start, stop in ((5, 5), (-1, 3), (0, 26), (3, None), ("0", 2)):
+            with pytest.raises(wire.FeedProtocolError, match="rows"):
+                FeedServer._read_file_frame({**at, "start": start, "stop": stop}, files)
+    finally:
+        import os
+
+        for fd, _ in files.values():
+            os.close(fd)
+
+
 def _mixed_columns(rows):
     return {
         "x": np.arange(rows * 7, dtype=np.float32).reshape(rows, 7),  # 28-byte rows: pads

@@ -207,6 +207,14 @@ _INDEX_SCHEMA = f"pid long, host string, path string, frames string, rows long, 
 MIN_FREE_BYTES, MIN_FREE_FRACTION = 1 << 30, 0.05
 
 
+#: Epochs fed from kept frame files (:func:`feed_cache`, or a DataFrame converted once) go
+#: without a Spark job where every node can open every file itself (all on one host, as in
+#: local mode or a one-machine standalone cluster): the driver names each frame to its node
+#: (a "file" frame: path, offset, length), and the node maps it from its own page cache. No
+#: data passes through the driver. False: always a Spark job of feeding tasks, as across hosts.
+BY_REFERENCE = True
+
+
 def _room(folder: str, need: int) -> bool:
     """Whether ``need`` more bytes leave the disk of ``folder`` above the floor."""
     import shutil
@@ -739,6 +747,8 @@ class SparkFeed(FeedAdapter):
         self.rdd = None if self.df is not None or self.cache is not None else data
         self._source = None  # (the DataFrame read with mapInArrow, its tensor specs): arrow_source
         self.converted_in_jvm = False  # the kept frames were written by the JVM (_convert_in_jvm)
+        self._by_reference: Optional[bool] = None  # whether nodes read the kept files (asked once)
+        self.epochs_by_reference = 0  # epochs fed by naming kept frames (no Spark job)
         if self.cache is not None and self.cache.index is None:
             raise ConfigError(f"{self.cache!r} was unpersisted; make a new feed_cache()")
 
@@ -851,6 +861,9 @@ class SparkFeed(FeedAdapter):
 
     def train(self, job) -> EngineJob:
         if self.cache is not None:
+            if self._nodes_read_files(job):
+                return ThreadJob(self._train_by_reference(job), cancel=lambda: None,
+                                 name="feed-by-reference")
             return self._job(job, *self._train_cached(job))
         if job.epoch == 1 and job.epochs > 1 and self.convert_once is not False:
             return self._job(job, self._train_converting(job))
@@ -871,6 +884,57 @@ class SparkFeed(FeedAdapter):
             return [sent for sent, _ in out]
 
         return self._job(job, run_rdd)
+
+    def _nodes_read_files(self, job) -> bool:
+        """Whether this epoch's kept frames may be named to the nodes, not sent
+        (:data:`BY_REFERENCE`): every partition with a planned row has a kept file, and every
+        node says it can open a file of every host that holds one (asked once per ``train``)."""
+        from ..feed import wire
+
+        cache = self.cache
+        if not BY_REFERENCE or any(not part.path and job.plan.get(part.pid) for part in cache.parts):
+            return False
+        if self._by_reference is None:
+            paths = {part.host: part.path for part in cache.parts if part.path}
+            ok = bool(paths)
+            for address in job.addresses if ok else ():
+                try:
+                    with wire.connect(address, job.secret, job.timeout) as sock:
+                        ok = all(wire.probe_file(sock, path) for path in paths.values())
+                except (OSError, wire.FeedProtocolError) as exc:
+                    logger.debug("duotf: asking %s whether it reads the kept frames: %s", address, exc)
+                    ok = False
+                if not ok:
+                    break
+            self._by_reference = ok
+            logger.info("duotf: epochs fed from kept frames %s", "by naming each frame to its node "
+                        "(no Spark job)" if ok else "by Spark tasks (a node cannot open them)")
+        return self._by_reference
+
+    def _train_by_reference(self, job):
+        """The engine call of an epoch fed from kept frames by the driver: for each partition,
+        in partition order, the "file" frames of its ranges (a few threads: each range waits
+        for its turn on its node, as a feeding task does)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ..feed.feeder import feed_train
+        from ..feed.wire import FileRef
+
+        parts = self.cache.parts
+        self.epochs_by_reference += 1
+
+        def feed(part):
+            sent = feed_train(job, part.pid, [FileRef(rows, part.path, offset, length)
+                                              for rows, offset, length in part.frames])
+            self.partition_done(part.pid, sent)
+            return sent
+
+        def call():
+            with ThreadPoolExecutor(max(1, min(len(parts), 2 * len(job.addresses))),
+                                    "duotf-feed-ref") as pool:
+                return list(pool.map(feed, parts))
+
+        return call
 
     def _train_cached(self, job):
         """``(the engine call of a cached epoch, each task's partitions where a task feeds
@@ -962,10 +1026,12 @@ class SparkFeed(FeedAdapter):
         return call
 
     def report(self) -> dict:
+        by_reference = {"epochs_fed_by_reference": self.epochs_by_reference} if self.cache is not None \
+            or self.kept is not None else {}
         if self.kept is None:
-            return {}
+            return by_reference
         return {"converted_once": True, "converted_in_jvm": self.converted_in_jvm,
-                "partitions_kept": sum(1 for p in self.kept.parts if p.path)}
+                "partitions_kept": sum(1 for p in self.kept.parts if p.path), **by_reference}
 
     def close(self) -> None:
         kept, self.kept = self.kept, None

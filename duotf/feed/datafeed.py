@@ -374,8 +374,15 @@ class FeedServer:
         mapped = mmap.mmap(fd, offset + length - start, flags=mmap.MAP_SHARED | _MAP_POPULATE,
                            prot=mmap.PROT_READ, offset=start)
         frame_header, cols = wire.unpack_frame(memoryview(mapped)[offset - start:])
-        if frame_header.get("rows") != header.get("rows"):
+        rows = frame_header.get("rows")
+        if rows != header.get("rows"):
             raise wire.FeedProtocolError(f"{path}: frame at {offset} is not the one announced")
+        if "start" in header:  # only some of its rows (a range of the plan splits the frame)
+            first, stop = header["start"], header.get("stop")
+            if not (isinstance(first, int) and isinstance(stop, int) and 0 <= first < stop <= rows):
+                raise wire.FeedProtocolError(f"{path}: rows {first}..{stop} of a frame of {rows}")
+            cols = slice_cols(cols, first, stop)
+            frame_header = {**frame_header, "rows": stop - first}
         return frame_header, cols
 
     def _attach_ring(self, header: dict, conn: _Conn) -> None:

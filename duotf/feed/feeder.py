@@ -155,7 +155,7 @@ def validated(chunks: Iterable[Columns], pid: int) -> Iterator[Columns]:
             raise
         except Exception as exc:
             raise _SourceFailed(exc) from exc
-        if isinstance(cols, (wire.Packed, wire.FileFrame)):
+        if isinstance(cols, wire.PACKED):
             pos += cols.rows
             yield cols
             continue
@@ -166,7 +166,7 @@ def validated(chunks: Iterable[Columns], pid: int) -> Iterator[Columns]:
 
 def _frames(chunks: Iterable[Columns]) -> Iterator[Columns]:
     for cols in chunks:
-        if isinstance(cols, (wire.Packed, wire.FileFrame)):
+        if isinstance(cols, wire.PACKED):
             if cols.rows:
                 yield cols  # already a frame
             continue
@@ -292,7 +292,7 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
     try:
         pos = 0
         for cols in _frames(validated(chunks, pid)):
-            packed = cols if isinstance(cols, (wire.Packed, wire.FileFrame)) else None
+            packed = cols if isinstance(cols, wire.PACKED) else None
             n = packed.rows if packed else num_rows(cols)
             for target, a, b, seq in ranges:
                 lo, hi = max(a, pos), min(b, pos + n)
@@ -302,6 +302,8 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
                 conn = conn_for(target, seq)
                 if conn.delivered:  # by an earlier attempt of this task (the engine retried it)
                     pass
+                elif isinstance(packed, wire.FileRef):  # the node reads it, or its rows lo..hi
+                    wire.send_file_ref(conn.sock, packed, lo - pos, hi - pos)
                 elif isinstance(packed, wire.FileFrame) and hi - lo == n:
                     conn.send_file_frame(packed)  # whole, as cached
                 elif isinstance(packed, wire.Packed) and hi - lo == n:

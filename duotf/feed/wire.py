@@ -29,7 +29,7 @@ import random
 import socket
 import struct
 import time
-from typing import Dict, List, NamedTuple, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -305,6 +305,36 @@ class FileFrame(NamedTuple):
         return data
 
 
+class FileRef(NamedTuple):
+    """A packed "batch" frame in a file that this process need not see: sent as a "file"
+    frame naming where it lies, for a node on the file's host to read itself (the feed of
+    kept frames from the driver, :mod:`duotf.backends.spark_feed`)."""
+
+    rows: int
+    path: str
+    offset: int
+    length: int
+
+
+#: a packed frame, sent as it is (or named): its columns are decoded only where a range splits it
+PACKED = (Packed, FileFrame, FileRef)
+
+
+def probe_file(sock: socket.socket, path: str, reply=None) -> bool:
+    """Whether the node at the other end of ``sock`` says it can open the feed cache file
+    ``path`` itself."""
+    send_frame(sock, Frame.PROBE, path=path)
+    header = reply(Frame.PROBE) if reply else recv_frame(sock)[0]
+    return header.get("t") == Frame.PROBE and bool(header.get("ok"))
+
+
+def send_file_ref(sock: socket.socket, ref: FileRef, start: int = 0, stop: Optional[int] = None) -> None:
+    """A "file" frame naming ``ref``; ``start``/``stop``: only those rows of it."""
+    fields = {} if start == 0 and stop in (None, ref.rows) else {"start": start, "stop": stop}
+    send_frame(sock, Frame.FILE, path=ref.path, offset=ref.offset, length=ref.length,
+               rows=ref.rows, **fields)
+
+
 def reads_files(sock: socket.socket, frame, reply=None) -> bool:
     """Whether the node at the other end of ``sock`` can read ``frame``'s file itself: it is on
     this host (the same address at both ends) and says it can open the file. ``reply(kind)``
@@ -314,16 +344,16 @@ def reads_files(sock: socket.socket, frame, reply=None) -> bool:
             return False
     except OSError:
         return False
-    send_frame(sock, Frame.PROBE, path=frame.file.name)
-    header = reply(Frame.PROBE) if reply else recv_frame(sock)[0]
-    return header.get("t") == Frame.PROBE and bool(header.get("ok"))
+    return probe_file(sock, frame.file.name, reply)
 
 
 def send_packed(sock: socket.socket, frame, local: bool = False) -> None:
     """Send a :class:`Packed` or :class:`FileFrame` as it is. A file frame goes with
     ``sendfile`` (from the page cache to the socket, not through this process) or, to a peer on
     this host (``local``), as a "file" frame naming where it lies, which the peer reads itself."""
-    if isinstance(frame, FileFrame) and local:
+    if isinstance(frame, FileRef):
+        send_file_ref(sock, frame)
+    elif isinstance(frame, FileFrame) and local:
         send_frame(sock, Frame.FILE, path=frame.file.name, offset=frame.offset, length=frame.length,
                    rows=frame.rows)
     elif isinstance(frame, FileFrame):
