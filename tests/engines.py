@@ -125,8 +125,11 @@ class Engine(abc.ABC):
         engine has no UI)."""
         return []
 
-    def expected_work_names(self, job_id: str, nodes: Sequence[str], epochs: int) -> List[str]:
-        """What each of those names starts with, for a job of ``nodes`` fed ``epochs`` times."""
+    def expected_work_names(self, job_id: str, nodes: Sequence[str], epochs: int,
+                            by_reference: int = 0) -> List[str]:
+        """What each of those names starts with, for a job of ``nodes`` fed ``epochs`` times,
+        the last ``by_reference`` of them without engine tasks (the report's
+        ``epochs_fed_by_reference``)."""
         return []
 
     # -- processes ------------------------------------------------------------------------------
@@ -386,7 +389,7 @@ class DaskEngine(Engine):
 
         return [key for key in self.client.run_on_scheduler(keys) if job_id in key]
 
-    def expected_work_names(self, job_id, nodes, epochs):
+    def expected_work_names(self, job_id, nodes, epochs, by_reference=0):
         return ([f"duotf-node-{name}-{job_id}" for name in nodes]
                 + [f"duotf-count-{job_id}-part-"]
                 + [f"duotf-feed-{job_id}-epoch-{e}-part-" for e in range(1, epochs + 1)])
@@ -541,9 +544,9 @@ class SparkEngine(Engine):
                 names.append(description.get())
         return names
 
-    def expected_work_names(self, job_id, nodes, epochs):
+    def expected_work_names(self, job_id, nodes, epochs, by_reference=0):
         return ([f"duotf {job_id}: nodes ({', '.join(nodes)})", f"duotf {job_id}: count rows"]
-                + [f"duotf {job_id}: feed epoch {e}/{epochs}" for e in range(1, epochs + 1)])
+                + [f"duotf {job_id}: feed epoch {e}/{epochs}" for e in range(1, epochs - by_reference + 1)])
 
     def partitions(self, out):
         return out.glom().collect()

@@ -26,7 +26,12 @@ def tensor_frame(engine):
     return df
 
 
-def test_feed_cache_trains_like_the_dataframe(backend, tensor_frame):
+@pytest.mark.parametrize("by_reference", [True, False], ids=["named", "spark-tasks"])
+def test_feed_cache_trains_like_the_dataframe(backend, tensor_frame, by_reference, monkeypatch):
+    # each epoch fed by the driver naming the frames (files and nodes on one host, the default),
+    # or by Spark's feeding tasks (as across hosts): the same rows either way
+    from duotf.backends import spark_feed
+    monkeypatch.setattr(spark_feed, "BY_REFERENCE", by_reference)
     cache = feed_cache(tensor_frame, block_bytes=64)  # a few rows per frame: frames split between workers
     try:
         assert cache.counts == SIZES and cache.columns == ["x", "id"]
@@ -39,6 +44,7 @@ def test_feed_cache_trains_like_the_dataframe(backend, tensor_frame):
     finally:
         cache.unpersist()
     assert report["rows_fed"] == 3 * 44 and report["rows_dropped_per_epoch"] == 1
+    assert report["epochs_fed_by_reference"] == (3 if by_reference else 0), report
     for result in (first, second):
         assert result["dtypes"] == ["float32"] and result["shapes"] == [(6,)]
         assert result["wrong"] == 0 and len(result["ids"]) == 3 * 22
@@ -63,6 +69,9 @@ def test_feed_cache_file_not_on_the_host_is_fed_from_the_dataframe(backend, tens
         cache.unpersist()
     assert report["rows_fed"] == 2 * 44
     assert fed_every_epoch(first["ids"] + second["ids"], 2)
+    # a node cannot open a file that is gone: each epoch is a Spark job, which feeds those
+    # partitions from the DataFrame, not the driver naming frames
+    assert report["epochs_fed_by_reference"] == 0, report
 
 
 def test_feed_cache_checks_its_data_and_caches_a_column_declared_ragged(backend, engine, tmp_path):

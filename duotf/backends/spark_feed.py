@@ -747,7 +747,7 @@ class SparkFeed(FeedAdapter):
         self.rdd = None if self.df is not None or self.cache is not None else data
         self._source = None  # (the DataFrame read with mapInArrow, its tensor specs): arrow_source
         self.converted_in_jvm = False  # the kept frames were written by the JVM (_convert_in_jvm)
-        self._by_reference: Optional[bool] = None  # whether nodes read the kept files (asked once)
+        self._by_reference: Optional[bool] = None  # whether the last epoch was fed by naming frames
         self.epochs_by_reference = 0  # epochs fed by naming kept frames (no Spark job)
         if self.cache is not None and self.cache.index is None:
             raise ConfigError(f"{self.cache!r} was unpersisted; make a new feed_cache()")
@@ -887,29 +887,37 @@ class SparkFeed(FeedAdapter):
 
     def _nodes_read_files(self, job) -> bool:
         """Whether this epoch's kept frames may be named to the nodes, not sent
-        (:data:`BY_REFERENCE`): every partition with a planned row has a kept file, and every
-        node says it can open a file of every host that holds one (asked once per ``train``)."""
+        (:data:`BY_REFERENCE`): every partition with a planned row has a kept file, and each
+        node says it can open every file it is to read (asked before every epoch: a file can
+        go with its executor). Otherwise the epoch is a Spark job, which feeds a partition
+        whose file is gone from the DataFrame."""
         from ..feed import wire
 
-        cache = self.cache
-        if not BY_REFERENCE or any(not part.path and job.plan.get(part.pid) for part in cache.parts):
+        if not BY_REFERENCE:
             return False
-        if self._by_reference is None:
-            paths = {part.host: part.path for part in cache.parts if part.path}
-            ok = bool(paths)
-            for address in job.addresses if ok else ():
-                try:
-                    with wire.connect(address, job.secret, job.timeout) as sock:
-                        ok = all(wire.probe_file(sock, path) for path in paths.values())
-                except (OSError, wire.FeedProtocolError) as exc:
-                    logger.debug("duotf: asking %s whether it reads the kept frames: %s", address, exc)
-                    ok = False
-                if not ok:
-                    break
-            self._by_reference = ok
-            logger.info("duotf: epochs fed from kept frames %s", "by naming each frame to its node "
-                        "(no Spark job)" if ok else "by Spark tasks (a node cannot open them)")
-        return self._by_reference
+        wanted: Dict[int, List[str]] = {}
+        for part in self.cache.parts:
+            for target, *_ in job.plan.get(part.pid, ()):
+                if not part.path:
+                    return False
+                wanted.setdefault(target, []).append(part.path)
+        ok = bool(wanted)
+        for target, paths in wanted.items():
+            try:
+                with wire.connect(job.addresses[target], job.secret, job.timeout) as sock:
+                    ok = all(wire.probe_file(sock, path) for path in paths)
+            except (OSError, wire.FeedProtocolError) as exc:
+                logger.debug("duotf: asking %s whether it reads the kept frames: %s",
+                             job.labels[target], exc)
+                ok = False
+            if not ok:
+                break
+        if ok != self._by_reference:
+            logger.info("duotf: epoch %d fed from kept frames %s", job.epoch,
+                        "by naming each frame to its node (no Spark job)" if ok else
+                        "by Spark tasks (a node cannot open every file it is to read)")
+        self._by_reference = ok
+        return ok
 
     def _train_by_reference(self, job):
         """The engine call of an epoch fed from kept frames by the driver: for each partition,

@@ -49,7 +49,7 @@ def test_tensorboard_serves_the_scalars_and_the_engine_names_the_work(backend, e
     data = engine.rows([[(i, i % 3) for i in range(p * 20, p * 20 + 20)] for p in range(2)])
     with duotf.run(mains.tensorboard_main, {"losses": LOSSES, "release": release}, backend,
                    duotf.ClusterSpec(workers=2), tensorboard=True) as cluster:
-        cluster.train(data, epochs=2)
+        report = cluster.train(data, epochs=2)
         url = cluster.tensorboard_url
         assert url.startswith(f"http://{cluster.nodes[0].host}:") and url.endswith("/")
         got = poll_for(lambda: _scalars(url), 60, 0.2, "the scalars in TensorBoard")
@@ -64,8 +64,13 @@ def test_tensorboard_serves_the_scalars_and_the_engine_names_the_work(backend, e
     poll_for(lambda: not os.path.exists(log_dir), 15, what="the job's log directory removed")
 
     shown = engine.work_names(cluster.job_id)
-    for name in engine.expected_work_names(cluster.job_id, ["worker-0", "worker-1"], epochs=2):
+    # Spark: an RDD converted in epoch 1 (a Spark job), its epoch 2 fed by naming kept frames
+    by_reference = report.get("epochs_fed_by_reference", 0)
+    assert by_reference == (1 if engine.converts_frames_once else 0), report
+    for name in engine.expected_work_names(cluster.job_id, ["worker-0", "worker-1"], epochs=2,
+                                           by_reference=by_reference):
         assert any(s.startswith(name) for s in shown), (name, shown)
+    assert not any(f"feed epoch {2 - by_reference + 1}/2" in s for s in shown), shown
 
 
 @pytest.mark.engines("local")
