@@ -205,3 +205,25 @@ def test_a_dataframe_of_numbers_written_by_the_jvm_still_names_a_refused_row(bac
         cluster.shutdown(grace_secs=0, _raise=False)
     err = info.value
     assert (err.column, err.partition, err.row, err.problem) == (column, 1, 2, problem)
+
+
+def test_answers_that_span_several_arrow_batches_stay_beside_their_rows(backend, engine):
+    """Keep every column: each answer goes out beside the very input row it answers, where a
+    node's block of answers (8 rows) spans several of the task's Arrow batches (3 rows each,
+    the session's own setting, which duotf keeps)."""
+    from tests.suite.data import frames, row_parts
+
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    engine.session.conf.set(key, "3")
+    try:
+        df = engine.frame(frames(row_parts(), ["x", "y"]))
+        with duotf.run(mains.feed_infer_main, {"batch": 8}, backend, duotf.ClusterSpec(workers=2)) as cluster:
+            out = cluster.inference(df, result_columns={"prediction": "double"})
+            cluster.wait(timeout=60)
+        pdf = engine.to_pandas(out)
+    finally:
+        engine.session.conf.unset(key)
+    assert list(pdf.columns) == ["x", "y", "prediction"]
+    assert pdf["y"].tolist() == list(range(45))
+    assert pdf["prediction"].tolist() == [x * 2 + y for x, y in zip(pdf["x"], pdf["y"])]
+    assert pdf["prediction"].tolist() == [i / 10 * 2 + i for i in range(45)]

@@ -622,6 +622,8 @@ def _arrow_infer(job, keep_fields, result_fields, tensors):
                 yield from_arrow(batch, tensors, job.ragged)
 
         def take_inputs(n):
+            """The next ``n`` input rows, as slices of the input batches (no copy): one where
+            the rows lie in one batch, more where they span several."""
             parts = []
             while n:
                 head = inputs[0]
@@ -632,7 +634,7 @@ def _arrow_infer(job, keep_fields, result_fields, tensors):
                 else:
                     inputs[0] = head.slice(k)
                 n -= k
-            return pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
+            return parts
 
         keep = [f.name for f in keep_fields]
         types = [(f.name, to_arrow_type(f.dataType)) for f in result_fields]
@@ -640,17 +642,21 @@ def _arrow_infer(job, keep_fields, result_fields, tensors):
         try:
             for _, results in feed_infer(job, TaskContext.get().partitionId(), remember(batches)):
                 rows = num_rows(results)
-                kept = take_inputs(rows)
-                arrays = [kept.column(kept.schema.get_field_index(name)) for name in keep]
+                answers = []
                 for name, arrow_type in types:
                     values = results.get(name)
                     if values is None:
                         raise KeyError(f"the node's results have no column {name!r} "
                                        f"(they have {sorted(results)}); set result_columns=...")
-                    arrays.append(pa.array(list(values) if getattr(values, "ndim", 1) > 1 else values,
-                                           type=arrow_type))
-                arrays.append(pa.nulls(rows, pa.string()))
-                yield pa.RecordBatch.from_arrays(arrays, names=names)
+                    answers.append(pa.array(list(values) if getattr(values, "ndim", 1) > 1 else values,
+                                            type=arrow_type))
+                at = 0
+                for kept in take_inputs(rows):  # one output batch per input batch they came from
+                    k = kept.num_rows
+                    arrays = [kept.column(kept.schema.get_field_index(name)) for name in keep]
+                    arrays += [a.slice(at, k) for a in answers] + [pa.nulls(k, pa.string())]
+                    yield pa.RecordBatch.from_arrays(arrays, names=names)
+                    at += k
         except FeedError as exc:  # one row that carries the error, every other column null
             error = _error_json(exc)
             arrays = [pa.nulls(1, to_arrow_type(f.dataType)) for f in keep_fields]
