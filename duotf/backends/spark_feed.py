@@ -640,7 +640,8 @@ def _arrow_infer(job, keep_fields, result_fields, tensors):
         types = [(f.name, to_arrow_type(f.dataType)) for f in result_fields]
         names = keep + [n for n, _ in types] + [_ERROR]
         try:
-            for _, results in feed_infer(job, TaskContext.get().partitionId(), remember(batches)):
+            for _, results in feed_infer(job, TaskContext.get().partitionId(), remember(batches),
+                                         inputs=False):  # the Arrow batches are kept above
                 rows = num_rows(results)
                 answers = []
                 for name, arrow_type in types:

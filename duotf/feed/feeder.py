@@ -371,8 +371,11 @@ def pass_turn(job: FeedJob, pid: int) -> None:
                 conn.close(True)
 
 
-def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> Iterator[Tuple[Columns, Columns]]:
-    """Send partition ``pid`` to its node; yield ``(input rows, their results)`` in input order."""
+def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns],
+               inputs: bool = True) -> Iterator[Tuple[Optional[Columns], Columns]]:
+    """Send partition ``pid`` to its node; yield ``(input rows, their results)`` in input order
+    (``inputs=False``: ``(None, results)``, for a caller that keeps its own rows: no input
+    rows are kept here, or copied where a block of results spans two frames)."""
     target = pid % len(job.addresses)
     try:
         sock = wire.connect(job.addresses[target], job.secret, job.timeout)
@@ -420,7 +423,7 @@ def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> Iterator[Tu
                     raise FeedError(f"{job.labels[target]} sent more results than rows fed",
                                     partition=pid, node=job.labels[target])
                 waiting -= num_rows(payload)
-                yield pair(payload)
+                yield pair(payload) if inputs else (None, payload)
             elif kind == Frame.TERMINATED:
                 raise FeedError(f"{job.labels[target]} terminated its feed with {waiting} rows of "
                                 f"partition {pid} unanswered: inference needs one result per row",
@@ -434,7 +437,8 @@ def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> Iterator[Tu
         for cols in _frames(validated(chunks, pid)):
             wire.send_frame(sock, Frame.BATCH, cols)
             sent += num_rows(cols)
-            pending.append(cols)
+            if inputs:
+                pending.append(cols)
             waiting += num_rows(cols)
             yield from take(block=False)
         wire.send_frame(sock, Frame.END, mode="infer", partition=pid)
