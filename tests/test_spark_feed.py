@@ -207,12 +207,23 @@ def test_a_dataframe_of_numbers_written_by_the_jvm_still_names_a_refused_row(bac
     assert (err.column, err.partition, err.row, err.problem) == (column, 1, 2, problem)
 
 
-def test_answers_that_span_several_arrow_batches_stay_beside_their_rows(backend, engine):
+def _lineage(df) -> str:
+    return df._jdf.queryExecution().toRdd().toDebugString()
+
+
+@pytest.mark.parametrize("paired", [True, False], ids=["paired-in-jvm", "kept-through-tasks"])
+def test_answers_that_span_several_arrow_batches_stay_beside_their_rows(backend, engine, paired,
+                                                                        monkeypatch):
     """Keep every column: each answer goes out beside the very input row it answers, where a
     node's block of answers (8 rows) spans several of the task's Arrow batches (3 rows each,
-    the session's own setting, which duotf keeps)."""
+    the session's own setting, which duotf keeps). Both ways: the kept columns paired with the
+    kept answers in the JVM (a DataFrame that gives the same rows again), or sent back by the
+    feeding tasks beside the answers (any other)."""
+    from duotf import jvm
     from tests.suite.data import frames, row_parts
 
+    if not paired:
+        monkeypatch.setattr(jvm, "answers_beside", lambda *args: None)
     key = "spark.sql.execution.arrow.maxRecordsPerBatch"
     engine.session.conf.set(key, "3")
     try:
@@ -223,7 +234,59 @@ def test_answers_that_span_several_arrow_batches_stay_beside_their_rows(backend,
         pdf = engine.to_pandas(out)
     finally:
         engine.session.conf.unset(key)
+    assert ("ZippedPartitionsRDD2" in _lineage(out)) == paired
     assert list(pdf.columns) == ["x", "y", "prediction"]
     assert pdf["y"].tolist() == list(range(45))
     assert pdf["prediction"].tolist() == [x * 2 + y for x, y in zip(pdf["x"], pdf["y"])]
     assert pdf["prediction"].tolist() == [i / 10 * 2 + i for i in range(45)]
+
+
+def _noisy_frame(engine):
+    """``row_parts()`` as a DataFrame of ``x`` (drawn anew each time the DataFrame is computed:
+    a UDF declared nondeterministic) and ``y``."""
+    import random
+
+    from pyspark.sql import functions as F
+    from tests.suite.data import frames, row_parts
+
+    df = engine.frame(frames(row_parts(), ["x", "y"]))
+    draw = F.udf(lambda y: random.random() + y, "double").asNondeterministic()
+    return df.withColumn("x", draw(F.col("y")))
+
+
+def test_inference_of_a_dataframe_drawn_anew_keeps_the_rows_it_answered(backend, engine):
+    """A DataFrame that gives other rows each time it is computed (here a column drawn at
+    random): the rows the nodes answered are the rows kept beside the answers, however often
+    the result is read, never a second draw beside the first draw's answers."""
+    df = _noisy_frame(engine)
+    with duotf.run(mains.feed_infer_main, {"batch": 8}, backend, duotf.ClusterSpec(workers=2)) as cluster:
+        out = cluster.inference(df, result_columns={"prediction": "double"})
+        cluster.wait(timeout=60)
+    assert "ZippedPartitionsRDD2" not in _lineage(out)
+    first, second = engine.to_pandas(out), engine.to_pandas(out)
+    assert first["y"].tolist() == list(range(45))
+    assert first["prediction"].tolist() == [x * 2 + y for x, y in zip(first["x"], first["y"])]
+    assert first.equals(second)
+
+
+def test_inference_result_read_after_its_dataframe_changed_fails_naming_the_partition(
+        backend, engine, tmp_path):
+    """The kept columns are read from the DataFrame again beside the kept answers. A DataFrame
+    that passes for repeatable (a UDF that does not declare that it reads a file) but comes back
+    with fewer rows fails the read, naming the partition: no row is left beside another's answer."""
+    from pyspark.sql import functions as F
+    from tests.suite.data import frames, row_parts
+
+    gone = str(tmp_path / "gone")
+    keep_row = F.udf(lambda y: not (y == 3 and os.path.exists(gone)), "boolean")
+    df = engine.frame(frames(row_parts(), ["x", "y"])).where(keep_row(F.col("y")))
+    with duotf.run(mains.feed_infer_main, {"batch": 8}, backend, duotf.ClusterSpec(workers=2)) as cluster:
+        out = cluster.inference(df, keep=["y"], result_columns={"prediction": "double"})
+        cluster.wait(timeout=60)
+    assert "ZippedPartitionsRDD2" in _lineage(out)
+    assert engine.to_pandas(out)["y"].tolist() == list(range(45))
+    open(gone, "w").close()
+    with pytest.raises(Exception) as info:
+        engine.to_pandas(out)
+    assert "duotf: partition 0 of the DataFrame given to inference()" in str(info.value)
+    assert "persist()" in str(info.value)

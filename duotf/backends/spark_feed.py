@@ -1103,16 +1103,27 @@ class SparkFeed(FeedAdapter):
             return kept + list(result_fields) + [T.StructField(_ERROR, T.StringType(), True)]
 
         def run():
-            # array columns packed in the JVM (in the job's group), and unpacked there on the way out
+            # array columns packed in the JVM (in the job's group)
             df, tensors = self._arrow()
+            answers_only = T.StructType(list(result_fields) + [T.StructField(_ERROR, T.StringType(), True)])
+            answers = df.mapInArrow(_arrow_infer(job, [], result_fields, tensors), answers_only)
+            pair = jvm.answers_beside(source, keep, answers) if keep else (lambda answered: answered)
+            if pair is not None:
+                # Only the answers are kept; the kept columns are read from the DataFrame beside
+                # them, never through Python, each time the result is read.
+                out = answers.localCheckpoint(eager=True)
+                failed = out.where(F.col(_ERROR).isNotNull()).select(_ERROR).limit(1).collect()
+                _raise_first(row[0] for row in failed)
+                return pair(out.drop(_ERROR))
+            # A DataFrame that may not give the same rows again: its kept columns go through the
+            # nodes' tasks and are kept beside the answers (packed there, unpacked on the way out).
             schema, unpacked = T.StructType(fields(df.schema)), T.StructType(fields(source.schema))
             task = _arrow_infer(job, schema.fields[:len(keep)], result_fields, tensors)
-            out = df.mapInArrow(task, schema)
-            if unpacked != schema:
-                out = jvm.unpack(out, unpacked)
-            out = out.localCheckpoint(eager=True)
+            out = df.mapInArrow(task, schema).localCheckpoint(eager=True)
             failed = out.where(F.col(_ERROR).isNotNull()).select(_ERROR).limit(1).collect()
             _raise_first(row[0] for row in failed)
+            if unpacked != schema:
+                out = jvm.unpack(out, unpacked)
             return out.drop(_ERROR)
 
         return run

@@ -193,6 +193,34 @@ def unpack(df, schema):
                      session)
 
 
+def answers_beside(source, keep: List[str], answers):
+    """``source``'s columns ``keep`` beside ``answers``' columns, row by row within each
+    partition (``duotf.jvm.Answers``), computed from ``source`` again each time it is read; None
+    where that is not sound or not possible: ``source`` may not give the same rows in the same
+    order again (a nondeterministic expression, or a shuffle whose output order may differ), it
+    has another number of partitions than ``answers``, or the JVM helper is not usable. Call it
+    before the answers are computed: the check plans ``answers`` but runs nothing."""
+    from pyspark.sql import DataFrame
+
+    try:
+        sc = source.sparkSession.sparkContext
+        if not enabled() or not load(sc):
+            return None
+        answers_jvm = sc._jvm.duotf.jvm.Answers
+        if not answers_jvm.repeatable(source._jdf) or \
+                answers_jvm.partitions(source._jdf) != answers_jvm.partitions(answers._jdf):
+            return None
+    except Exception as exc:  # noqa: BLE001 - Spark Connect, or a Spark whose internals differ
+        logger.info("duotf: inference keeps the rows it answers (%s)",
+                    str(exc).splitlines()[0] if str(exc) else exc)
+        return None
+
+    def pair(answered):
+        return DataFrame(answers_jvm.beside(source._jdf, list(keep), answered._jdf), source.sparkSession)
+
+    return pair
+
+
 def build(jar: Path = JAR) -> Path:
     """Compile the Java source against the installed pyspark's jars into ``jar``."""
     import shutil

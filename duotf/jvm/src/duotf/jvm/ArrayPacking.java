@@ -10,8 +10,8 @@ import org.apache.spark.sql.Row;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.expressions.UnsafeArrayData;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.catalyst.util.ArrayData;
-import org.apache.spark.sql.catalyst.util.MapData;
 import org.apache.spark.sql.types.ArrayType;
 import org.apache.spark.sql.types.BinaryType$;
 import org.apache.spark.sql.types.ByteType$;
@@ -24,7 +24,6 @@ import org.apache.spark.sql.types.ShortType$;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.Platform;
-import org.apache.spark.unsafe.types.UTF8String;
 
 /**
  * duotf's JVM side of the Spark feed: columns of numeric arrays moved out of the JVM (and back)
@@ -117,71 +116,122 @@ public final class ArrayPacking {
 
     @Override
     public Iterator<InternalRow> call(Iterator<InternalRow> in) {
+      Converter converter = new Converter(this);
       return new Iterator<InternalRow>() {
         @Override public boolean hasNext() { return in.hasNext(); }
-        @Override public InternalRow next() { return convert(in.next()); }
+        @Override public InternalRow next() { return converter.convert(in.next()); }
       };
     }
+  }
 
-    InternalRow convert(InternalRow row) {
-      Object[] values = new Object[types.length];
-      for (int i = 0; i < types.length; i++) {
-        if (row.isNullAt(i)) {
+  /**
+   * One partition's conversion. The row it returns, and the packed or unpacked values in it, are
+   * reused for the next row: the rows go only into the scan of the DataFrame {@link #create}
+   * builds, which copies each row (into an UnsafeRow) before it asks for the next, as Spark's
+   * operators do with rows they did not make. A row is no longer three fresh copies of its
+   * array (a byte[], an array, a row), which the executors' heap then had to collect.
+   */
+  static final class Converter {
+    final Rows spec;
+    final Object[] values;
+    final GenericInternalRow row;
+    final byte[][] buffers;  // per converted column: the last packed value, or unpacked array's bytes
+    final UnsafeArrayData[] arrays;
+
+    Converter(Rows spec) {
+      this.spec = spec;
+      int n = spec.types.length;
+      values = new Object[n];
+      row = new GenericInternalRow(values);
+      buffers = new byte[n][];
+      arrays = new UnsafeArrayData[n];
+    }
+
+    InternalRow convert(InternalRow in) {
+      for (int i = 0; i < values.length; i++) {
+        if (in.isNullAt(i)) {
           values[i] = null;
-        } else if (elements[i] == null) {
-          values[i] = copied(row.get(i, types[i]));
-        } else if (unpack) {
-          values[i] = toArray(row.getBinary(i), elements[i], sizes[i]);
+        } else if (spec.elements[i] == null) {
+          values[i] = in.get(i, spec.types[i]);  // the scan copies it
+        } else if (spec.unpack) {
+          values[i] = toArray(in, i);
         } else {
-          values[i] = toBinary(row.getArray(i), elements[i], sizes[i], nullsInside[i]);
+          values[i] = toBinary(in.getArray(i), i);
         }
       }
-      return new GenericInternalRow(values);
+      return row;
     }
-  }
 
-  /** A value that may point into a reused row's buffer, as a value of its own. */
-  static Object copied(Object value) {
-    if (value instanceof UTF8String) return ((UTF8String) value).copy();
-    if (value instanceof InternalRow) return ((InternalRow) value).copy();
-    if (value instanceof ArrayData) return ((ArrayData) value).copy();
-    if (value instanceof MapData) return ((MapData) value).copy();
-    if (value instanceof byte[]) return ((byte[]) value).clone();
-    return value;
-  }
+    byte[] buffer(int i, int bytes) {
+      byte[] buffer = buffers[i];
+      if (buffer == null || buffer.length != bytes) buffer = buffers[i] = new byte[bytes];
+      return buffer;
+    }
 
-  static byte[] toBinary(ArrayData array, DataType element, int size, boolean nullsInside) {
-    int n = array.numElements();
-    if (nullsInside) {
-      for (int j = 0; j < n; j++) {
-        if (array.isNullAt(j)) return NULL_INSIDE;
+    Object toBinary(ArrayData array, int i) {
+      int n = array.numElements();
+      int size = spec.sizes[i];
+      if (spec.nullsInside[i]) {
+        for (int j = 0; j < n; j++) {
+          if (array.isNullAt(j)) return NULL_INSIDE;
+        }
       }
-    }
-    byte[] out = new byte[n * size];
-    if (array instanceof UnsafeArrayData) {
-      UnsafeArrayData unsafe = (UnsafeArrayData) array;
-      Platform.copyMemory(unsafe.getBaseObject(),
-                          unsafe.getBaseOffset() + UnsafeArrayData.calculateHeaderPortionInBytes(n),
-                          out, Platform.BYTE_ARRAY_OFFSET, (long) n * size);
+      byte[] out = buffer(i, n * size);
+      if (array instanceof UnsafeArrayData) {
+        UnsafeArrayData unsafe = (UnsafeArrayData) array;
+        Platform.copyMemory(unsafe.getBaseObject(),
+                            unsafe.getBaseOffset() + UnsafeArrayData.calculateHeaderPortionInBytes(n),
+                            out, Platform.BYTE_ARRAY_OFFSET, (long) n * size);
+        return out;
+      }
+      DataType element = spec.elements[i];
+      Object values;
+      long offset;
+      if (element instanceof FloatType$) { values = array.toFloatArray(); offset = Platform.FLOAT_ARRAY_OFFSET; }
+      else if (element instanceof DoubleType$) { values = array.toDoubleArray(); offset = Platform.DOUBLE_ARRAY_OFFSET; }
+      else if (element instanceof IntegerType$) { values = array.toIntArray(); offset = Platform.INT_ARRAY_OFFSET; }
+      else if (element instanceof LongType$) { values = array.toLongArray(); offset = Platform.LONG_ARRAY_OFFSET; }
+      else if (element instanceof ShortType$) { values = array.toShortArray(); offset = Platform.SHORT_ARRAY_OFFSET; }
+      else { values = array.toByteArray(); offset = Platform.BYTE_ARRAY_OFFSET; }
+      Platform.copyMemory(values, offset, out, Platform.BYTE_ARRAY_OFFSET, (long) n * size);
       return out;
     }
-    Object values;
-    long offset;
-    if (element instanceof FloatType$) { values = array.toFloatArray(); offset = Platform.FLOAT_ARRAY_OFFSET; }
-    else if (element instanceof DoubleType$) { values = array.toDoubleArray(); offset = Platform.DOUBLE_ARRAY_OFFSET; }
-    else if (element instanceof IntegerType$) { values = array.toIntArray(); offset = Platform.INT_ARRAY_OFFSET; }
-    else if (element instanceof LongType$) { values = array.toLongArray(); offset = Platform.LONG_ARRAY_OFFSET; }
-    else if (element instanceof ShortType$) { values = array.toShortArray(); offset = Platform.SHORT_ARRAY_OFFSET; }
-    else { values = array.toByteArray(); offset = Platform.BYTE_ARRAY_OFFSET; }
-    Platform.copyMemory(values, offset, out, Platform.BYTE_ARRAY_OFFSET, (long) n * size);
-    return out;
-  }
 
-  static ArrayData toArray(byte[] bytes, DataType element, int size) {
-    if (bytes.length % size != 0) {
-      throw new IllegalStateException("duotf: a packed " + element.simpleString() + " array of "
-                                      + bytes.length + " bytes");
+    /** The binary column {@code i} of {@code in} as an array, written once, from the row's own
+     *  bytes where it is an UnsafeRow, into this column's reused buffer. */
+    Object toArray(InternalRow in, int i) {
+      int size = spec.sizes[i];
+      Object base;
+      long offset;
+      int bytes;
+      if (in instanceof UnsafeRow) {
+        UnsafeRow unsafe = (UnsafeRow) in;
+        long offsetAndSize = unsafe.getLong(i);
+        base = unsafe.getBaseObject();
+        offset = unsafe.getBaseOffset() + (int) (offsetAndSize >> 32);
+        bytes = (int) offsetAndSize;
+      } else {
+        byte[] value = in.getBinary(i);
+        base = value;
+        offset = Platform.BYTE_ARRAY_OFFSET;
+        bytes = value.length;
+      }
+      if (bytes % size != 0) {
+        throw new IllegalStateException("duotf: a packed " + spec.elements[i].simpleString() + " array of "
+                                        + bytes + " bytes");
+      }
+      int n = bytes / size;
+      int header = UnsafeArrayData.calculateHeaderPortionInBytes(n);
+      int total = header + (int) ((bytes + 7L) / 8 * 8);
+      byte[] buffer = buffers[i];
+      if (buffer == null || arrays[i].numElements() != n) {  // a fresh one: no null bits, zero padding
+        buffer = buffers[i] = new byte[total];
+        Platform.putLong(buffer, Platform.BYTE_ARRAY_OFFSET, n);
+        arrays[i] = new UnsafeArrayData();
+        arrays[i].pointTo(buffer, Platform.BYTE_ARRAY_OFFSET, total);
+      }
+      Platform.copyMemory(base, offset, buffer, Platform.BYTE_ARRAY_OFFSET + header, bytes);
+      return arrays[i];
     }
-    return UnsafeArrayData.fromPrimitiveArray(bytes, Platform.BYTE_ARRAY_OFFSET, bytes.length / size, size);
   }
 }
