@@ -530,9 +530,14 @@ class Cluster:
                   ragged: Sequence[str] = ()):
         """Push ``data`` through the nodes and return their results, one per input, in order.
 
-        The result is a collection of the input's engine, materialized while the cluster runs:
-        a DataFrame gives a DataFrame with the result columns beside the input columns in
-        ``keep`` (default: all); an RDD, Bag or Array gives one result per element.
+        The result is a collection of the input's engine, its answers materialized while the
+        cluster runs: a DataFrame gives a DataFrame with the result columns beside the input
+        columns in ``keep`` (default: all); an RDD, Bag or Array gives one result per element.
+        A Spark DataFrame that gives the same rows each time it is computed (every expression
+        deterministic, no shuffle of unfixed order) keeps only the answers: its ``keep`` columns
+        are read from it again beside them whenever the result is read, as any Spark
+        transformation's output is (a partition that comes back with other rows fails the read);
+        any other DataFrame's ``keep`` columns are kept with the answers.
         ``result_columns`` (Spark DataFrames): ``{name: Spark SQL type}``, default
         ``{"prediction": "double"}``. Nulls and ``ragged`` columns: as in :meth:`train`.
         """

@@ -241,30 +241,40 @@ def test_answers_that_span_several_arrow_batches_stay_beside_their_rows(backend,
     assert pdf["prediction"].tolist() == [i / 10 * 2 + i for i in range(45)]
 
 
+def _plain_frame(engine):
+    from tests.suite.data import frames, row_parts
+
+    return engine.frame(frames(row_parts(), ["x", "y"]))
+
+
 def _noisy_frame(engine):
     """``row_parts()`` as a DataFrame of ``x`` (drawn anew each time the DataFrame is computed:
     a UDF declared nondeterministic) and ``y``."""
     import random
 
     from pyspark.sql import functions as F
-    from tests.suite.data import frames, row_parts
 
-    df = engine.frame(frames(row_parts(), ["x", "y"]))
     draw = F.udf(lambda y: random.random() + y, "double").asNondeterministic()
-    return df.withColumn("x", draw(F.col("y")))
+    return _plain_frame(engine).withColumn("x", draw(F.col("y")))
 
 
-def test_inference_of_a_dataframe_drawn_anew_keeps_the_rows_it_answered(backend, engine):
-    """A DataFrame that gives other rows each time it is computed (here a column drawn at
-    random): the rows the nodes answered are the rows kept beside the answers, however often
-    the result is read, never a second draw beside the first draw's answers."""
+@pytest.mark.parametrize("source", ["drawn-anew", "shuffled"])
+def test_inference_of_a_dataframe_that_may_differ_keeps_the_rows_it_answered(backend, engine, source):
+    """A DataFrame that gives other rows each time it is computed (a column drawn at random),
+    or may give them in another order (a shuffle): the rows the nodes answered are the rows kept
+    beside the answers, however often the result is read, never a second draw beside the first
+    draw's answers."""
     df = _noisy_frame(engine)
+    if source == "shuffled":
+        from pyspark.sql import functions as F
+
+        df = _plain_frame(engine).repartition(3, "y").withColumn("x", F.col("x") + 0.5)
     with duotf.run(mains.feed_infer_main, {"batch": 8}, backend, duotf.ClusterSpec(workers=2)) as cluster:
         out = cluster.inference(df, result_columns={"prediction": "double"})
         cluster.wait(timeout=60)
     assert "ZippedPartitionsRDD2" not in _lineage(out)
     first, second = engine.to_pandas(out), engine.to_pandas(out)
-    assert first["y"].tolist() == list(range(45))
+    assert sorted(first["y"].tolist()) == list(range(45))
     assert first["prediction"].tolist() == [x * 2 + y for x, y in zip(first["x"], first["y"])]
     assert first.equals(second)
 
@@ -275,11 +285,10 @@ def test_inference_result_read_after_its_dataframe_changed_fails_naming_the_part
     that passes for repeatable (a UDF that does not declare that it reads a file) but comes back
     with fewer rows fails the read, naming the partition: no row is left beside another's answer."""
     from pyspark.sql import functions as F
-    from tests.suite.data import frames, row_parts
 
     gone = str(tmp_path / "gone")
     keep_row = F.udf(lambda y: not (y == 3 and os.path.exists(gone)), "boolean")
-    df = engine.frame(frames(row_parts(), ["x", "y"])).where(keep_row(F.col("y")))
+    df = _plain_frame(engine).where(keep_row(F.col("y")))
     with duotf.run(mains.feed_infer_main, {"batch": 8}, backend, duotf.ClusterSpec(workers=2)) as cluster:
         out = cluster.inference(df, keep=["y"], result_columns={"prediction": "double"})
         cluster.wait(timeout=60)

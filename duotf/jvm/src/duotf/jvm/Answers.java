@@ -14,6 +14,7 @@ import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.execution.adaptive.AdaptiveSparkPlanExec;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
@@ -42,6 +43,9 @@ public final class Answers {
   public static boolean repeatable(Dataset<Row> df) {
     org.apache.spark.sql.classic.Dataset<Row> c = classic(df);
     if (!c.queryExecution().optimizedPlan().deterministic()) return false;
+    // adaptive execution plans only around a shuffle (or subquery), and would run the shuffle's
+    // jobs to give the RDD asked for below: such a plan is not taken for repeatable
+    if (c.queryExecution().executedPlan() instanceof AdaptiveSparkPlanExec) return false;
     return c.queryExecution().toRdd().outputDeterministicLevel() == DeterministicLevel$.MODULE$.DETERMINATE();
   }
 
