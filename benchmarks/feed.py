@@ -174,9 +174,13 @@ def run_inference(backend, data, row_bytes: int, label: str, count, keep=None, q
                    duotf.ClusterSpec(workers=2)) as cluster:
         start = _when_ready(ready, 2)
         jvm = executor_cpu()
+        called = time.perf_counter()
         out = cluster.inference(data, **({"result_columns": {"prediction": "double"}, "keep": keep}
                                           if hasattr(data, "mapInArrow") else {}))
+        returned = time.perf_counter()
         n = count(out)
+        read = time.perf_counter() - returned
+        returned -= called
         jvm = executor_cpu() - jvm
         results = cluster.wait()
     shutil.rmtree(ready, ignore_errors=True)
@@ -189,6 +193,8 @@ def run_inference(backend, data, row_bytes: int, label: str, count, keep=None, q
     print(f"  duotf {label:<40} {fed:>9} rows: {rate:>10,.0f} rows/s {rate * row_bytes / 1e6:>6.0f} MB/s "
           f"in {span:5.1f} s (inference, identity model)"
           + (f"; executors' JVMs: {jvm / fed * 1e6:.1f} us CPU a row" if jvm else ""), flush=True)
+    print(f"    inference() returned after {returned:.2f} s; reading its result (count()) took "
+          f"{read:.2f} s", flush=True)
     return rate
 
 

@@ -299,3 +299,12 @@ def test_inference_result_read_after_its_dataframe_changed_fails_naming_the_part
         engine.to_pandas(out)
     assert "duotf: partition 0 of the DataFrame given to inference()" in str(info.value)
     assert "persist()" in str(info.value)
+
+
+def test_inference_keeping_a_column_the_dataframe_lacks_is_refused_by_name(backend, engine):
+    with duotf.run(mains.feed_infer_main, {"batch": 8}, backend, duotf.ClusterSpec(workers=2)) as cluster:
+        try:
+            with pytest.raises(duotf.ConfigError, match=r"\['nope'\]"):
+                cluster.inference(_plain_frame(engine), keep=["y", "nope"])
+        finally:
+            cluster.shutdown(grace_secs=0, _raise=False)

@@ -1103,6 +1103,10 @@ class SparkFeed(FeedAdapter):
             return kept + list(result_fields) + [T.StructField(_ERROR, T.StringType(), True)]
 
         def run():
+            missing = [name for name in keep if name not in source.columns]
+            if missing:
+                raise ConfigError(f"keep= names {missing}, which the DataFrame does not have "
+                                  f"(it has {source.columns})")
             # array columns packed in the JVM (in the job's group)
             df, tensors = self._arrow()
             answers_only = T.StructType(list(result_fields) + [T.StructField(_ERROR, T.StringType(), True)])
