@@ -1102,6 +1102,14 @@ class SparkFeed(FeedAdapter):
             kept = [T.StructField(f.name, f.dataType, True, f.metadata) for f in (schema[k] for k in keep)]
             return kept + list(result_fields) + [T.StructField(_ERROR, T.StringType(), True)]
 
+        def answered(out):
+            """``out`` computed once (the nodes answer while it is), locally checkpointed, and
+            without its error column; the first error record a task returned raised."""
+            out = out.localCheckpoint(eager=True)
+            failed = out.where(F.col(_ERROR).isNotNull()).select(_ERROR).limit(1).collect()
+            _raise_first(row[0] for row in failed)
+            return out.drop(_ERROR)
+
         def run():
             missing = [name for name in keep if name not in source.columns]
             if missing:
@@ -1111,23 +1119,16 @@ class SparkFeed(FeedAdapter):
             df, tensors = self._arrow()
             answers_only = T.StructType(list(result_fields) + [T.StructField(_ERROR, T.StringType(), True)])
             answers = df.mapInArrow(_arrow_infer(job, [], result_fields, tensors), answers_only)
-            pair = jvm.answers_beside(source, keep, answers) if keep else (lambda answered: answered)
+            pair = jvm.answers_beside(source, keep, answers) if keep else (lambda out: out)
             if pair is not None:
                 # Only the answers are kept; the kept columns are read from the DataFrame beside
                 # them, never through Python, each time the result is read.
-                out = answers.localCheckpoint(eager=True)
-                failed = out.where(F.col(_ERROR).isNotNull()).select(_ERROR).limit(1).collect()
-                _raise_first(row[0] for row in failed)
-                return pair(out.drop(_ERROR))
+                return pair(answered(answers))
             # A DataFrame that may not give the same rows again: its kept columns go through the
             # nodes' tasks and are kept beside the answers (packed there, unpacked on the way out).
             schema, unpacked = T.StructType(fields(df.schema)), T.StructType(fields(source.schema))
             task = _arrow_infer(job, schema.fields[:len(keep)], result_fields, tensors)
-            out = df.mapInArrow(task, schema).localCheckpoint(eager=True)
-            failed = out.where(F.col(_ERROR).isNotNull()).select(_ERROR).limit(1).collect()
-            _raise_first(row[0] for row in failed)
-            if unpacked != schema:
-                out = jvm.unpack(out, unpacked)
-            return out.drop(_ERROR)
+            out = answered(df.mapInArrow(task, schema))
+            return jvm.unpack(out, T.StructType(unpacked.fields[:-1])) if unpacked != schema else out
 
         return run
