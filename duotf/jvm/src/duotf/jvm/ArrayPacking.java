@@ -81,6 +81,20 @@ public final class ArrayPacking {
     return df.sparkSession().internalCreateDataFrame(out, schema, false);
   }
 
+  /** Copy the {@code bytes} bytes of the elements of {@code array} (of {@code element}s, not an
+   *  UnsafeArrayData, whose bytes the callers copy directly) to {@code to} at {@code at}. */
+  static void copyElements(ArrayData array, DataType element, Object to, long at, long bytes) {
+    Object values;
+    long from;
+    if (element instanceof FloatType$) { values = array.toFloatArray(); from = Platform.FLOAT_ARRAY_OFFSET; }
+    else if (element instanceof DoubleType$) { values = array.toDoubleArray(); from = Platform.DOUBLE_ARRAY_OFFSET; }
+    else if (element instanceof IntegerType$) { values = array.toIntArray(); from = Platform.INT_ARRAY_OFFSET; }
+    else if (element instanceof LongType$) { values = array.toLongArray(); from = Platform.LONG_ARRAY_OFFSET; }
+    else if (element instanceof ShortType$) { values = array.toShortArray(); from = Platform.SHORT_ARRAY_OFFSET; }
+    else { values = array.toByteArray(); from = Platform.BYTE_ARRAY_OFFSET; }
+    Platform.copyMemory(values, from, to, at, bytes);
+  }
+
   /** Element kinds: the element's size in bytes, and whether it is a floating-point type. */
   static int size(DataType element) {
     if (element instanceof FloatType$ || element instanceof IntegerType$) return 4;
@@ -184,16 +198,7 @@ public final class ArrayPacking {
                             out, Platform.BYTE_ARRAY_OFFSET, (long) n * size);
         return out;
       }
-      DataType element = spec.elements[i];
-      Object values;
-      long offset;
-      if (element instanceof FloatType$) { values = array.toFloatArray(); offset = Platform.FLOAT_ARRAY_OFFSET; }
-      else if (element instanceof DoubleType$) { values = array.toDoubleArray(); offset = Platform.DOUBLE_ARRAY_OFFSET; }
-      else if (element instanceof IntegerType$) { values = array.toIntArray(); offset = Platform.INT_ARRAY_OFFSET; }
-      else if (element instanceof LongType$) { values = array.toLongArray(); offset = Platform.LONG_ARRAY_OFFSET; }
-      else if (element instanceof ShortType$) { values = array.toShortArray(); offset = Platform.SHORT_ARRAY_OFFSET; }
-      else { values = array.toByteArray(); offset = Platform.BYTE_ARRAY_OFFSET; }
-      Platform.copyMemory(values, offset, out, Platform.BYTE_ARRAY_OFFSET, (long) n * size);
+      copyElements(array, spec.elements[i], out, Platform.BYTE_ARRAY_OFFSET, (long) n * size);
       return out;
     }
 

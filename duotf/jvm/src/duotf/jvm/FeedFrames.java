@@ -316,15 +316,7 @@ public final class FeedFrames {
             if (array.isNullAt(j)) return false;
           }
         }
-        Object values;
-        long from;
-        if (type instanceof FloatType$) { values = array.toFloatArray(); from = Platform.FLOAT_ARRAY_OFFSET; }
-        else if (type instanceof DoubleType$) { values = array.toDoubleArray(); from = Platform.DOUBLE_ARRAY_OFFSET; }
-        else if (type instanceof IntegerType$) { values = array.toIntArray(); from = Platform.INT_ARRAY_OFFSET; }
-        else if (type instanceof LongType$) { values = array.toLongArray(); from = Platform.LONG_ARRAY_OFFSET; }
-        else if (type instanceof ShortType$) { values = array.toShortArray(); from = Platform.SHORT_ARRAY_OFFSET; }
-        else { values = array.toByteArray(); from = Platform.BYTE_ARRAY_OFFSET; }
-        Platform.copyMemory(values, from, buf, at, rowBytes[i]);
+        ArrayPacking.copyElements(array, type, buf, at, rowBytes[i]);
       }
       return true;
     }
