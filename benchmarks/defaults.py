@@ -115,7 +115,7 @@ def main():
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from duotf.backends.spark import SparkBackend
+    from duotf.backends.spark.backend import SparkBackend
     from duotf.io import dataframe as dfio
     from duotf.spark import feed_cache, pack_tensors
 

@@ -108,7 +108,7 @@ def run_duotf(master: str, rows: int, epochs: int, batch: int) -> float:
         "spark.executor.cores": "2", "spark.executor.memory": "1g",
         "spark.executorEnv.PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
     try:
-        from duotf.backends.spark import SparkBackend
+        from duotf.backends.spark.backend import SparkBackend
 
         backend = SparkBackend(session)
         deadline = time.monotonic() + 60

@@ -48,7 +48,7 @@ inference >= 0.5x its training feed and >= 30x TFoS.
 ``duotf/feed/malloc.py``), on Dask, in alternating rounds.
 
 ``--arrow-batches ROUNDS`` only compares, on Spark, the Arrow batches of duotf's own jobs (at
-most 4 MiB: ``duotf.backends.spark_feed.ARROW_BATCH_BYTES``) with Spark's default (10,000
+most 4 MiB: ``duotf.backends.spark.feed.ARROW_BATCH_BYTES``) with Spark's default (10,000
 records, which duotf keeps where the session sets it, as here), in alternating rounds: the
 default ``train(df, epochs)`` and ``inference(df)``.
 
@@ -202,7 +202,7 @@ def next_batch_alone(numpy_rows: bool, repeat: int = 2000) -> float:
     """Rows/s of ``DataFeed.next_batch(100)`` itself on columns already received (its own
     per-row Python: a tuple per row), the transport left out: the real method, on an object
     whose ``_take`` hands it the same 100-row columns every call."""
-    from duotf.feed.datafeed import DataFeed
+    from duotf._transport.datafeed import DataFeed
 
     cols = {"0": np.zeros((BATCH, 784), np.float32), "1": np.arange(BATCH, dtype=np.int64)}
 

@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/scale.py                       # 1000 nodes, 250 per process
     PYTHONPATH=. python benchmarks/scale.py --nodes 250 --steady-seconds 5
 
-The driver is duotf's own, in this process: a :class:`duotf.cluster.Cluster` made and started as
+The driver is duotf's own, in this process: a :class:`duotf._driver.cluster.Cluster` made and started as
 ``duotf.run`` makes and starts it (so that the benchmark holds it while it starts), with the
 rendezvous server, its gate and HMAC channel, the supervisor and its heartbeat watchdog. The
 nodes are simulated agents (:mod:`benchmarks.simnodes`): duotf's protocol code without a node
@@ -33,12 +33,12 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.simnodes import SimBackend  # noqa: E402
-from duotf import planner  # noqa: E402
-from duotf.api import check_run_arguments  # noqa: E402
-from duotf.cluster import Cluster  # noqa: E402
+import duotf._driver.planner as planner  # noqa: E402
+from duotf._driver.api import check_run_arguments  # noqa: E402
+from duotf._driver.cluster import Cluster  # noqa: E402
 from duotf.spec import ClusterSpec  # noqa: E402
-from duotf.supervisor import NodeState  # noqa: E402
-from duotf.verbosity import node_env  # noqa: E402
+from duotf._driver.supervisor import NodeState  # noqa: E402
+from duotf._verbosity import node_env  # noqa: E402
 
 GOAL_STARTED_S = 5.0
 GOAL_CPU_PERCENT = 20.0

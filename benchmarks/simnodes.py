@@ -1,7 +1,7 @@
 """Simulated node agents, and a benchmark-only backend that starts them: the driver at scale.
 
 A simulated agent speaks duotf's real rendezvous protocol, with duotf's own code
-(:func:`duotf.rendezvous.connect`, :class:`~duotf.rendezvous.Channel`, :class:`~duotf.rendezvous.Msg`):
+(:func:`duotf._transport.rendezvous.connect`, :class:`~duotf._transport.rendezvous.Channel`, :class:`~duotf._transport.rendezvous.Msg`):
 it authenticates at the driver's gate, sends ``REGISTER`` and ``READY``, a ``HEARTBEAT`` every
 ``heartbeat_interval``, ``RUNNING`` once it gets ``START`` (it keeps the size of the TF_CONFIG it
 got), ``RETURNED`` when its "main" returns, ``DONE`` when released, ``STOPPED`` when stopped. It
@@ -15,8 +15,8 @@ Its :meth:`SimJob.release` makes every "main" return; closing a helper's stdin e
 the way an engine's cancel ends real ones.
 
 The seam: a backend's ``start_nodes(fn, n, job_id)`` gets only an opaque node function (the
-driver passes ``functools.partial(duotf.node.run_node, job)``), so this backend reads the
-:class:`~duotf.node.NodeJob` out of that partial (:func:`node_job_of`) instead of calling it.
+driver passes ``functools.partial(duotf._node.agent.run_node, job)``), so this backend reads the
+:class:`~duotf._node.agent.NodeJob` out of that partial (:func:`node_job_of`) instead of calling it.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional
 
-from duotf import rendezvous
+from duotf._transport import rendezvous
 from duotf.backends import Backend, ThreadJob
-from duotf.node import NodeJob, NodeOutcome, OutcomeStatus, run_node
-from duotf.rendezvous import Msg
+from duotf._node.agent import NodeJob, NodeOutcome, OutcomeStatus, run_node
+from duotf._transport.rendezvous import Msg
 
 __all__ = ["SimBackend", "SimJob", "node_job_of", "helper_main"]
 

@@ -6,7 +6,7 @@
 
 Per batch (the default): an Arrow batch as Spark hands it to a feeding task (``array<float>``
 column ``x`` of ``width`` values a row, ``long`` column ``y``) is converted with
-``duotf.feed.columns.from_arrow``, which validates as it converts; beside it, the same
+``duotf._transport.columns.from_arrow``, which validates as it converts; beside it, the same
 conversion without any check (the code before validation), with the checks switched off
 (``columns.VALIDATE``, see below), and the checks alone. The same for a pandas frame as a Dask
 or local partition holds one (``x`` an object column of float32 arrays, ``y`` int64, ``z``
@@ -23,7 +23,7 @@ local backend, the Dask workers' processes for Dask; the nodes' processes aside)
 machine's swings of wall-clock rate leave steady: on the local backend, Arrow record batches (the path of a Spark DataFrame's
 feeding task) and pandas frames as partitions; on Dask, a Dask DataFrame of such frames. The
 checks are switched off in the processes that feed (this one for the local backend, every Dask
-worker with ``client.run``) through ``duotf.feed.columns.VALIDATE``, the benchmark-only switch
+worker with ``client.run``) through ``duotf._transport.columns.VALIDATE``, the benchmark-only switch
 that ``DUOTF_FEED_VALIDATE=0`` sets when a feeding process imports duotf (the way to switch it
 off in Spark executors: ``spark.executorEnv.DUOTF_FEED_VALIDATE``).
 
@@ -54,8 +54,7 @@ def _median_us(fn, repeats: int, per: int = 20) -> float:
 
 def _validating(flag: bool) -> None:
     """Switch the feed's checks on or off in this process (benchmarks only)."""
-    from duotf.feed import columns
-
+    from duotf._transport import columns
     columns.VALIDATE = flag
 
 
@@ -91,7 +90,7 @@ def main() -> None:
 def per_batch(opts) -> None:
     import pyarrow as pa
 
-    from duotf.feed.columns import from_arrow
+    from duotf._transport.columns import from_arrow
 
     n, width = opts.rows, opts.width
 
@@ -156,7 +155,7 @@ def _pandas_frame(n: int, width: int, seed: int = 0):
 
 def per_batch_pandas(opts) -> None:
     """``from_pandas`` (the rows/pandas path) with the checks on and off."""
-    from duotf.feed.columns import from_pandas
+    from duotf._transport.columns import from_pandas
 
     n, width = opts.rows, opts.width
     frame = _pandas_frame(n, width)
@@ -287,8 +286,7 @@ def _sender(cols):
     import socket
     import threading
 
-    from duotf.feed import wire
-
+    from duotf._transport import wire
     a, b = socket.socketpair()
     for sock in (a, b):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)

@@ -2,34 +2,17 @@
 
 ``import duotf`` is light: it imports neither TensorFlow, pyspark nor distributed, nor numpy:
 the names below come from their modules when first used. Every node process imports this
-package first (``python -m duotf._child``), so what it imports here each node start pays for.
+package first (``python -m duotf._node.child``), so what it imports here each node start pays for.
 """
 
 import importlib
 
-from .doctor import DoctorReport, doctor  # light; and a function named as its module
-from .errors import (
-    BackendError,
-    ClusterClosedError,
-    ConfigError,
-    DuotfError,
-    FeedError,
-    FeedSchemaError,
-    InsufficientSlotsError,
-    NodeError,
-    NodeFailedError,
-    NodesStoppedError,
-    NodeUnresponsiveError,
-    ReservationTimeoutError,
-    SchemaMismatchError,
-    TensorBoardError,
-    TFRecordCorruptError,
-    UnsupportedProtocolError,
-)
-from .spec import ClusterSpec, Role
-from .verbosity import set_verbose
+from duotf._driver.doctor import DoctorReport, doctor  # light; and a function named as its module
+from duotf.errors import (BackendError, ClusterClosedError, ConfigError, DuotfError, FeedError, FeedSchemaError, InsufficientSlotsError, NodeError, NodeFailedError, NodesStoppedError, NodeUnresponsiveError, ReservationTimeoutError, SchemaMismatchError, TensorBoardError, TFRecordCorruptError, UnsupportedProtocolError)
+from duotf.spec import ClusterSpec, Role
+from duotf._verbosity import set_verbose
 
-from ._version import __version__ as _package_version
+from duotf._version import __version__ as _package_version
 
 __version__ = _package_version
 
@@ -69,15 +52,15 @@ __all__ = [
 
 #: names imported when first used: their modules import numpy, pandas or an engine
 _LAZY = {
-    "run": "duotf.api",
-    "Cluster": "duotf.cluster",
-    "ClusterStatus": "duotf.cluster",
-    "NodeInfo": "duotf.cluster",
+    "run": "duotf._driver.api",
+    "Cluster": "duotf._driver.cluster",
+    "ClusterStatus": "duotf._driver.cluster",
+    "NodeInfo": "duotf._driver.cluster",
     "NodeContext": "duotf.context",
-    "RaggedColumn": "duotf.feed.columns",
-    "Report": "duotf.metrics",
-    "RunResult": "duotf.parallel",
-    "run_parallel": "duotf.parallel",
+    "RaggedColumn": "duotf._transport.columns",
+    "Report": "duotf._driver.metrics",
+    "RunResult": "duotf._driver.parallel",
+    "run_parallel": "duotf._driver.parallel",
     "predict_udf": "duotf.spark",
 }
 
@@ -89,7 +72,7 @@ def __getattr__(name):
         return value
     if name.startswith("__"):  # a probe for a dunder (copy, inspect, pickle): none here
         raise AttributeError(f"module 'duotf' has no attribute {name!r}")
-    try:  # a submodule, as an eager package would have it imported: duotf.supervisor
+    try:  # a submodule, as an eager package would have it imported: duotf._driver.supervisor
         return importlib.import_module(f"{__name__}.{name}")
     except ModuleNotFoundError as exc:
         if exc.name != f"{__name__}.{name}":

@@ -1,4 +1,4 @@
-"""``python -m duotf doctor|run ...`` (see :mod:`duotf.cli`).
+"""``python -m duotf doctor|run ...`` (see :mod:`duotf._driver.cli`).
 
 Also runnable by its path, as ``spark-submit`` runs a file: its folder is then first on
 ``sys.path``, where duotf's own modules (``dask.py``, ``keras.py``) would hide the packages of
@@ -13,7 +13,7 @@ if not __package__:
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
     sys.path.insert(0, os.path.dirname(_here))
 
-from duotf.cli import main  # noqa: E402  (after the path is right)
+from duotf._driver.cli import main  # noqa: E402  (after the path is right)
 
 if __name__ == "__main__":
     sys.exit(main())

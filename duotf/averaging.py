@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Callable, List, Optional, Sequence, Union
 
-from .errors import ConfigError
+from duotf.errors import ConfigError
 
 # AveragingCallback too, made on first use (module __getattr__): its base class is Keras's
 __all__ = ["WeightAverager"]

@@ -149,7 +149,7 @@ class NodeContext:
             ``{column: name}``: select and rename columns; ``next_batch`` then returns a dict of
             arrays (else a list of rows).
         """
-        from .feed.datafeed import DataFeed
+        from duotf._transport.datafeed import DataFeed
 
         if self._feed_server is None:
             raise RuntimeError("this context has no data feed (it was not created by duotf.run)")
@@ -189,7 +189,7 @@ class NodeContext:
         one only after a failure. ``epoch`` counts the epochs done: 1 after the first.
         """
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
-            from .errors import ConfigError
+            from duotf.errors import ConfigError
 
             raise ConfigError(f"epoch={epoch!r}: give the number of epochs done, 1 or more")
         if path is not None and not isinstance(path, str):
@@ -228,15 +228,15 @@ class NodeContext:
         server.join()
 
 
-# -- the node process's side (duotf._child): not for user code -------------------------------------
+# -- the node process's side (duotf._node.child): not for user code -------------------------------------
 def node_context(*, notify: Callable[[str], None], feed_server, reporter=None,
                  on_checkpoint=None, **fields) -> NodeContext:
     """The :class:`NodeContext` of a node process, wired to its agent and its feed.
 
     ``fields`` are :class:`NodeContext`'s own arguments; ``notify(what)`` tells the node's
     agent of a change it reports to the driver (``"serving"``); ``feed_server`` is the node's
-    :class:`~duotf.feed.datafeed.FeedServer`, which ``get_data_feed`` reads from; ``reporter``
-    sends what ``ctx.report`` is given (:mod:`duotf._reports`).
+    :class:`~duotf._transport.datafeed.FeedServer`, which ``get_data_feed`` reads from; ``reporter``
+    sends what ``ctx.report`` is given (:mod:`duotf._node.reports`).
     """
     ctx = NodeContext(**fields)
     ctx._notify = notify

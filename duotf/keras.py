@@ -49,7 +49,7 @@ import os
 import sys
 from typing import Optional
 
-from .errors import ConfigError
+from duotf.errors import ConfigError
 
 # ReportCallback too, made on first use (module __getattr__): its base class is Keras's
 __all__ = ["enable_multi_worker_fit", "ENV_VAR", "TESTED_KERAS"]
@@ -222,7 +222,7 @@ def _patch_predict(cls, multi_worker) -> None:
     size) and its results must be this worker's rows: the dataset (marked by the feed) is
     predicted with the model's variables as they are on this worker (the same on every worker:
     mirrored), without the strategy, and with no collective."""
-    from .feed.datafeed import INFERENCE_DATASET
+    from duotf._transport.datafeed import INFERENCE_DATASET
 
     predict = cls.predict
     if getattr(predict, _MARK, False):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Tuple
 
-from .errors import ConfigError
+from duotf.errors import ConfigError
 
 __all__ = ["ClusterSpec", "KNOWN_PROTOCOLS", "Role"]
 

@@ -7,8 +7,9 @@ import pickle
 import queue
 import threading
 
-from duotf import node, rendezvous
-from duotf.rendezvous import Msg
+from duotf._node import agent as node
+from duotf._transport import rendezvous
+from duotf._transport.rendezvous import Msg
 
 
 def node_job(workdir, address=("127.0.0.1", 1), secret: bytes = b"k" * 32,

@@ -280,7 +280,7 @@ def _node_processes():
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmdline = proc.info.get("cmdline") or []
-        if "duotf._child" not in cmdline and "tensorboard.main" not in cmdline:
+        if "duotf._node.child" not in cmdline and "tensorboard.main" not in cmdline:
             continue
         try:
             ours = proc.environ().get(SESSION_TAG) == os.environ[SESSION_TAG]

@@ -153,7 +153,7 @@ class Engine(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} scores no DataFrame")
 
     def scoring_stats(self) -> Dict[int, dict]:
-        """``duotf.scoring.cache_stats()`` of the processes that run the engine's tasks, by pid."""
+        """``duotf._ml.scoring.cache_stats()`` of the processes that run the engine's tasks, by pid."""
         raise NotImplementedError(f"{type(self).__name__} scores no DataFrame")
 
     # -- ML stages: TFEstimator and TFModel (engines with a DataFrame: Dask, Spark) ------------
@@ -403,9 +403,9 @@ class DaskEngine(Engine):
         return {"duotf.dask.predict": self.score(df, model, output=output, batch_size=batch_size)}
 
     def scoring_stats(self):
-        import duotf.scoring
+        import duotf._ml.scoring
 
-        return self.client.run(duotf.scoring.cache_stats)
+        return self.client.run(duotf._ml.scoring.cache_stats)
 
     def ml_stages(self):
         import duotf.dask
@@ -475,7 +475,7 @@ class SparkEngine(Engine):
     @classmethod
     @contextlib.contextmanager
     def start(cls, request):
-        from duotf.backends.spark import SparkBackend
+        from duotf.backends.spark.backend import SparkBackend
 
         session = cls._session(request)
         try:

@@ -138,7 +138,7 @@ def _node_task(fn, node_id: int):
 
 
 def _count_rows(part) -> int:
-    from duotf.feed.tasks import count_rows
+    from duotf._transport.tasks import count_rows
 
     return count_rows(part)
 
@@ -246,14 +246,14 @@ class ProcessPoolFeed(FeedAdapter):
         return counts
 
     def train(self, job) -> EngineJob:
-        from duotf.feed.tasks import train_partition
+        from duotf._transport.tasks import train_partition
 
         pool = self.backend.pool
         return _job([pool.submit(train_partition, job, pid, part)
                      for pid, part in enumerate(self.parts)], "procpool-feed")
 
     def infer(self, job, keep, result_columns) -> EngineJob:
-        from duotf.feed.tasks import infer_partition
+        from duotf._transport.tasks import infer_partition
 
         pool = self.backend.pool
         return _job([pool.submit(infer_partition, job, pid, part, keep)

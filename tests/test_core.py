@@ -15,7 +15,7 @@ import types
 import pytest
 
 import duotf
-from duotf.node import reserve_port
+from duotf._node.agent import reserve_port
 
 
 def test_roles_are_deterministic_and_tf_config_follows_tf_conventions():
@@ -54,10 +54,10 @@ def test_errors_pickle_with_their_attributes():
 
 def test_import_is_light():
     """``import duotf``, and what every node process imports before its main (the package and
-    ``duotf._child``), import no engine, TensorFlow, numpy, pandas nor Arrow: each node start
+    ``duotf._node.child``), import no engine, TensorFlow, numpy, pandas nor Arrow: each node start
     would pay for them."""
     code = (
-        "import sys, duotf, duotf._child\n"
+        "import sys, duotf, duotf._node.child\n"
         "heavy = [m for m in ('tensorflow', 'pyspark', 'distributed', 'dask', 'numpy', 'pandas',\n"
         "                     'pyarrow') if m in sys.modules]\n"
         "print(heavy)\n"

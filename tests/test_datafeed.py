@@ -8,10 +8,10 @@ import pyarrow as pa
 import pytest
 
 from duotf.errors import ConfigError, FeedSchemaError
-from duotf.feed import wire
-from duotf.feed.columns import TENSOR_KEY, decode_tensor, from_arrow, tensor_specs
-from duotf.feed.datafeed import DataFeed, FeedServer
-from duotf.planner import balance
+from duotf._transport import wire
+from duotf._transport.columns import TENSOR_KEY, decode_tensor, from_arrow, tensor_specs
+from duotf._transport.datafeed import DataFeed, FeedServer
+from duotf._driver.planner import balance
 
 SECRET = b"k" * 32
 
@@ -199,7 +199,7 @@ def _cache_file(folder, frames):
 def test_cached_file_frames_reach_the_node_read_there_or_sent(tmp_path, folder, node_reads):
     import threading
 
-    from duotf.feed.feeder import FeedJob, feed_train
+    from duotf._transport.feeder import FeedJob, feed_train
 
     path, frames = _cache_file(str(tmp_path / folder), [40, 25, 35])
     server = FeedServer(SECRET, capacity=64)
@@ -245,7 +245,7 @@ def test_named_file_frames_are_read_by_the_node_whole_or_sliced(tmp_path):
     frame, and only the rows of a frame that a range takes where the plan splits it."""
     import threading
 
-    from duotf.feed.feeder import FeedJob, feed_train
+    from duotf._transport.feeder import FeedJob, feed_train
 
     path, frames = _cache_file(str(tmp_path / "duotf-feedcache-t"), [40, 25, 35])
     server = FeedServer(SECRET, capacity=64)
@@ -369,8 +369,7 @@ def _feed_partitions(server, partitions, monkeypatch, frame_bytes=64 << 10, betw
     a thread (calling ``between()`` after each); return the thread and the rows each sent."""
     import threading
 
-    from duotf.feed import feeder
-
+    from duotf._transport import feeder
     monkeypatch.setattr(feeder, "FRAME_BYTES", frame_bytes)
     counts = [sum(wire.unpack_frame(c.data)[0]["rows"] if isinstance(c, wire.Packed) else len(c["id"])
                   for c in chunks) for chunks in partitions]
@@ -415,8 +414,7 @@ def test_frames_to_a_node_on_this_host_go_through_a_reused_shared_memory_ring(mo
     import collections
     import os
 
-    from duotf.feed import shm
-
+    from duotf._transport import shm
     shm.close_idle()
     before = set(os.listdir(shm.SHM_DIR))
     big = wire.Packed(20_000, wire.pack_frame(_ids(30_000, 50_000)))  # 480 kB: over a slot
@@ -447,8 +445,7 @@ def test_frames_to_a_node_on_this_host_go_through_a_reused_shared_memory_ring(mo
 
 
 def test_a_node_that_cannot_open_a_ring_is_fed_over_tcp(monkeypatch):
-    from duotf.feed import shm
-
+    from duotf._transport import shm
     def refuse(header):
         raise OSError(f"{header['path']}: not visible from this node")
 
@@ -462,8 +459,7 @@ def test_a_node_that_cannot_open_a_ring_is_fed_over_tcp(monkeypatch):
 
 
 def test_a_node_that_refused_a_ring_is_asked_again_once_the_refusal_expired(monkeypatch):
-    from duotf.feed import shm
-
+    from duotf._transport import shm
     asked = []
 
     def refuse(header):
@@ -486,8 +482,7 @@ def test_a_node_that_refused_a_ring_is_asked_again_once_the_refusal_expired(monk
 
 
 def test_a_ring_the_node_let_go_is_replaced_by_a_new_one(monkeypatch):
-    from duotf.feed import shm
-
+    from duotf._transport import shm
     shm.close_idle()
     server = FeedServer(SECRET)
     rings = []
@@ -514,7 +509,7 @@ def test_a_node_queues_its_ranges_in_plan_order_whichever_task_comes_first():
     """Two feeding tasks of one epoch: the later range's task connects first, and waits."""
     import threading
 
-    from duotf.feed.feeder import FeedJob, feed_train
+    from duotf._transport.feeder import FeedJob, feed_train
 
     server = FeedServer(SECRET, capacity=2)
     job = FeedJob(SECRET, [("127.0.0.1", server.port)], ["node"], "train", 30,
@@ -540,8 +535,8 @@ def test_a_range_waiting_longer_than_feed_timeout_for_its_turn_is_not_failed(mon
     node that says nothing (the earlier range here takes 2.5 s; feed_timeout is 1 s)."""
     import threading
 
-    from duotf.feed import wire as feed_wire
-    from duotf.feed.feeder import FeedJob, feed_train
+    import duotf._transport.wire as feed_wire
+    from duotf._transport.feeder import FeedJob, feed_train
 
     monkeypatch.setattr(feed_wire, "WAIT_S", 0.2)
     server = FeedServer(SECRET, capacity=2)
@@ -607,7 +602,7 @@ def test_from_arrow_refuses_nulls_and_ragged_rows_and_names_them():
 
 def test_ragged_column_travels_in_frames_and_slices_without_copies():
     from duotf import RaggedColumn
-    from duotf.feed.columns import concat_cols, from_rows
+    from duotf._transport.columns import concat_cols, from_rows
 
     cols = from_rows([(0, [1.0]), (1, [2.0, 3.0]), (2, []), (3, [4.0, 5.0, 6.0])], ragged=("1",))
     column = cols["1"]
@@ -626,8 +621,8 @@ def test_ragged_column_travels_in_frames_and_slices_without_copies():
 def test_a_refusal_is_placed_in_its_partition_and_widths_hold_across_chunks():
     import pickle
 
-    from duotf.feed.columns import from_rows
-    from duotf.feed.feeder import validated
+    from duotf._transport.columns import from_rows
+    from duotf._transport.feeder import validated
 
     def chunks():
         yield from_rows([(0, [1.0, 2.0])] * 5)
@@ -651,7 +646,7 @@ def test_a_refusal_is_placed_in_its_partition_and_widths_hold_across_chunks():
 def test_pandas_nulls_are_what_pandas_calls_missing():
     import pandas as pd
 
-    from duotf.feed.columns import from_pandas
+    from duotf._transport.columns import from_pandas
 
     for frame in (pd.DataFrame({"a": pd.array([1, None], "Int64")}), pd.DataFrame({"a": [1.0, np.nan]}),
                   pd.DataFrame({"a": ["x", None]}), pd.DataFrame({"a": [[1.0], None]})):
@@ -665,7 +660,7 @@ def test_pandas_nulls_are_what_pandas_calls_missing():
 
 
 def test_a_feed_schema_error_record_comes_back_typed():
-    from duotf.backends.spark_feed import _error_json, _guarded, _raise_first
+    from duotf.backends.spark.feed import _error_json, _guarded, _raise_first
     from duotf.errors import feed_schema_error
 
     def refuse():
@@ -686,7 +681,7 @@ def test_arrays_of_strings_or_nested_arrays_are_refused_not_sent_as_pointers():
     FeedSchemaError naming it (declared ragged or not), and the wire refuses arrays of objects."""
     import pandas as pd
 
-    from duotf.feed.columns import from_pandas, from_rows
+    from duotf._transport.columns import from_pandas, from_rows
 
     def refused(convert, *args, **kw):
         with pytest.raises(FeedSchemaError) as info:

@@ -1,4 +1,4 @@
-"""The ML stages' engine-neutral half (duotf.estimator), without an engine: parameter checks,
+"""The ML stages' engine-neutral half (duotf._ml.estimator), without an engine: parameter checks,
 the slot ledger of fits running at once, and light imports."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 import pytest
 
 import duotf
-from duotf import estimator
+from duotf._ml import estimator
 from duotf.backends import LocalBackend
 
 
@@ -64,7 +64,7 @@ def test_fits_at_once_book_their_slots_together_or_fail_at_once():
 
 
 def test_the_stage_modules_import_light():
-    code = ("import sys, duotf.spark, duotf.dask, duotf.estimator\n"
+    code = ("import sys, duotf.spark, duotf.dask, duotf._ml.estimator\n"
             "print([m for m in ('tensorflow', 'pyspark', 'distributed', 'dask') if m in sys.modules])\n"
             "duotf.spark.TFEstimator\n"
             "print('pyspark' in sys.modules)\n")

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from duotf.errors import FeedError
-from duotf.feed import wire
-from duotf.feed.datafeed import DataFeed, FeedServer
-from duotf.feed.feeder import FeedJob, feed_train
+from duotf._transport import wire
+from duotf._transport.datafeed import DataFeed, FeedServer
+from duotf._transport.feeder import FeedJob, feed_train
 from tests.conftest import poll_for
 
 SECRET = b"k" * 32
@@ -158,7 +158,7 @@ def test_a_fail_marker_ends_the_nodes_reads_and_refuses_waiting_ranges():
 def test_a_passed_turn_is_no_delivery_its_rows_come_late():
     """Spark's feed cache: a task whose file is on another host passes its turn; the partition
     is fed later from the DataFrame, on the same range, and delivered once."""
-    from duotf.feed.feeder import pass_turn
+    from duotf._transport.feeder import pass_turn
 
     server = FeedServer(SECRET, capacity=64)
     job = _job(server, {0: [(0, 0, 100, 0)], 1: [(0, 0, 100, 1)]})

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from duotf.errors import FeedError
-from duotf.feed import wire
-from duotf.feed.datafeed import FeedServer
-from duotf.feed.feeder import FeedJob, feed_train
-from duotf.planner import _cause, _lost_task
+from duotf._transport import wire
+from duotf._transport.datafeed import FeedServer
+from duotf._transport.feeder import FeedJob, feed_train
+from duotf._driver.planner import _cause, _lost_task
 from tests.conftest import poll_for
 
 SECRET = b"k" * 32

@@ -10,7 +10,7 @@ import os
 import pytest
 
 import duotf
-from duotf._gpus import visible_devices
+from duotf._node.gpus import visible_devices
 from duotf.backends import LocalBackend
 from tests.suite import mains
 
@@ -98,7 +98,7 @@ def test_dask_nodes_hold_gpus_of_their_own_worker(gpu_client):
 
 
 def test_dask_nodes_side_by_side_never_share_a_gpu(gpu_client):
-    from duotf.backends.dask import DaskBackend
+    from duotf.backends.dask.backend import DaskBackend
 
     backend = DaskBackend(gpu_client)
     assert backend.check_gpus(2, 1) == 4  # two workers of GPU=2

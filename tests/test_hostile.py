@@ -17,9 +17,10 @@ import numpy as np
 import psutil
 import pytest
 
-from duotf import gate, rendezvous
-from duotf.feed import wire
-from duotf.feed.datafeed import FeedServer
+from duotf._transport import gate
+from duotf._transport import rendezvous
+from duotf._transport import wire
+from duotf._transport.datafeed import FeedServer
 from tests.engines import poll_for
 
 EACH = 200  # hostile connections of each kind

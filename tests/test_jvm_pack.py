@@ -1,4 +1,4 @@
-"""duotf's JVM helper (``duotf.jvm``): numeric array columns packed in the JVM reach the feed as
+"""duotf's JVM helper (``duotf.backends.spark.jvm``): numeric array columns packed in the JVM reach the feed as
 the same arrays, refused with the same errors, and come back unchanged; the shipped jar is the
 one its source builds.
 
@@ -17,10 +17,10 @@ import zipfile
 import numpy as np
 import pytest
 
-from duotf import jvm
-from duotf.backends.spark_feed import arrow_source
+from duotf.backends.spark import jvm
+from duotf.backends.spark.feed import arrow_source
 from duotf.errors import FeedSchemaError
-from duotf.feed.columns import from_arrow
+from duotf._transport.columns import from_arrow
 
 TYPES = ["float", "double", "int", "bigint", "smallint", "tinyint"]
 
@@ -28,12 +28,12 @@ TYPES = ["float", "double", "int", "bigint", "smallint", "tinyint"]
 def test_the_shipped_jar_is_built_from_its_source(tmp_path):
     with zipfile.ZipFile(jvm.JAR) as z:
         assert z.read(jvm.DIGEST_ENTRY).decode() == jvm.source_digest(), \
-            "duotf/jvm/duotf-jvm.jar is older than its source: run python -m duotf.jvm"
+            "duotf/jvm/duotf-jvm.jar is older than its source: run python -m duotf.backends.spark.jvm"
         shipped = sorted(n for n in z.namelist() if n.endswith(".class"))
     if shutil.which("javac") is None:
         pytest.skip("no JDK here: the source's digest is checked, not a rebuild")
     rebuilt = tmp_path / "rebuilt.jar"
-    subprocess.run([sys.executable, "-m", "duotf.jvm", str(rebuilt)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "duotf.backends.spark.jvm", str(rebuilt)], check=True, timeout=120)
     with zipfile.ZipFile(rebuilt) as z:
         assert sorted(n for n in z.namelist() if n.endswith(".class")) == shipped
 
@@ -109,11 +109,11 @@ def test_the_jvm_writes_each_partition_as_the_frames_the_feed_would_send(backend
     import pyarrow.compute as pc
     from pyspark.sql import functions as F
 
-    from duotf.backends.spark_feed import _ERROR, CachedPartition
-    from duotf.feed import wire
-    from duotf.feed.columns import split
+    from duotf.backends.spark.feed import _ERROR, CachedPartition
+    from duotf._transport import wire
+    from duotf._transport.columns import split
 
-    from duotf.feed.columns import tensor_specs
+    from duotf._transport.columns import tensor_specs
     from duotf.spark import pack_tensors
 
     # every number type, as a column and as an array column, and a tensor column (pack_tensors);
@@ -168,7 +168,7 @@ def test_the_jvm_writes_each_partition_as_the_frames_the_feed_would_send(backend
 def test_the_jvm_leaves_a_partition_the_feed_refuses_to_the_dataframe_and_counts_it(backend, engine, value):
     import uuid
 
-    from duotf.backends.spark_feed import _ERROR, CachedPartition
+    from duotf.backends.spark.feed import _ERROR, CachedPartition
 
     rows = [[(i, [float(i), i + 0.5]) for i in range(p * 4, p * 4 + 4)] for p in range(3)]
     rows[1][2] = (6, value)

@@ -9,9 +9,9 @@ import threading
 import cloudpickle
 import pytest
 
-from duotf import node
-from duotf.node import ChildMsg, OutcomeStatus
-from duotf.rendezvous import Msg
+from duotf._node import agent as node
+from duotf._node.agent import ChildMsg, OutcomeStatus
+from duotf._transport.rendezvous import Msg
 from tests.agents import AgentRun, FakeDriver, node_job
 
 

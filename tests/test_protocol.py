@@ -8,11 +8,11 @@ import queue
 
 import pytest
 
-from duotf import rendezvous
-from duotf.feed import wire
-from duotf.feed.datafeed import FeedServer
-from duotf.node import OutcomeStatus
-from duotf.rendezvous import Msg
+from duotf._transport import rendezvous
+from duotf._transport import wire
+from duotf._transport.datafeed import FeedServer
+from duotf._node.agent import OutcomeStatus
+from duotf._transport.rendezvous import Msg
 from tests.agents import AgentRun, FakeDriver
 
 SECRET = b"k" * 32
@@ -39,7 +39,7 @@ def test_rendezvous_closes_a_connection_that_sends_an_unknown_type(caplog, type_
             bad.recv()
         bad.close()
         assert inbox.empty()  # never handed to on_message
-        assert _warned(caplog, "duotf.rendezvous", "unknown rendezvous message type", repr(type_))
+        assert _warned(caplog, "duotf._transport.rendezvous", "unknown rendezvous message type", repr(type_))
         good = rendezvous.connect(server.address, secret, timeout=5)  # the server still serves
         good.send({"type": Msg.HEARTBEAT, "node_id": 0})
         assert inbox.get(timeout=5) == {"type": "heartbeat", "node_id": 0}
@@ -61,7 +61,7 @@ def test_feed_server_closes_a_connection_that_sends_an_unknown_frame(caplog, kin
         with pytest.raises(ConnectionError):  # closed, not left waiting (a timeout)
             wire.recv_frame(bad)
         bad.close()
-        assert _warned(caplog, "duotf.feed.datafeed", "closing a feed connection", *words)
+        assert _warned(caplog, "duotf._transport.datafeed", "closing a feed connection", *words)
         good = wire.connect(("127.0.0.1", server.port), SECRET, 10)
         wire.send_frame(good, wire.Frame.END, mode="train", partition=0)
         assert wire.recv_frame(good)[0] == {"t": "ack", "rows": 0}

@@ -14,13 +14,7 @@ import pytest
 
 import duotf
 from duotf import backends as registry
-from duotf.backends import (
-    ENTRY_POINT_GROUP,
-    LocalBackend,
-    backend_class,
-    register_backend,
-    resolve_backend,
-)
+from duotf.backends import (ENTRY_POINT_GROUP, LocalBackend, backend_class, register_backend, resolve_backend)
 from tests.procpool_backend import ProcessPool, ProcessPoolBackend
 from tests.suite import mains
 

@@ -9,9 +9,7 @@ import struct
 
 import pytest
 
-from duotf import rendezvous
-
-
+from duotf._transport import rendezvous
 @pytest.fixture
 def server():
     inbox: "queue.Queue" = queue.Queue()
@@ -44,12 +42,12 @@ def test_wrong_secret_is_refused(server, caplog):
         rendezvous.connect(srv.address, rendezvous.new_secret(), timeout=5)
     srv.close()  # flushes the gate's count of refusals
     assert any("refused 1 connection(s)" in r.getMessage() and "failed authentication" in r.getMessage()
-               for r in caplog.records if r.name == "duotf.gate")
+               for r in caplog.records if r.name == "duotf._transport.gate")
     assert inbox.empty() and closed.empty()
 
 
 def test_a_server_of_another_kind_is_not_retried():
-    from duotf.feed.datafeed import FeedServer
+    from duotf._transport.datafeed import FeedServer
 
     feed = FeedServer(b"k" * 32)  # speaks the feed's handshake, not the rendezvous'
     try:

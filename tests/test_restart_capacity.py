@@ -48,7 +48,7 @@ def dask_without_nannies():
 
 
 def test_a_restart_without_the_capacity_it_needs_raises_insufficient_slots(dask_without_nannies, tmp_path):
-    from duotf.backends.dask import DaskBackend
+    from duotf.backends.dask.backend import DaskBackend
 
     backend = DaskBackend(dask_without_nannies, slot_wait=1.0)
     args = {"width": 3, "batch": 8, "lr": 0.05, "victim": 1, "kill_after": 1,

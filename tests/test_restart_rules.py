@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from duotf.errors import (BackendError, ConfigError, FeedError, NodeFailedError,
-                          NodeUnresponsiveError, ReservationTimeoutError)
-from duotf.restarts import DEFAULT_RESTART_ON, check_restart_on, failure_cause, restartable, resume_point
+from duotf.errors import (BackendError, ConfigError, FeedError, NodeFailedError, NodeUnresponsiveError, ReservationTimeoutError)
+from duotf._driver.restarts import (DEFAULT_RESTART_ON, check_restart_on, failure_cause, restartable, resume_point)
 
 
 def _failed(**attrs):

@@ -31,8 +31,8 @@ def test_a_pipeline_and_a_cross_validator(backend, engine, tmp_path, caplog):
 
     from duotf.spark import TFEstimator, TFModel
 
-    caplog.set_level(logging.INFO, logger="duotf.estimator")
-    caplog.set_level(logging.INFO, logger="duotf.cluster")
+    caplog.set_level(logging.INFO, logger="duotf._ml.estimator")
+    caplog.set_level(logging.INFO, logger="duotf._driver.cluster")
     parts = [[(r[0], *r[1], r[2]) for r in p] for p in linear_parts()]
     df = engine.table(parts, {"id": "long", "x0": "double", "x1": "double", "x2": "double",
                               "label": "double"}).cache()
@@ -92,8 +92,8 @@ def test_a_failed_fit_ends_its_cross_validator_with_nothing_left_running(backend
     fit that ended already gives CrossValidator a model, which pyspark scores in its pool
     even after it raised; that is no cluster, but a Spark job left to end by itself.)"""
     import duotf
-    import duotf.cluster
-    import duotf.estimator
+    import duotf._driver.cluster
+    import duotf._ml.estimator
     from pyspark.ml.evaluation import RegressionEvaluator
     from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 
@@ -112,7 +112,7 @@ def test_a_failed_fit_ends_its_cross_validator_with_nothing_left_running(backend
     assert "needs 4 free slots (numWorkers=3 node tasks + 1 to feed them)" in str(info.value)
     assert "has 3 in all" in str(info.value)
     # at once, not after a while: nothing of the group runs once CrossValidator has raised
-    assert duotf.estimator.running_fits() == 0 and not list(duotf.cluster._live)
+    assert duotf._ml.estimator.running_fits() == 0 and not list(duotf._driver.cluster._live)
     assert not _node_processes()
     # The error's traceback holds CrossValidator's frame, and so its ThreadPool, which pyspark
     # never closes: let the pool go, and its threads end, before the leak check.

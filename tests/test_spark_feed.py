@@ -30,7 +30,7 @@ def tensor_frame(engine):
 def test_feed_cache_trains_like_the_dataframe(backend, tensor_frame, by_reference, monkeypatch):
     # each epoch fed by the driver naming the frames (files and nodes on one host, the default),
     # or by Spark's feeding tasks (as across hosts): the same rows either way
-    from duotf.backends import spark_feed
+    import duotf.backends.spark.feed as spark_feed
     monkeypatch.setattr(spark_feed, "BY_REFERENCE", by_reference)
     cache = feed_cache(tensor_frame, block_bytes=64)  # a few rows per frame: frames split between workers
     try:
@@ -119,7 +119,7 @@ def test_train_with_every_slot_taken_raises_before_any_spark_job(backend, engine
 def test_duotf_jobs_cut_arrow_batches_at_4_mib_and_leave_the_session_as_it_was(backend, engine):
     from pyspark.sql import functions as F
 
-    from duotf.backends.spark_feed import ARROW_BATCH_BYTES, arrow_batches
+    from duotf.backends.spark.feed import ARROW_BATCH_BYTES, arrow_batches
 
     def batch_rows(batches):  # (local functions: pickled by value, for standalone's workers)
         import pyarrow as pa
@@ -186,7 +186,7 @@ def test_a_dataframe_of_numbers_written_by_the_jvm_still_names_a_refused_row(bac
                                                                             column, value, problem):
     from tests.suite.data import kept_frame_folders
 
-    # numbers only: the JVM writes the frames (duotf.jvm.spill); partition 1 holds the bad row,
+    # numbers only: the JVM writes the frames (duotf.backends.spark.jvm.spill); partition 1 holds the bad row,
     # which it leaves to the DataFrame's own feed, where the row is named
     parts = [[(i, i / 4, [float(i), i + 0.25]) for i in range(p * 4, p * 4 + 4)] for p in range(3)]
     row = list(parts[1][2])
@@ -219,7 +219,7 @@ def test_answers_that_span_several_arrow_batches_stay_beside_their_rows(backend,
     the session's own setting, which duotf keeps). Both ways: the kept columns paired with the
     kept answers in the JVM (a DataFrame that gives the same rows again), or sent back by the
     feeding tasks beside the answers (any other)."""
-    from duotf import jvm
+    from duotf.backends.spark import jvm
     from tests.suite.data import frames, row_parts
 
     if not paired:

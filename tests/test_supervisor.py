@@ -7,10 +7,10 @@ import threading
 import pytest
 
 import duotf
-from duotf import rendezvous
+from duotf._transport import rendezvous
 from duotf.backends.base import EngineJob
-from duotf.rendezvous import Msg
-from duotf.supervisor import ClusterStatus, NodeState, Supervisor
+from duotf._transport.rendezvous import Msg
+from duotf._driver.supervisor import ClusterStatus, NodeState, Supervisor
 from tests.conftest import poll_for
 
 
@@ -133,7 +133,7 @@ def test_the_driver_kills_only_a_process_tagged_as_the_node(tmp_path):
     import subprocess
     import sys
 
-    from duotf.supervisor import kill_node_process
+    from duotf._driver.supervisor import kill_node_process
 
     def start(job, node):
         env = dict(os.environ, DUOTF_JOB_ID=job, DUOTF_NODE_ID=node)
@@ -159,8 +159,8 @@ def test_reports_reach_the_metrics_and_a_slow_start_is_logged(caplog, monkeypatc
     import logging
     import time
 
-    from duotf import supervisor as supervisor_module
-    from duotf.metrics import NodeMetrics
+    import duotf._driver.supervisor as supervisor_module
+    from duotf._driver.metrics import NodeMetrics
 
     caplog.set_level(logging.INFO, logger="duotf")
     monkeypatch.setattr(supervisor_module, "WAIT_NOTE_AFTER", 0.2)

@@ -10,7 +10,7 @@ import textwrap
 import warnings
 
 import duotf
-from duotf import verbosity
+import duotf._verbosity as verbosity
 
 PANDAS_NOTICE = ("PySpark does not yet fully support pandas >= 3.0.0. Some features may not work "
                  "correctly. It is recommended to use pandas < 3.0.0 for now.")

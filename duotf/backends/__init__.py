@@ -17,9 +17,9 @@ import importlib
 import logging
 from typing import Dict, Optional, Tuple, Type, Union
 
-from ..errors import ConfigError
-from .base import Backend, EngineJob, FeedAdapter, ThreadJob, count_error
-from .local import LocalBackend
+from duotf.errors import ConfigError
+from duotf.backends.base import Backend, EngineJob, FeedAdapter, ThreadJob, count_error
+from duotf.backends.local import LocalBackend
 
 __all__ = [
     "Backend", "FeedAdapter", "EngineJob", "ThreadJob", "LocalBackend", "count_error",
@@ -33,8 +33,8 @@ ENTRY_POINT_GROUP = "duotf.backends"
 #: name -> (the class, or the dotted path of the class; how to install what it needs)
 known_backends: Dict[str, Tuple[Union[str, Type[Backend]], Optional[str]]] = {
     "local": ("duotf.backends.local.LocalBackend", None),
-    "spark": ("duotf.backends.spark.SparkBackend", "pip install 'duotf[spark]'"),
-    "dask": ("duotf.backends.dask.DaskBackend", "pip install 'duotf[dask]'"),
+    "spark": ("duotf.backends.spark.backend.SparkBackend", "pip install 'duotf[spark]'"),
+    "dask": ("duotf.backends.dask.backend.DaskBackend", "pip install 'duotf[dask]'"),
 }
 _BUILTIN = tuple(known_backends)
 _entry_points_loaded = False

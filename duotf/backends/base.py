@@ -9,8 +9,8 @@ Two small interfaces, written down here and implemented once per engine:
 - :class:`FeedAdapter`, the feed: a collection of the engine as the driver's feed planner sees
   it: rows per partition, and the engine job that runs one epoch's feeding tasks or the
   inference tasks, one task per partition. What a task does with its partition is
-  :mod:`duotf.feed.tasks` (the task side); epochs, balance and markers are planned on the
-  driver (:mod:`duotf.planner`). A backend calls down into the task side, never up.
+  :mod:`duotf._transport.tasks` (the task side); epochs, balance and markers are planned on the
+  driver (:mod:`duotf._driver.planner`). A backend calls down into the task side, never up.
 
 Both hand back an :class:`EngineJob`, whose :meth:`~EngineJob.result` is the engine call's own
 value. Reservation, roles, TF_CONFIG, supervision and shutdown are written once above this line.
@@ -24,8 +24,8 @@ import socket
 import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from ..errors import ConfigError, FeedError, InsufficientSlotsError, cause_of
-from ..node import NodeOutcome
+from duotf.errors import ConfigError, FeedError, InsufficientSlotsError, cause_of
+from duotf._node.agent import NodeOutcome
 
 logger = logging.getLogger("duotf.feed")
 
@@ -34,13 +34,13 @@ __all__ = ["Backend", "FeedAdapter", "EngineJob", "ThreadJob", "NodeFunction", "
 
 
 #: ``fn(node_id, executor_id, attempt, gpus=()) -> NodeOutcome``; runs a node to its end.
-#: ``gpus``: the addresses of the GPUs the engine holds for the node (see :mod:`duotf._gpus`).
+#: ``gpus``: the addresses of the GPUs the engine holds for the node (see :mod:`duotf._node.gpus`).
 NodeFunction = Callable[..., NodeOutcome]
 
 
 class EngineJob(abc.ABC):
     """The driver's handle on a job the engine runs for duotf: the node gang (its result: one
-    :class:`~duotf.node.NodeOutcome` per node) or a feed job (its result: what the
+    :class:`~duotf._node.agent.NodeOutcome` per node) or a feed job (its result: what the
     :class:`FeedAdapter` method says)."""
 
     #: a feed job whose engine tasks each feed several partitions: task i's partitions, as
@@ -191,12 +191,12 @@ class FeedAdapter(abc.ABC):
     @abc.abstractmethod
     def train(self, job) -> EngineJob:
         """Start one epoch: a task per partition runs
-        ``duotf.feed.tasks.train_partition(job, pid, partition)``. The job's result is the list
+        ``duotf._transport.tasks.train_partition(job, pid, partition)``. The job's result is the list
         of rows each partition sent, in partition order."""
 
     @abc.abstractmethod
     def infer(self, job, keep: Optional[List[str]], result_columns: Optional[dict]) -> EngineJob:
-        """Start inference: a task per partition runs ``duotf.feed.tasks.infer_partition`` (or
+        """Start inference: a task per partition runs ``duotf._transport.tasks.infer_partition`` (or
         the engine's columnar equivalent). The job's result is a collection of the input's
         engine and kind with one output partition per input partition, computed while the
         cluster runs and left where the engine keeps it."""

@@ -11,9 +11,9 @@ import socket
 import threading
 from typing import List, Optional, Sequence, Union
 
-from ..errors import ConfigError, InsufficientSlotsError
-from ..node import NodeOutcome
-from .base import Backend, EngineJob, FeedAdapter, NodeFunction, ThreadJob, count_error
+from duotf.errors import ConfigError, InsufficientSlotsError
+from duotf._node.agent import NodeOutcome
+from duotf.backends.base import (Backend, EngineJob, FeedAdapter, NodeFunction, ThreadJob, count_error)
 
 
 class LocalBackend(Backend):
@@ -157,7 +157,7 @@ class LocalFeed(FeedAdapter):
         self.parts = parts
 
     def counts(self) -> List[int]:
-        from ..feed.tasks import count_rows
+        from duotf._transport.tasks import count_rows
 
         counts = []
         for pid, part in enumerate(self.parts):
@@ -168,15 +168,13 @@ class LocalFeed(FeedAdapter):
         return counts
 
     def train(self, job) -> EngineJob:
-        from ..feed import tasks
-
+        from duotf._transport import tasks
         calls = [lambda i=i, p=p: self._done(i, tasks.train_partition(job, i, p), int)
                  for i, p in enumerate(self.parts)]
         return ThreadJob(lambda: _parallel(calls), cancel=lambda: None, name="local-feed")
 
     def infer(self, job, keep, result_columns) -> EngineJob:
-        from ..feed import tasks
-
+        from duotf._transport import tasks
         calls = [lambda i=i, p=p: self._done(i, tasks.infer_partition(job, i, p, keep), len)
                  for i, p in enumerate(self.parts)]
         return ThreadJob(lambda: _parallel(calls), cancel=lambda: None, name="local-feed")

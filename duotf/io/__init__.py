@@ -2,5 +2,5 @@
 coding (:mod:`.example`), file handling (:mod:`.files`), a ``tf.data`` reader
 (:mod:`.tfdata`) and Spark/Dask DataFrames <-> TFRecords (:mod:`.dataframe`).
 
-Nothing here knows about clusters or the engine feed (:mod:`duotf.feed`).
+Nothing here knows about clusters or the engine feed (:mod:`duotf._transport`).
 """

@@ -29,11 +29,10 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator, List, Optional
 
-from ..errors import ConfigError
-from .example import (Field, Schema, example_to_row, infer_schema, is_null, numpy_kind,
-                      row_to_example)
-from .files import expand, filesystem
-from .tfrecord import TFRecordReader, TFRecordWriter, resolve_compression
+from duotf.errors import ConfigError
+from duotf.io.example import (Field, Schema, example_to_row, infer_schema, is_null, numpy_kind, row_to_example)
+from duotf.io.files import expand, filesystem
+from duotf.io.tfrecord import TFRecordReader, TFRecordWriter, resolve_compression
 
 __all__ = [
     "spark_to_tfrecords", "tfrecords_to_spark", "dask_to_tfrecords", "tfrecords_to_dask",

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Iterable, Iterator, List, Optional
 
-from ..errors import SchemaMismatchError
+from duotf.errors import SchemaMismatchError
 
 __all__ = ["Field", "Schema", "SchemaMismatchError", "encode_example", "decode_example",
            "infer_schema", "row_to_example", "example_to_row", "is_null", "numpy_kind"]

@@ -8,7 +8,7 @@ from typing import List, Optional, Sequence, Union
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from ..errors import ConfigError
+from duotf.errors import ConfigError
 
 _HDFS_HELP = (
     "hdfs:// goes through pyarrow's HadoopFileSystem, which needs on every node: a Hadoop client "

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Union
 
-from ..errors import ConfigError
-from .files import expand
-from .tfrecord import TFRecordReader, resolve_compression
+from duotf.errors import ConfigError
+from duotf.io.files import expand
+from duotf.io.tfrecord import TFRecordReader, resolve_compression
 
 __all__ = ["tfrecord_dataset", "worker_rank", "shard_files"]
 

@@ -26,7 +26,7 @@ from typing import BinaryIO, Iterable, Iterator, List, Optional
 
 import crc32c as _crc32c
 
-from ..errors import TFRecordCorruptError
+from duotf.errors import TFRecordCorruptError
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ class _ZlibWriter(io.RawIOBase):
 
 
 def _open(url: str, mode: str, storage_options: Optional[dict]):
-    from .files import open_url
+    from duotf.io.files import open_url
 
     return open_url(url, mode, storage_options)
 

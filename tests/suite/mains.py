@@ -515,7 +515,7 @@ def scoring_stats(batches):
     """A ``mapInArrow`` task: this Python worker's pid and model cache figures, as JSON."""
     import pyarrow as pa
 
-    from duotf.scoring import cache_stats
+    from duotf._ml.scoring import cache_stats
 
     for _ in batches:
         pass

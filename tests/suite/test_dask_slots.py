@@ -8,7 +8,7 @@ import time
 import pytest
 
 import duotf
-from duotf.backends.dask import DaskBackend
+from duotf.backends.dask.backend import DaskBackend
 from tests.suite import mains
 
 # Back-to-back starts: 200 in the first fix; 100 keep the race in reach (the slots test

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 import duotf
-from duotf.planner import balance
+from duotf._driver.planner import balance
 from tests.suite import mains
 
 SIZES = [30, 9, 52, 17]  # more partitions than workers, uneven: ranges split across workers

@@ -10,7 +10,7 @@ import socket
 import pytest
 
 import duotf
-from duotf.doctor import CheckStatus
+from duotf._driver.doctor import CheckStatus
 
 OK, FAIL = CheckStatus.OK, CheckStatus.FAIL
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import duotf
-import duotf.estimator
-from duotf.planner import balance
+import duotf._ml.estimator
+from duotf._driver.planner import balance
 from tests.suite import mains
 
 SIZES = [20, 4, 16, 24]  # uneven, more partitions than workers
@@ -166,7 +166,7 @@ def test_bad_input_is_a_config_error_before_anything_runs(backend, engine, tmp_p
     assert "numPs=1" in fit(good, numPs=1)
     assert "batchSize=7" in fit(good, batchSize=7) and "multiple of 2" in fit(good, batchSize=7)
     assert not models.exists()  # no fit started: no fit folder
-    assert duotf.estimator.running_fits() == 0
+    assert duotf._ml.estimator.running_fits() == 0
 
     missing = str(tmp_path / "nowhere.keras")
     with pytest.raises(duotf.ConfigError, match="nowhere.keras' does not exist"):
@@ -262,9 +262,9 @@ def test_a_failed_fit_group_stops_its_running_cluster_and_its_waiting_fit(backen
 
     from tests.conftest import _node_processes, poll_for
 
-    caplog.set_level(logging.INFO, logger="duotf.estimator")
-    group = duotf.estimator.FitGroup()
-    config = duotf.estimator.FitConfig.from_params(dict(
+    caplog.set_level(logging.INFO, logger="duotf._ml.estimator")
+    group = duotf._ml.estimator.FitGroup()
+    config = duotf._ml.estimator.FitConfig.from_params(dict(
         trainFn=mains.started_train_fn, trainArgs={"started": str(tmp_path)},
         modelDir=str(tmp_path / "models"), env=ENV))
     feed_slots = backend.slots() - config.nodes  # one fit takes every slot
@@ -274,7 +274,7 @@ def test_a_failed_fit_group_stops_its_running_cluster_and_its_waiting_fit(backen
     def one(name):
         try:
             with group.member():
-                duotf.estimator.fit(config, backend, id(backend), data, feed_slots, group)
+                duotf._ml.estimator.fit(config, backend, id(backend), data, feed_slots, group)
         except BaseException as exc:
             outcomes[name] = exc
 
@@ -298,7 +298,7 @@ def test_a_failed_fit_group_stops_its_running_cluster_and_its_waiting_fit(backen
     assert outcomes["second"] is error  # woken in the line, never started
     # its cluster stopped under it as it fed the node (the feed's error, or the node's)
     assert isinstance(outcomes["first"], duotf.DuotfError)
-    assert duotf.estimator.running_fits() == 0
+    assert duotf._ml.estimator.running_fits() == 0
     assert sum("slot(s) booked" in r.getMessage() for r in caplog.records) == 1
     with pytest.raises(ValueError, match="another fit of the group failed"):
         group.raise_error()

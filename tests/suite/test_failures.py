@@ -188,8 +188,7 @@ def test_shutdown_stops_ps_and_leaves_nothing(backend):
 
 def test_a_second_copy_of_a_node_is_refused_loudly(backend, tmp_path):
     """An engine that reschedules a node (a retried task, a stolen task) cannot run it twice."""
-    from duotf import rendezvous
-
+    from duotf._transport import rendezvous
     cluster = duotf.run(mains.block_main, {"release": str(tmp_path / "never")}, backend,
                         duotf.ClusterSpec(workers=2))
     try:

@@ -108,7 +108,7 @@ def _check(engine, cluster, outcome, since):
 @pytest.mark.engines("procpool", "dask", "spark-local", "spark-standalone")
 def test_a_feeding_process_killed_mid_epoch_never_duplicates_rows(backend, engine, tmp_path, monkeypatch):
     # Spark's feeding tasks are what is killed: not the driver naming kept frames to the nodes
-    from duotf.backends import spark_feed
+    import duotf.backends.spark.feed as spark_feed
     monkeypatch.setattr(spark_feed, "BY_REFERENCE", False)
     data = engine.constant_features(ROWS, PARTS, width=WIDTH, chunk=ROWS // PARTS, ids=True)
     cluster, outcome, trainer = _start_training(backend, data, tmp_path)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import duotf
-from duotf.planner import balance
+from duotf._driver.planner import balance
 from tests.suite import mains
 
 SIZES = [20, 4, 16, 24]  # uneven, more partitions than workers: ranges split across workers

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 import duotf
-import duotf.supervisor
+import duotf._driver.supervisor
 from tests.conftest import poll_for
 from tests.suite import mains
 
@@ -77,7 +77,7 @@ def test_a_stalled_engine_task_leaves_no_node_behind(backend, engine, tmp_path, 
     ``ender="driver"``: the driver kills it too (every engine here runs on the driver's host).
     """
     if ender == "node":
-        monkeypatch.setattr(duotf.supervisor, "kill_node_process", lambda *args: False)
+        monkeypatch.setattr(duotf._driver.supervisor, "kill_node_process", lambda *args: False)
     cluster = duotf.run(mains.block_main, {"release": str(tmp_path / "never")}, backend,
                         duotf.ClusterSpec(workers=2), **HEARTBEAT)
     victim = cluster.nodes[1]

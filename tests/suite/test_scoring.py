@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 import duotf
-import duotf.scoring
+import duotf._ml.scoring
 from tests.suite import mains
 from tests.suite.data import SCORING_ROWS as ROWS, scoring_table as _table
 
@@ -42,7 +42,7 @@ def test_a_vector_output_is_an_array_column(backend, engine, scoring_models):
 
 def test_the_model_is_loaded_once_per_worker_process(backend, engine, scoring_models):
     loader = functools.partial(mains.load_keras, scoring_models["keras"])
-    source = duotf.scoring.model_source(loader)  # one token: the cache's key in every process
+    source = duotf._ml.scoring.model_source(loader)  # one token: the cache's key in every process
     df = _table(engine, scoring_models["x"], parts=8)  # more tasks than worker processes
     engine.to_pandas(engine.score(df, source))
     stats = {pid: s.get(source.token) for pid, s in engine.scoring_stats().items()}

@@ -1,0 +1,175 @@
+"""The nodes' output on the driver: a file per node, its last lines, and the ``duotf.node`` logger.
+
+Each node's stdout and stderr (Python's and C/C++'s alike, Python ``logging`` to a stream
+included) arrive over the authenticated rendezvous channel (see :mod:`duotf._node.output` for the
+node's end, its line cut and rate limit). The :class:`NodeLogs` of a cluster
+
+* appends every line to ``<role>-<index>.log`` in its directory (``cluster.log_dir``): a
+  private temporary directory, removed when the :class:`~duotf.Cluster` object is collected or
+  the interpreter exits, or ``<log_dir>/<job id>/`` when ``run(log_dir=...)`` names one, which
+  is never removed;
+* keeps each node's last :data:`TAIL_LINES` lines for :class:`~duotf.errors.NodeFailedError`;
+* emits every line through ``logging.getLogger("duotf.node")`` at INFO as ``[worker:1] line``
+  (a record's ``duotf_node`` and ``duotf_role`` attributes say whose), and the count of lines a
+  node's rate limit dropped at WARNING.
+
+Printing: a library should not print, and in a script the driver's stdout may be data. So the
+lines are printed (to ``sys.stdout``) only in an interactive session - a REPL or a Jupyter
+kernel - and only while the user configured no logging handler that would show them; everywhere
+else configure logging (``logging.basicConfig(level=logging.INFO)``) to see them.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+from typing import Dict, List, Optional, Sequence
+
+from duotf._node.output import BYTE_RATE, LINE_RATE
+from duotf.errors import ConfigError
+
+__all__ = ["NodeLogs", "log_node_ids", "TAIL_LINES"]
+
+logger = logging.getLogger("duotf.node")
+
+#: lines of a node's output that a NodeFailedError carries
+TAIL_LINES = 100
+
+
+def log_node_ids(roles: Sequence, log_to_driver) -> frozenset:
+    """The node ids whose output goes to the driver: all (``True``), the chief's only
+    (``"chief"``: the ``chief`` node, or ``worker:0`` where there is none), or none (``False``)."""
+    if log_to_driver is True:
+        return frozenset(range(len(roles)))
+    if log_to_driver is False:
+        return frozenset()
+    if log_to_driver == "chief":
+        jobs = [str(r) for r in roles]
+        chief = "chief:0" if "chief:0" in jobs else "worker:0"
+        return frozenset(i for i, name in enumerate(jobs) if name == chief)
+    raise ConfigError(f"log_to_driver={log_to_driver!r}: give True (every node's output), "
+                      "'chief' (the chief's only) or False (none: it stays in the engine's task logs)")
+
+
+def _interactive() -> bool:
+    return hasattr(sys, "ps1") or bool(sys.flags.interactive) or "ipykernel" in sys.modules
+
+
+class _Console(logging.Handler):
+    """Writes a line to the ``sys.stdout`` of the moment (a notebook swaps it per cell)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stdout.write(record.getMessage() + "\n")
+        except Exception:
+            self.handleError(record)
+
+
+_console_lock = threading.Lock()
+
+
+def _print_when_interactive() -> None:
+    with _console_lock:
+        if not _interactive() or logger.hasHandlers():
+            return
+        logger.addHandler(_Console())
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
+
+
+class NodeLogs:
+    """The output of a cluster's nodes, as it arrives. Thread-safe.
+
+    Parameters
+    ----------
+    roles:
+        Every node's role, by node id (the lines' prefix, the files' names).
+    job_id:
+        The cluster's job id.
+    log_dir:
+        Where the files go (``<log_dir>/<job_id>/``, kept); None: a temporary directory, removed
+        by :meth:`remove`.
+    """
+
+    def __init__(self, roles: Sequence, job_id: str, log_dir: Optional[str] = None):
+        self.roles = [str(r) for r in roles]
+        if log_dir is None:
+            self.directory = tempfile.mkdtemp(prefix=f"duotf-logs-{job_id}-")
+            self.owned = True
+        else:
+            self.directory = os.path.join(os.fspath(log_dir), job_id)
+            os.makedirs(self.directory, exist_ok=True)
+            self.owned = False
+        self._files: Dict[int, object] = {}
+        self._tails = [collections.deque(maxlen=TAIL_LINES) for _ in self.roles]
+        self._lock = threading.Lock()
+        self._closed = False
+        _print_when_interactive()
+
+    def path(self, node_id: int) -> str:
+        return os.path.join(self.directory, self.roles[node_id].replace(":", "-") + ".log")
+
+    def add(self, node_id: int, lines: List[str], dropped: int = 0) -> None:
+        """Record a batch of node ``node_id``'s output: ``dropped`` lines were lost just before."""
+        role = self.roles[node_id]
+        note = None
+        if dropped:
+            note = (f"{dropped} lines dropped (a node sends at most {LINE_RATE} lines/s and "
+                    f"{BYTE_RATE >> 10} KiB/s to the driver)")
+        with self._lock:
+            if self._closed:
+                return
+            f = self._files.get(node_id)
+            if f is None:
+                f = self._files[node_id] = open(self.path(node_id), "a", encoding="utf-8",
+                                                errors="replace")
+            if note is not None:
+                f.write(f"[duotf: {note}]\n")
+                self._tails[node_id].append(f"[duotf: {note}]")
+            for line in lines:
+                f.write(line + "\n")
+            f.flush()
+            self._tails[node_id].extend(lines)
+        # Outside the lock: a handler may be slow, and only this node's connection waits on it.
+        extra = {"duotf_node": node_id, "duotf_role": role}
+        if note is not None:
+            logger.warning("[%s] %s", role, note, extra=extra)
+        if logger.isEnabledFor(logging.INFO):
+            for line in lines:
+                logger.info("[%s] %s", role, line, extra=extra)
+
+    def tail(self, node_id: int) -> List[str]:
+        """The last :data:`TAIL_LINES` lines of node ``node_id``'s output so far."""
+        with self._lock:
+            return list(self._tails[node_id])
+
+    def text(self, node_id: int) -> str:
+        """Everything node ``node_id`` wrote so far ('' when nothing, or its file is gone)."""
+        with self._lock:
+            f = self._files.get(node_id)
+            if f is not None and not self._closed:
+                f.flush()
+        try:
+            with open(self.path(node_id), encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def close(self) -> None:
+        """Close the files (later lines are ignored); they stay readable."""
+        with self._lock:
+            self._closed = True
+            files, self._files = list(self._files.values()), {}
+        for f in files:
+            f.close()
+
+    def remove(self) -> None:
+        """:meth:`close`, and remove the directory where it is a temporary one."""
+        self.close()
+        if self.owned:
+            shutil.rmtree(self.directory, ignore_errors=True)

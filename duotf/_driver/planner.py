@@ -1,0 +1,550 @@
+"""The driver's feed planner: which rows go to which worker, epochs, markers.
+
+``Cluster.train`` and ``Cluster.inference`` come here. The planner asks the backend for a
+:class:`~duotf.backends.base.FeedAdapter` of the data, plans each worker's rows
+(:func:`balance`), runs one engine job per epoch through the supervisor (a node's failure wins
+over the job's), and queues epoch and end markers on every node's data path. It calls the
+backend and the transport below it, and the supervisor's documented methods; nothing calls it
+but the cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import threading
+import time
+from typing import Dict, List, Optional, Tuple
+
+from duotf.errors import ConfigError, DuotfError, FeedError, cause_of
+from duotf._transport import wire
+from duotf._transport.columns import ragged_columns
+from duotf._transport.feeder import FeedJob
+from duotf._driver.progress import FeedProgress
+from duotf._driver.supervisor import FeedTarget, JobStopped, Supervisor
+
+logger = logging.getLogger("duotf.feed")
+
+__all__ = ["balance", "train", "inference", "Stream"]
+
+
+def balance(counts: List[int], targets: int, drop_remainder: bool = True):
+    """Give every target the same number of rows: ``(plan, rows_per_target, dropped)``.
+
+    Rows are dealt in an interleaved partition order, partitions ``0, T, 2T, ...`` first, then
+    ``1, T + 1, ...`` and so on (``T`` targets): target 0 gets the first ``total // T`` rows of
+    that order, target 1 the next, and so on. Engines start tasks in partition order, so the
+    tasks that run at the same time feed different targets, and no node waits while another is
+    fed by every free slot. The ``total % T`` rows left over (fewer than the number of targets)
+    are the last of that order, and are dropped so that every synchronous worker runs the same
+    number of steps; with ``drop_remainder=False`` partitions go whole to targets in turn
+    instead (uneven).
+
+    The plan maps each partition to its ranges ``(target, start, stop, seq)``: ``seq`` numbers
+    the ranges of one target in partition order, and a node queues its ranges in that order,
+    whichever feeding task comes first (:class:`duotf._transport.datafeed.FeedServer`), so what a
+    worker reads, and in what order, follows from the data and the spec alone.
+    """
+    total = sum(counts)
+    plan: Dict[int, List[Tuple[int, int, int]]] = {}
+    if not drop_remainder:
+        for pid, n in enumerate(counts):
+            plan[pid] = [(pid % targets, 0, n)] if n else []
+        return _sequenced(plan), None, 0
+    per = total // targets
+    if per == 0:
+        raise ConfigError(
+            f"{total} rows cannot be shared by {targets} synchronous workers: each needs at "
+            "least one row. Feed more data, or pass balance=False."
+        )
+    order = sorted(range(len(counts)), key=lambda pid: (pid % targets, pid))
+    start = 0
+    for pid in order:
+        n = counts[pid]
+        ranges = []
+        pos = 0
+        while pos < n:
+            g = start + pos
+            target = g // per
+            if target >= targets:
+                break  # the remainder
+            stop = min(n, (target + 1) * per - start)
+            ranges.append((target, pos, stop))
+            pos = stop
+        plan[pid] = ranges
+        start += n
+    return _sequenced(dict(sorted(plan.items()))), per, total - per * targets
+
+
+def _sequenced(plan: Dict[int, List[Tuple[int, int, int]]]) -> Dict[int, List[Tuple[int, int, int, int]]]:
+    """Number every target's ranges in partition order (a partition has at most one range per
+    target): ``(target, start, stop) -> (target, start, stop, seq)``."""
+    seqs: Dict[int, int] = {}
+    out = {}
+    for pid in sorted(plan):
+        ranges = []
+        for target, a, b in plan[pid]:
+            ranges.append((target, a, b, seqs.get(target, 0)))
+            seqs[target] = seqs.get(target, 0) + 1
+        out[pid] = ranges
+    return out
+
+
+def _job(sup: Supervisor, targets: List[FeedTarget], mode: str, timeout: float, plan=None,
+         ragged: Tuple[str, ...] = ()) -> FeedJob:
+    return FeedJob(
+        secret=sup.secret,
+        addresses=[t.address for t in targets],
+        labels=[t.label for t in targets],
+        mode=mode,
+        timeout=timeout,
+        plan=plan,
+        ragged=ragged,
+        job_id=sup.job_id or "",
+    )
+
+
+def _cause(exc: BaseException) -> str:
+    """An engine error in one line: for Spark's Py4JJavaError, the Python exception (the last
+    "...Error: ..." line of its PythonException text) or Spark's own reason, not "An error
+    occurred while calling o207.collectToPython"."""
+    text = str(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if "An error occurred while calling" in text or "SparkException" in text:
+        python = [line for line in lines if _PY_ERROR.match(line) and not line.startswith("at ")]
+        if python:
+            return python[-1][:500]
+        for line in lines:
+            if "most recent failure:" in line:
+                return line.split("most recent failure:", 1)[1].strip()[:500]
+        for line in lines:
+            if "Exception: " in line:
+                return line.rsplit("Exception: ", 1)[1].strip()[:500]
+    return cause_of(exc)
+
+
+_PY_ERROR = re.compile(r"^(?!org\.|java\.|py4j\.|scala\.)[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
+
+
+def _failure_error(what: str, failure, cause: Optional[str] = None) -> FeedError:
+    """The FeedError for a node's report that a training range broke after delivering rows."""
+    label, info = failure
+    message = f"{what} failed on {label}: {info.get('why')}"
+    if cause:
+        message += f"; the feeding task's error: {cause}"
+    return FeedError(message, epoch=info.get("epoch"), partition=info.get("partition"),
+                     node=label, rows=info.get("rows"), cause=cause)
+
+
+_GRACE = 3.0  # seconds a failed job waits for the node's error or report that says why
+
+
+def _run(sup: Supervisor, job, what: str, stoppable: bool, targets: List[FeedTarget],
+         feed: FeedJob):
+    """The engine job's result; None when a node terminated its feed (``stoppable``). A node's
+    failure is raised as it is; a training range that broke after delivering rows (a node
+    reports it at once) fails the job as a FeedError naming the epoch, the partition and the
+    node, with the feeding task's error where it is known; any other failure of the job as a
+    FeedError whose first line says what failed, where, and why."""
+    def stop_if():
+        return (stoppable and sup.feed_terminated()) or sup.feed_failure() is not None
+
+    ended_first = []  # the job had ended by itself when it was stopped: its error is a cause
+
+    def release():  # tasks waiting for their turn on a node are refused at once
+        ended_first.append(job.done())
+        failure = sup.feed_failure()
+        if failure is not None and not sup.feed_terminated():
+            _end_feeds(sup, targets, _failure_error(what, failure).message)
+            # Refused, the other tasks end within milliseconds, and so does the job: the error
+            # of the task whose range broke (a failed data source) is then known, not cancelled.
+            job.join(1.0)
+
+    try:
+        # no grace here: _failed waits once, for a node's error or its report, whichever comes
+        return sup.run_job(job, stop_if=stop_if, on_stop=release, node_error_grace=0)
+    except JobStopped:
+        if sup.feed_terminated():
+            return None
+        failure = sup.feed_failure()
+        broken = job.exception() if job.done() else None
+        if isinstance(broken, FeedError):
+            # The node's report says what broke; the task's error adds its data source's error
+            # where that is why. Another task's error (refused, or its connection to a node
+            # that died meanwhile) is a consequence, not the cause.
+            same = broken.cause is not None and broken.partition == failure[1].get("partition")
+            raise _failure_error(what, failure, broken.cause if same else None) from broken
+        # the job's own error, unless it is only our cancellation of it
+        cancelled = "cancel" in f"{type(broken).__name__} {broken}".lower()
+        cause = (_cause(broken) if broken is not None and (ended_first[:1] == [True] or not cancelled)
+                 else None)
+        raise _failure_error(what, failure, cause) from broken
+    except FeedError as exc:
+        _failed(sup, what, feed, exc, job)
+    except DuotfError:
+        raise
+    except Exception as exc:
+        _failed(sup, what, feed, exc, job)
+
+
+def _failed(sup: Supervisor, what: str, feed: FeedJob, exc: BaseException, job=None):
+    """Raise the error for a feed job that failed with ``exc``. A node that died is usually
+    why (its error wins), or a node reports a range broken after delivering rows: one wait of
+    up to ``_GRACE`` seconds for either, none when the task's data source failed before its
+    first row (nothing else is coming)."""
+    source_only = isinstance(exc, FeedError) and exc.cause is not None and not exc.rows
+    if not source_only:
+        sup.wait_for(lambda: sup.feed_failure() is not None, time.monotonic() + _GRACE)
+    if sup.error is not None:
+        try:
+            sup.raise_if_failed()
+        except DuotfError as node_error:
+            raise node_error from exc
+    failure = sup.feed_failure()
+    if failure is not None:  # what broke, with the task's error where it says why (as above)
+        if isinstance(exc, FeedError):
+            same = exc.cause is not None and exc.partition == failure[1].get("partition")
+            cause = exc.cause if same else None
+        else:
+            cause = _cause(exc)
+        raise _failure_error(what, failure, cause) from exc
+    if isinstance(exc, FeedError):
+        raise exc
+    cause = _cause(exc)
+    partition, where = _lost_task(str(exc))
+    runs = getattr(job, "task_partitions", None)
+    if runs is not None and partition is not None and partition < len(runs) and runs[partition]:
+        # the lost task fed a run of partitions (cached epochs on one host): name them. A
+        # node reports a range broken mid-way (above); here no range broke: the task's
+        # ranges that reached their nodes are delivered, the others never will be.
+        pids = runs[partition]
+        partition, node = pids[0], _node_of(feed, pids[0])
+        others = (f" (and partition{'s' if len(pids) > 2 else ''} "
+                  f"{', '.join(map(str, pids[1:]))}, fed by the same task)") if len(pids) > 1 else ""
+        raise FeedError(f"{what} failed{f' on {node}' if node else ''}: the task feeding partition "
+                        f"{partition} of epoch {feed.epoch}{others} was lost ({where}): "
+                        f"{cause.rstrip('.')}; the rows of its partitions that had reached their "
+                        "nodes are not sent again (each row reaches its node at most once)",
+                        epoch=feed.epoch, partition=partition, node=node, cause=cause) from exc
+    node = _node_of(feed, partition)
+    place = f" on {node}" if node else ""
+    task = f"the {where} failed" if where else "the engine's job failed"
+    raise FeedError(f"{what} failed{place}: {task}: {cause}", epoch=feed.epoch,
+                    partition=partition, node=node, cause=cause) from exc
+
+
+_LOST_TASK = re.compile(r"Lost task (\d+)\.(\d+) in stage (\d+)\.(\d+) \(TID (\d+)\) \(([^)]*)\)")
+
+
+def _lost_task(text: str) -> Tuple[Optional[int], Optional[str]]:
+    """``(partition, description)`` of the Spark task a job's error names ("Lost task 0.3 in
+    stage 7.0 (TID 21) (10.0.0.5 executor 1)"), or ``(None, None)``. The partition is the task's
+    index, which is the feed's partition: duotf's feeding and counting stages map the data's
+    partitions one to one."""
+    found = _LOST_TASK.search(text)
+    if not found:
+        return None, None
+    index, attempt, stage, stage_attempt, tid, where = found.groups()
+    return int(index), (f"Spark task {index}.{attempt} of stage {stage}.{stage_attempt} (TID {tid}) "
+                        f"on {where}")
+
+
+def _node_of(feed: FeedJob, partition: Optional[int]) -> Optional[str]:
+    """The node a partition's rows go to first (training: its plan; inference: by rank)."""
+    if partition is None:
+        return None
+    if feed.plan is not None:
+        ranges = feed.plan.get(partition) or []
+        return feed.labels[ranges[0][0]] if ranges else None
+    return feed.labels[partition % len(feed.labels)]
+
+
+def _count(sup: Supervisor, adapter, targets: List[FeedTarget]) -> List[int]:
+    """The rows of every partition. A count that fails fails the feed: every node's feed ends
+    with the error (their reads raise), so no node waits for data that will not come."""
+    try:
+        return adapter.counts()
+    except ConfigError:
+        raise
+    except BaseException as exc:
+        if not isinstance(exc, Exception) or (isinstance(exc, DuotfError)
+                                               and not isinstance(exc, FeedError)):
+            # interrupted, or the engine refused: raised as it is, and the nodes told
+            _end_feeds(sup, targets, f"counting the rows failed: {cause_of(exc)}")
+            raise
+        if sup.error is not None:  # a node died (its worker lost): that is why
+            try:
+                sup.raise_if_failed()
+            except DuotfError as node_error:
+                error = node_error
+        elif isinstance(exc, FeedError):  # the adapter knows the partition
+            error = FeedError(f"feeding epoch 1 failed: {str(exc).splitlines()[0]}",
+                              **{**exc.attributes, "epoch": 1})
+        else:
+            partition, where = _lost_task(str(exc))
+            counting = f"counting the rows of partition {partition}" if partition is not None \
+                else "counting the rows"
+            cause = _cause(exc)
+            error = FeedError(f"feeding epoch 1 failed: {counting} failed"
+                              f"{f' ({where})' if where else ''}: {cause}",
+                              epoch=1, partition=partition, cause=cause)
+        _end_feeds(sup, targets, str(error).splitlines()[0])
+        raise error from exc
+
+
+def _end_feeds(sup: Supervisor, targets: List[FeedTarget], why: str) -> None:
+    """The feed failed: tell every node at once (a "fail" marker, not queued behind data), so
+    that its reads raise ``why`` and the tasks waiting on it are refused. Best effort: a node
+    that is gone needs nothing."""
+    for target in targets:
+        try:
+            sock = wire.connect(target.address, sup.secret, 5.0)
+            try:
+                wire.send_frame(sock, wire.Frame.MARKER, marker=wire.Marker.FAIL, why=why[:4000])
+                wire.recv_frame(sock)
+            finally:
+                sock.close()
+        except (OSError, wire.FeedProtocolError) as exc:
+            logger.debug("could not tell %s that the feed failed: %s", target.label, exc)
+
+
+def _end_feeds_for(sup: Supervisor, targets: List[FeedTarget], exc: BaseException) -> None:
+    """:func:`_end_feeds` for a failure while feeding; a ConfigError started nothing."""
+    if not isinstance(exc, ConfigError):
+        _end_feeds(sup, targets, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+
+def _markers(sup: Supervisor, targets: List[FeedTarget], kind: wire.Marker, timeout: float,
+             epoch: Optional[int] = None) -> None:
+    """Queue an epoch/end marker on every target, on the data path, and wait for each ack."""
+    for target in targets:
+        try:
+            sock = wire.connect(target.address, sup.secret, timeout)
+            try:
+                wire.send_frame(sock, wire.Frame.MARKER, marker=kind)
+                wire.recv_frame(sock)  # ACK, or TERMINATED
+            finally:
+                sock.close()
+        except OSError as exc:
+            if sup.takes_no_feed(target.node_id):
+                continue  # this node needs no marker any more
+            sup.expect_failure(3.0)
+            raise FeedError(f"could not send the {kind} marker to {target.label}: {exc}",
+                            epoch=epoch, node=target.label) from exc
+
+
+def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, balanced: bool,
+          ragged=(), progress: Optional[FeedProgress] = None,
+          convert_once: Optional[bool] = None, first_epoch: int = 0) -> dict:
+    """Feed epochs ``first_epoch + 1`` to ``epochs`` (a restarted cluster resumes at
+    ``first_epoch``, the epochs before it done); then the end marker."""
+    if epochs < 1:
+        raise ConfigError(f"epochs={epochs}: must be >= 1")
+    ragged = ragged_columns(ragged)
+    adapter = backend.feed_adapter(data, len(sup.nodes))  # a ConfigError for bad data comes first
+    adapter.convert_once = convert_once  # (Spark converts in epoch 1: a resumed feed reads)
+    adapter.feed_epochs, adapter.ragged = epochs - first_epoch, tuple(ragged)
+    try:
+        return _train(sup, adapter, epochs, feed_timeout, balanced, ragged, progress, first_epoch)
+    finally:
+        adapter.close()
+
+
+def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced: bool, ragged,
+           progress: Optional[FeedProgress], first_epoch: int = 0) -> dict:
+    sup.check_running("train")
+    targets = sup.feed_targets()
+    adapter.check_capacity(len(sup.nodes))
+    adapter.job_id = sup.job_id or ""
+    t0 = time.monotonic()
+    counts = _count(sup, adapter, targets)
+    count_seconds = time.monotonic() - t0
+    plan, per, dropped = balance(counts, len(targets), drop_remainder=balanced)
+    if dropped:
+        logger.warning("duotf: %d rows left over after giving each of %d workers %d rows are not "
+                       "fed (balance=False feeds everything, unevenly)", dropped, len(targets), per)
+    job = _job(sup, targets, "train", feed_timeout, plan, ragged)
+    progress = progress if progress is not None else FeedProgress(False)
+    adapter.on_partition = progress.partition_done
+    epoch_rows = sum(counts) if per is None else per * len(targets)
+    fed, done, epoch_seconds = 0, 0, []
+    try:
+        for epoch in range(first_epoch + 1, epochs + 1):
+            t1 = time.monotonic()
+            progress.start(f"feed epoch {epoch}/{epochs}", epoch_rows)
+            feed = dataclasses.replace(job, epoch=epoch, epochs=epochs)  # names its tasks too
+            sent = _run(sup, adapter.train(feed), feed.what, True, targets, feed)
+            if sent is None:
+                progress.finish()  # a node terminated the feed: the partitions counted so far
+                break
+            progress.finish(sum(sent))  # the epoch's own count: the bar ends where it did
+            fed += sum(sent)
+            done += 1
+            t2 = time.monotonic()
+            _markers(sup, targets, wire.Marker.EPOCH, feed_timeout, epoch)
+            epoch_seconds.append(time.monotonic() - t1)
+            logger.debug("duotf: epoch %d fed in %.3f s, its markers acknowledged in %.3f s",
+                         epoch, t2 - t1, time.monotonic() - t2)
+        _markers(sup, targets, wire.Marker.END, feed_timeout)
+    except BaseException as exc:
+        # every node's feed ends with the error: its reads raise, cluster.wait() never hangs
+        _end_feeds_for(sup, targets, exc)
+        raise
+    finally:
+        progress.close()
+    return {"epochs": done, "rows": sum(counts), "rows_fed": fed, "rows_per_worker": per,
+            "rows_dropped_per_epoch": dropped, "terminated": sup.feed_terminated(),
+            "seconds": time.monotonic() - t0, "count_seconds": count_seconds,
+            "epoch_seconds": epoch_seconds, **adapter.report()}
+
+
+def inference(sup: Supervisor, backend, data, keep, result_columns, feed_timeout: float,
+              ragged=(), progress: Optional[FeedProgress] = None):
+    ragged = ragged_columns(ragged)
+    adapter = backend.feed_adapter(data, len(sup.nodes))
+    sup.check_running("run inference")
+    targets = sup.feed_targets()
+    adapter.check_capacity(len(sup.nodes))
+    job = _job(sup, targets, "infer", feed_timeout, ragged=ragged)
+    progress = progress if progress is not None else FeedProgress(False)
+    adapter.on_partition = progress.partition_done
+    try:
+        progress.start("inference", None)  # rows answered, where the engine says
+        output = _run(sup, adapter.infer(job, keep, result_columns), job.what, False, targets, job)
+        progress.finish()
+        _markers(sup, targets, wire.Marker.END, feed_timeout)
+    except BaseException as exc:
+        _end_feeds_for(sup, targets, exc)
+        raise
+    finally:
+        progress.close()
+    return output
+
+
+class Stream:
+    """An open training feed: chunks of data (a Spark micro-batch, Dask partitions as they
+    complete) fed one after another, which every node reads as one continuous stream.
+
+    Each chunk is counted, balanced (:func:`balance`: with ``balanced`` every worker gets the
+    same number of the chunk's rows, and the fewer than one-per-worker rows left over are not
+    fed) and fed by one engine job, as one epoch of :func:`train` is, schema checks and
+    exactly-once delivery of its ranges included. The ranges of a node are numbered on from
+    the previous chunk's, so no marker separates chunks: a node's ``next_batch`` takes rows
+    across them, and its feed ends (``should_stop()``, the end of ``dataset()``) only with
+    :meth:`end`. :meth:`feed` returns once every row of the chunk is in the nodes' bounded
+    queues: a caller that feeds chunks one after another (Spark's ``foreachBatch``) is pushed
+    back by the slowest node. A chunk that fails ends every node's feed with the error (their
+    reads raise) and raises it; the stream is then closed.
+    """
+
+    def __init__(self, sup: Supervisor, backend, feed_timeout: float, balanced: bool = True,
+                 ragged=()):
+        sup.check_running("feed a stream")
+        self._sup = sup
+        self._backend = backend
+        self._targets = sup.feed_targets()
+        self._job = dataclasses.replace(
+            _job(sup, self._targets, "train", feed_timeout, ragged=ragged_columns(ragged)),
+            stream=True)
+        self._balanced = balanced
+        self._seqs = [0] * len(self._targets)  # each target's next range number
+        self._lock = threading.Lock()  # one chunk at a time, in the order fed
+        self.chunks = 0  # chunks fed (those with no row to feed included)
+        self.rows_fed = 0
+        self.rows_dropped = 0  # left over by balance, or a chunk of fewer rows than workers
+        self.seconds = 0.0  # spent feeding chunks (counting, then the engine jobs)
+        self.error: Optional[BaseException] = None  # why the stream failed
+        self.ended = False
+
+    @property
+    def terminated(self) -> bool:
+        """A node terminated its feed (``feed.terminate()``): chunks fed after are dropped."""
+        return self._sup.feed_terminated()
+
+    def _check_open(self) -> None:
+        if self.error is not None:
+            raise FeedError(f"the stream failed earlier: {str(self.error).splitlines()[0]}")
+        if self.ended:
+            raise ConfigError("the stream was ended: open another with cluster.open_stream()")
+
+    def feed(self, data) -> int:
+        """Feed one chunk (any data ``cluster.train`` takes); return the rows fed once every
+        node has them queued. Rows of a chunk fed after a node terminated its feed are
+        dropped (0)."""
+        with self._lock:
+            self._check_open()
+            t0 = time.monotonic()
+            adapter = self._backend.feed_adapter(data, len(self._sup.nodes))
+            adapter.convert_once = False  # each chunk is fed once
+            try:
+                return self._feed(adapter)
+            except BaseException as exc:
+                self.error = exc
+                _end_feeds_for(self._sup, self._targets, exc)
+                raise
+            finally:
+                adapter.close()
+                self.seconds += time.monotonic() - t0
+
+    def _feed(self, adapter) -> int:
+        sup, targets = self._sup, self._targets
+        self.chunks += 1
+        sup.check_running("feed a stream")
+        adapter.check_capacity(len(sup.nodes))
+        adapter.job_id = sup.job_id or ""
+        counts = _count(sup, adapter, targets)
+        total = sum(counts)
+        if sup.feed_terminated() or total < (len(targets) if self._balanced else 1):
+            if total:
+                logger.warning("duotf: stream chunk %d: its %d rows are not fed (%s)", self.chunks,
+                               total, "a node terminated its feed" if sup.feed_terminated() else
+                               f"fewer than one for each of {len(targets)} workers")
+            self.rows_dropped += total
+            return 0
+        plan, per, dropped = balance(counts, len(targets), drop_remainder=self._balanced)
+        if dropped:
+            logger.info("duotf: stream chunk %d: %d rows left over after giving each of %d "
+                        "workers %d are not fed", self.chunks, dropped, len(targets), per)
+        plan = {pid: [(t, a, b, self._seqs[t] + seq) for t, a, b, seq in ranges]
+                for pid, ranges in plan.items()}
+        feed = dataclasses.replace(self._job, plan=plan, epoch=self.chunks)
+        sent = _run(sup, adapter.train(feed), feed.what, True, targets, feed)
+        if sent is None:  # a node terminated the feed meanwhile
+            self.rows_dropped += total
+            return 0
+        for ranges in plan.values():
+            for t, *_ in ranges:
+                self._seqs[t] += 1
+        self.rows_fed += sum(sent)
+        self.rows_dropped += dropped
+        return sum(sent)
+
+    def end(self, timeout: Optional[float] = None) -> None:
+        """End the stream: every node's feed ends after the rows already fed (an end marker on
+        its data path). Idempotent; after a failure (the nodes were told then) it does nothing."""
+        with self._lock:
+            if self.ended or self.error is not None:
+                return
+            self.ended = True
+            try:
+                _markers(self._sup, self._targets, wire.Marker.END,
+                         self._job.timeout if timeout is None else timeout)
+            except BaseException as exc:
+                self.error = exc
+                _end_feeds_for(self._sup, self._targets, exc)
+                raise
+
+    def fail(self, why: str) -> None:
+        """End every node's feed with an error (their reads raise ``why``): the stream's source
+        failed. Idempotent."""
+        with self._lock:
+            if self.ended or self.error is not None:
+                return
+            self.error = FeedError(why)
+            _end_feeds(self._sup, self._targets, why)
+
+    def report(self) -> dict:
+        return {"chunks": self.chunks, "rows_fed": self.rows_fed,
+                "rows_dropped": self.rows_dropped, "seconds": self.seconds,
+                "terminated": self.terminated, "ended": self.ended}

@@ -1,0 +1,159 @@
+"""The progress bars of ``cluster.train`` and ``cluster.inference`` (tqdm).
+
+One bar per feeding epoch: ``epoch 2/5``, rows fed of the epoch's rows, rows/s, and the latest
+value of each metric the nodes reported (``ctx.report``). The rows come from the feed's own
+count, the rows each partition's feeding task sent (what ``train()`` adds up for its
+``rows_fed``): an engine whose feed adapter hands over each partition's count as its task ends
+(the local backend, Dask) moves the bar partition by partition; one that hands them over with
+the epoch's result (Spark: one ``collect``) moves it once per epoch. Either way a bar ends at
+the rows its epoch fed. Inference: one bar, rows answered where the engine says (local backend;
+elsewhere the elapsed time).
+
+Whether bars are shown is ``duotf.run(..., progress=...)``: ``None`` (default) shows them when
+stderr is a terminal or in a Jupyter kernel (``tqdm.auto`` draws a widget there), ``True``
+always (to stderr), ``False`` never, and a file-like object (anything with ``write``) writes
+them there.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from typing import Callable, Dict, Optional
+
+from duotf.errors import ConfigError
+
+__all__ = ["FeedProgress", "check_progress"]
+
+logger = logging.getLogger("duotf.feed")
+
+#: metrics shown beside a bar at most (the first reported first)
+SHOWN_METRICS = 6
+
+
+def check_progress(progress) -> None:
+    if progress is None or isinstance(progress, bool) or callable(getattr(progress, "write", None)):
+        return
+    raise ConfigError(f"progress={progress!r}: give None (bars when stderr is a terminal or in "
+                      "Jupyter), True (always), False (never) or a file-like object to write "
+                      "them to")
+
+
+def _interactive() -> bool:
+    if "ipykernel" in sys.modules:
+        return True
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class FeedProgress:
+    """The bars of one cluster. Thread-safe: feeding tasks and reports update it from their
+    own threads. Every method is a no-op when bars are off, and none raises."""
+
+    def __init__(self, progress, latest: Callable[[], Dict[str, float]] = dict):
+        check_progress(progress)
+        given = progress is not None and not isinstance(progress, bool)
+        self._file = progress if given else None  # a file-like object
+        self.enabled = given or progress is True or (progress is None and _interactive())
+        self._latest = latest
+        self._lock = threading.Lock()
+        self._bar = None
+        self._parts: Dict[int, int] = {}
+        #: ``(description, rows, total)`` of every bar closed, for those who check (tests)
+        self.closed: list = []
+
+    def _new_bar(self, desc: str, total: Optional[int], unit: str):
+        if self._file is not None:
+            from tqdm.std import tqdm as base
+            options = {"file": self._file}
+        else:
+            from tqdm.auto import tqdm as base  # a widget in Jupyter
+            options = {"dynamic_ncols": True}
+
+        class Bar(base):
+            # no tqdm monitor thread: it would outlive the cluster (it only corrects a bar
+            # that stalls, and these bars are updated by the feed itself)
+            monitor_interval = 0
+
+        return Bar(total=total, desc=desc, unit=unit, leave=True, mininterval=0.2,
+                   disable=False, **options)
+
+    def start(self, desc: str, total: Optional[int], unit: str = "rows") -> None:
+        """Open a bar (closing one still open)."""
+        if not self.enabled:
+            return
+        self.close()
+        with self._lock:
+            self._parts = {}
+            try:
+                self._bar = self._new_bar(desc, total, unit)
+                self._postfix()
+            except Exception as exc:  # a bar is never worth a failed feed
+                logger.debug("duotf: no progress bar: %s", exc)
+                self._bar = None
+
+    def partition_done(self, pid: int, rows: int) -> None:
+        """A partition's feeding task ended: ``rows`` is what it sent (or answered)."""
+        with self._lock:
+            bar = self._bar
+            if bar is None:
+                return
+            self._parts[pid] = int(rows)
+            self._move_to(sum(self._parts.values()))
+
+    def finish(self, rows: Optional[int] = None) -> None:
+        """The job ended: the bar shows ``rows`` (the job's own count; default: the partitions
+        counted so far) and is closed."""
+        with self._lock:
+            bar = self._bar
+            if bar is None:
+                return
+            n = sum(self._parts.values()) if rows is None else int(rows)
+            try:
+                self._postfix()
+                bar.update(n - bar.n)
+                bar.refresh()
+            except Exception as exc:
+                logger.debug("duotf: progress bar: %s", exc)
+        self.close()
+
+    def metrics_changed(self) -> None:
+        """New reports arrived: show the latest values (at tqdm's own refresh rate)."""
+        with self._lock:
+            if self._bar is not None:
+                self._postfix()
+                self._move_to(self._bar.n)
+
+    def close(self) -> None:
+        with self._lock:
+            bar, self._bar = self._bar, None
+            if bar is None:
+                return
+            self.closed.append((bar.desc, bar.n, bar.total))
+            try:
+                bar.close()
+            except Exception as exc:
+                logger.debug("duotf: progress bar: %s", exc)
+
+    # -- under the lock ----------------------------------------------------------------------
+    def _move_to(self, n: int) -> None:
+        bar = self._bar
+        try:
+            if n != bar.n:
+                bar.update(n - bar.n)  # tqdm redraws at most every mininterval
+            else:
+                bar.update(0)
+        except Exception as exc:
+            logger.debug("duotf: progress bar: %s", exc)
+
+    def _postfix(self) -> None:
+        latest = self._latest()
+        if latest:
+            shown = dict(list(latest.items())[:SHOWN_METRICS])
+            try:
+                self._bar.set_postfix(shown, refresh=False)
+            except Exception as exc:
+                logger.debug("duotf: progress bar: %s", exc)

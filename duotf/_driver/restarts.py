@@ -1,0 +1,119 @@
+"""Restarts from a checkpoint: which failures restart a cluster, and where it resumes.
+
+``duotf.run(..., max_restarts=N)`` restarts the whole gang after a node fails, up to ``N``
+times (as Ray Train's ``FailureConfig(max_failures=N)`` does); :class:`~duotf._driver.cluster.Cluster`
+runs the restart. Here are the rules it follows, kept apart so they can be read (and tested)
+on their own:
+
+* :func:`failure_cause`: what kind of failure an error is (``"killed"``, ``"exited"``,
+  ``"lost"``, ``"hung"``, ``"exception"``), or None for a failure no restart can cure (a
+  protocol TensorFlow lacks, nodes that never registered, bad data);
+* :func:`resume_point`: from the checkpoints the nodes reported with
+  ``ctx.report_checkpoint(epoch, path)``, the epoch every node can resume at, and the
+  checkpoint each node restores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, FrozenSet, Iterable, Optional, Tuple
+
+from duotf.errors import BackendError, ConfigError, NodeFailedError, NodeUnresponsiveError
+
+__all__ = ["CAUSES", "DEFAULT_RESTART_ON", "Restart", "check_restart_on", "failure_cause",
+           "resume_point"]
+
+#: every cause of a node failure, as :attr:`Restart.cause` names it
+CAUSES = ("killed", "exited", "lost", "hung", "exception")
+#: what restarts by default: a process or its host going away is bad luck; a Python exception
+#: raised by ``main`` is usually a bug, which a restart would only repeat
+DEFAULT_RESTART_ON: FrozenSet[str] = frozenset({"killed", "exited", "lost", "hung"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Restart:
+    """One failure that restarted the cluster (``cluster.restarts``)."""
+
+    attempt: int  #: the attempt that failed (0: the first run)
+    cause: str  #: one of :data:`CAUSES`
+    node: Optional[str]  #: the role of the node that failed first ("worker:1"), if one did
+    error: str  #: the first line of the error a run without restarts would have raised
+    failed_at: float  #: ``time.time()`` when the failure reached the driver
+    resume_epoch: int  #: the epoch the next attempt resumes at (0: from the start)
+    #: seconds from the failure to every ``main`` of the next attempt running (None: it did not)
+    seconds: Optional[float] = None
+
+
+def check_restart_on(restart_on) -> Tuple[FrozenSet[str], Tuple[str, ...]]:
+    """``restart_on`` as ``(causes, exception type names)``: an iterable of causes
+    (:data:`CAUSES`) and exception classes or their names (a ``main`` that raised one of them
+    restarts; matched by class name, as the node's error carries it)."""
+    if restart_on is None:
+        return DEFAULT_RESTART_ON, ()
+    if isinstance(restart_on, (str, type)):
+        restart_on = (restart_on,)
+    causes, names = set(), []
+    try:
+        items = list(restart_on)
+    except TypeError:
+        items = [restart_on]
+    for item in items:
+        if isinstance(item, type) and issubclass(item, BaseException):
+            names.append(item.__name__)
+        elif isinstance(item, str) and item in CAUSES:
+            causes.add(item)
+        elif isinstance(item, str) and item.isidentifier() and item[:1].isupper():
+            names.append(item)
+        else:
+            raise ConfigError(
+                f"restart_on: {item!r} is neither a cause ({', '.join(CAUSES)}) nor an exception "
+                "class (or its name, e.g. 'ResourceExhaustedError')")
+    return frozenset(causes), tuple(names)
+
+
+def failure_cause(error: BaseException) -> Optional[str]:
+    """The cause of a cluster's failure (:data:`CAUSES`), or None where a restart cannot help."""
+    if isinstance(error, NodeUnresponsiveError):
+        return "hung"
+    if isinstance(error, NodeFailedError):
+        if getattr(error, "remote_traceback", None) and getattr(error, "remote_type", None):
+            return "exception"
+        code = getattr(error, "exitcode", None)
+        if isinstance(code, int):
+            return "killed" if code < 0 else "exited"
+        return "lost"  # its engine task, executor or worker went away with it
+    if isinstance(error, BackendError):
+        return "lost"  # the engine job running the nodes failed
+    return None
+
+
+def restartable(error: BaseException, causes: FrozenSet[str], names: Tuple[str, ...]) -> bool:
+    cause = failure_cause(error)
+    if cause is None:
+        return False
+    if cause == "exception" and names and getattr(error, "remote_type", None) in names:
+        return True
+    return cause in causes
+
+
+def resume_point(reports: Dict[int, Dict[int, str]], nodes: Iterable[int]
+                 ) -> Tuple[int, Dict[int, Optional[str]]]:
+    """``(epoch, {node id: checkpoint path})``: where the next attempt resumes.
+
+    ``reports`` holds, by node id, the checkpoints each node reported (``{epoch: path}``).
+    The epoch is the last one that every reporting node saved (nodes that train in lock step
+    report the same epochs; a node ahead of the others goes back to theirs); 0 when no node
+    reported one. Each node restores its own checkpoint of that epoch, or, if it saved none
+    (under a synchronous strategy often only the chief saves), the first reporting node's."""
+    reporting = {node: epochs for node, epochs in reports.items() if epochs}
+    if not reporting:
+        return 0, {node: None for node in nodes}
+    epoch = min(max(epochs) for epochs in reporting.values())
+    # an epoch every reporter saved: the latest of those not after ``epoch``
+    common = set.intersection(*(set(e for e in epochs if e <= epoch) for epochs in reporting.values()))
+    epoch = max(common) if common else 0
+    if epoch == 0:
+        return 0, {node: None for node in nodes}
+    first = min(reporting)
+    return epoch, {node: (reports.get(node) or reports[first]).get(epoch, reports[first][epoch])
+                   for node in nodes}

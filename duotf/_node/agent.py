@@ -1,0 +1,535 @@
+"""The node agent: what runs inside the engine's task (a Spark barrier task, a Dask task, a thread).
+
+For one node it reserves the TF port, spawns the node process (:mod:`duotf._node.child`), registers
+with the driver over the authenticated channel, relays the cluster spec, heartbeats both ways,
+and reports how the node ended. It returns only when its node process is gone.
+
+The agent never raises for a failure of the node itself (the driver already knows, through the
+channel): an engine that retries failed tasks (Spark retries barrier stages) must not start a
+node again behind the driver's back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from duotf._transport import rendezvous
+from duotf._node.gpus import visible_devices
+from duotf._node.output import OutputRelay
+from duotf.errors import ConfigError
+from duotf._transport.rendezvous import Msg
+
+logger = logging.getLogger("duotf.node")  # the agent's records, beside its output
+
+
+class ChildMsg(str, enum.Enum):
+    """What the agent and its node process (:mod:`duotf._node.child`) say on their pipe: tuples
+    ``(kind, payload...)``, pickled (the pipe joins a process to its own child, never a host to
+    another)."""
+
+    # agent -> node process
+    INIT = "init"  # the job: payload, protocol, secret, heartbeat_interval, ...
+    START = "start"  # the driver's start message: this node's role and the cluster's TF_CONFIG
+    RELEASE = "release"  # every main returned: a node whose main returned may exit
+    PING = "ping"  # every heartbeat_interval: the agent lives; silence for heartbeat_timeout
+    #                ends the node process (its agent is lost or stalled)
+    # node process -> agent
+    HEARTBEAT = "hb"
+    READY = "ready"  # {"feed_port": ...}: TensorFlow serves the protocol, the job loaded
+    RUNNING = "running"
+    SERVING = "serving"
+    FEED_TERMINATED = "feed_terminated"
+    FEED_FAILED = "feed_failed"  # {"why", "epoch", "partition", "seq", "rows"}
+    TENSORBOARD = "tensorboard"  # {"port": n} once the TensorBoard it started serves, or {"error"}
+    REPORT = "report"  # {"reports": [...], "dropped": n}: what main gave ctx.report (duotf._node.reports)
+    CHECKPOINT = "checkpoint"  # {"epoch": n, "path": p}: what main gave ctx.report_checkpoint
+    RESULT = "result"  # main's return value, cloudpickled
+    ERROR = "error"  # {"kind", "remote_type", "message", "traceback", ...}
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# What the node process says that the agent passes on to the driver as it is.
+_RELAYED = {
+    ChildMsg.READY: Msg.READY,
+    ChildMsg.RUNNING: Msg.RUNNING,
+    ChildMsg.SERVING: Msg.SERVING,
+    ChildMsg.FEED_TERMINATED: Msg.FEED_TERMINATED,
+    ChildMsg.FEED_FAILED: Msg.FEED_FAILED,
+    ChildMsg.TENSORBOARD: Msg.TENSORBOARD,
+    ChildMsg.REPORT: Msg.REPORT,
+    ChildMsg.CHECKPOINT: Msg.CHECKPOINT,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeJob:
+    """Everything a node agent needs; shipped to the engine's tasks by the engine itself."""
+
+    job_id: str
+    driver_address: Tuple[str, int]
+    secret: bytes
+    payload: bytes  # cloudpickled (main, args); only the node process unpickles it
+    protocol: str
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    connect_timeout: float
+    env: Dict[str, str]
+    default_fs: str
+    workdir_root: str
+    stop_timeout: float = 5.0
+    keep_workdir: bool = False  # else each node's working directory goes with its process
+    #: the nodes whose output (fd 1 and 2) goes to the driver; the others' goes where the
+    #: engine task's own output goes
+    log_nodes: frozenset = frozenset()
+    #: every node's ``ctx.log_dir`` (a path or URL; '' for none)
+    log_dir: str = ""
+    #: ``log_dir`` is duotf's own (under ``workdir_root``): removed with the job's last node
+    owns_log_dir: bool = False
+    #: the node whose process starts TensorBoard on ``log_dir`` (-1: none)
+    tensorboard_node: int = -1
+    #: the cluster's attempt (0 first; ``max_restarts``), the epoch it resumes at, the job's
+    #: checkpoint location, and the checkpoint each node restores (node id -> path)
+    restart: int = 0
+    resume_epoch: int = 0
+    checkpoint_dir: str = ""
+    checkpoints: Dict[int, Optional[str]] = dataclasses.field(default_factory=dict)
+
+
+class OutcomeStatus(str, enum.Enum):
+    """How a node ended, as its engine task reports it (str-valued: it reads as its value)."""
+
+    DONE = "done"  # main returned (its value is the outcome's payload)
+    FAILED = "failed"  # main raised, or the node process exited or was killed
+    STOPPED = "stopped"  # stopped by the driver (shutdown, a peer's failure) or with the agent
+    REJECTED = "rejected"  # the driver turned the node away before it started (a late retry)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeOutcome:
+    """What the engine's task returns for a node: its id and how it ended."""
+
+    node_id: int
+    status: OutcomeStatus
+    payload: Optional[bytes] = None  # cloudpickled return value of main when status is DONE
+
+
+def reserve_port() -> socket.socket:
+    """Bind a port on every interface and keep it.
+
+    The socket never listens, so it receives no connection, and it carries SO_REUSEADDR and
+    SO_REUSEPORT so that TensorFlow's gRPC server (which sets both) can bind the same port while
+    the agent still holds it. Any other program asking for the port is refused until it is let
+    go, so the port cannot be stolen between reservation and use. The agent hands it to the node
+    process it spawns and closes its own copy: the port is free when the node is gone, even
+    while the agent's engine task is stalled.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if hasattr(socket, "SO_REUSEPORT"):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("0.0.0.0", 0))
+    return sock
+
+
+class _Agent:
+    def __init__(self, job: NodeJob, node_id: int, executor_id: str, attempt: int,
+                 gpus: Sequence[str] = ()):
+        self.job = job
+        self.node_id = node_id
+        self.executor_id = executor_id
+        self.attempt = attempt
+        self.gpu_addresses = [str(a) for a in gpus]
+        self.gpus: List[str] = []  # the node's CUDA_VISIBLE_DEVICES entries
+        self.events: "queue.Queue[tuple]" = queue.Queue()
+        self.proc: Optional[subprocess.Popen] = None
+        self.child_tx: Optional[Connection] = None
+        self.channel: Optional[rendezvous.Channel] = None
+        self.result: Optional[bytes] = None
+        self.reported_failure = False
+        self.stop_requested = False
+        self.stopper: Optional[threading.Thread] = None
+        self.child_reader: Optional[threading.Thread] = None
+        self.serving = False
+        self.threads: list = []
+        self.output: Optional[OutputRelay] = None
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _thread(self, target, name) -> threading.Thread:
+        """Start ``target`` on a thread of this agent's, joined before :meth:`run` returns."""
+        thread = threading.Thread(target=target, name=f"duotf-agent-{name}", daemon=True)
+        thread.start()
+        self.threads.append(thread)
+        return thread
+
+    def _read_child(self, rx: Connection) -> None:
+        while True:
+            try:
+                message = rx.recv()
+            except (EOFError, OSError):
+                self.events.put(("child-eof",))
+                return
+            self.events.put(("child",) + tuple(message))
+
+    def _read_driver(self) -> None:
+        while True:
+            try:
+                message = self.channel.recv()
+            except rendezvous.ProtocolError as exc:
+                logger.warning("node %d: closing the connection to the driver: %s", self.node_id, exc)
+                self.events.put(("driver-eof", exc))
+                return
+            except (ConnectionError, OSError) as exc:
+                self.events.put(("driver-eof", exc))
+                return
+            self.events.put(("driver", message))
+
+    def _send(self, type_: Msg, **fields) -> None:
+        try:
+            self.channel.send({"type": type_, "node_id": self.node_id, **fields})
+        except OSError as exc:
+            logger.debug("node %d: could not send %s to the driver: %s", self.node_id, type_, exc)
+
+    def _send_output(self, lines, dropped: int) -> None:
+        """The output relay's way to the driver (its sender thread; raises when it is gone)."""
+        self.channel.send({"type": Msg.LOG, "node_id": self.node_id, "lines": lines,
+                           "dropped": dropped})
+
+    def _drain_output(self, timeout: float) -> None:
+        """Let the node's output written so far reach the driver before its end is reported
+        (the node process has ended or is ending: its pipe closes)."""
+        if self.output is not None and not self.output.drain(timeout):
+            logger.debug("node %d: output still open after %.1f s", self.node_id, timeout)
+
+    def _to_child(self, *message) -> None:
+        try:
+            self.child_tx.send(message)
+        except OSError:
+            pass  # the child is gone; its exit is reported through the child-eof path
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def _spawn(self, reservation: socket.socket) -> None:
+        job = self.job
+        a_rx, c_tx = os.pipe()  # child -> agent
+        c_rx, a_tx = os.pipe()  # agent -> child
+        env = node_environment(job.env)
+        env["DUOTF_NODE_ID"] = str(self.node_id)
+        env["DUOTF_JOB_ID"] = job.job_id
+        gpu_error = None
+        if self.gpu_addresses:
+            # The engine's addresses pick devices of what this task's process sees (the driver
+            # refuses a CUDA_VISIBLE_DEVICES in job.env when the spec asks for GPUs).
+            try:
+                self.gpus = visible_devices(self.gpu_addresses, os.environ.get("CUDA_VISIBLE_DEVICES"))
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)
+            except ConfigError as exc:
+                gpu_error = str(exc)  # the node process reports it, as it reports a bad protocol
+                env["CUDA_VISIBLE_DEVICES"] = ""  # and, until it exits, sees no GPU
+        captured = self.node_id in job.log_nodes
+        out_r = out_w = None
+        if captured:
+            # One pipe as fd 1 and fd 2: the output of the process, its children and its C
+            # code, in the order written (see duotf._node.output).
+            out_r, out_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "duotf._node.child", str(c_rx), str(c_tx)],
+                # The child holds the port's reservation from here on (it never reads it): the
+                # port is free once the node process is gone, even while this agent is stalled.
+                pass_fds=(c_rx, c_tx, reservation.fileno()),
+                env=env,
+                close_fds=True,
+                start_new_session=True,
+                stdout=out_w,
+                stderr=out_w,
+            )
+        finally:
+            if out_w is not None:
+                os.close(out_w)
+        os.close(c_rx)
+        os.close(c_tx)
+        if captured:
+            self.output = OutputRelay(out_r, self._send_output)
+        self.child_tx = Connection(a_tx, readable=False, writable=True)
+        workdir = node_workdir(job.workdir_root, self.node_id)
+        self._to_child(
+            ChildMsg.INIT,
+            {
+                "payload": job.payload,
+                "protocol": job.protocol,
+                "heartbeat_interval": job.heartbeat_interval,
+                "heartbeat_timeout": job.heartbeat_timeout,
+                "node_id": self.node_id,
+                "job_id": job.job_id,
+                "working_dir": workdir,
+                "default_fs": job.default_fs,
+                "executor_id": self.executor_id,
+                "secret": job.secret,
+                "output_captured": captured,
+                "gpus": self.gpus,
+                "gpu_error": gpu_error,
+                "log_dir": job.log_dir,
+                "tensorboard": self.node_id == job.tensorboard_node,
+                "attempt": job.restart,
+                "resume_epoch": job.resume_epoch,
+                "checkpoint_dir": job.checkpoint_dir,
+                "checkpoint": job.checkpoints.get(self.node_id),
+            },
+        )
+        self.child_reader = self._thread(
+            lambda: self._read_child(Connection(a_rx, readable=True, writable=False)), "child")
+
+    def _kill_child(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _stop_child(self, timeout: float) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``; returns when the child has exited."""
+        if self.proc is None:
+            return
+        self._kill_child(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            logger.warning("node %d did not stop within %.1f s; killing it", self.node_id, timeout)
+            self._kill_child(signal.SIGKILL)
+            self.proc.wait()
+        else:
+            self._kill_child(signal.SIGKILL)  # anything left in its process group
+
+    def _reap_group(self) -> None:
+        """End what the node process left in its process group once it is gone (a
+        subprocess of main's, TensorBoard after a crash): nothing outlives its node. The
+        group's id names no other group while one of its processes lives."""
+        if self.proc is not None and self.proc.poll() is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _begin_stop(self, timeout: float) -> None:
+        """Stop the child on a thread of its own (once: a second SIGTERM would cut its
+        clean-up short), so that this loop keeps pinging it while it winds down."""
+        self.stop_requested = True
+        if self.stopper is None:
+            def stop():
+                self._stop_child(timeout)
+                # The child is gone. Its pipe's EOF normally says so first (after what the child
+                # wrote last); should a process it left hold the pipe open, this says it instead.
+                if self.child_reader is not None:
+                    self.child_reader.join(2)
+                self.events.put(("child-eof",))
+
+            self.stopper = self._thread(stop, "stop")
+
+    def run(self) -> NodeOutcome:
+        job = self.job
+        reservation = reserve_port()
+        port = reservation.getsockname()[1]
+        try:
+            self.channel = rendezvous.connect(job.driver_address, job.secret, job.connect_timeout)
+            # The address the driver reached us from is the one the other nodes can use too.
+            host = self.channel.sock.getsockname()[0]
+            self._spawn(reservation)
+            reservation.close()  # the node process's copy keeps the port (see _spawn)
+            self._send(
+                Msg.REGISTER,
+                host=host,
+                port=port,
+                pid=self.proc.pid,
+                agent_pid=os.getpid(),
+                executor_id=self.executor_id,
+                attempt=self.attempt,
+                gpus=self.gpus,
+            )
+            self._thread(self._read_driver, "driver")
+            return self._loop()
+        finally:
+            self._stop_child(1.0)
+            self._reap_group()
+            if self.channel is not None:
+                self.channel.close()
+            reservation.close()
+            if not job.keep_workdir:
+                remove_workdir(job.workdir_root, self.node_id,
+                               job.log_dir if job.owns_log_dir else None)
+            if self.child_tx is not None:
+                self.child_tx.close()
+            for thread in self.threads:
+                thread.join(5)
+            if self.output is not None:
+                self.output.join(2)
+
+    def _fail(self, kind: str, **fields) -> None:
+        if not self.reported_failure:
+            self.reported_failure = True
+            self._send(Msg.FAILED, kind=kind, **fields)
+
+    def _loop(self) -> NodeOutcome:
+        job = self.job
+        interval = job.heartbeat_interval
+        child_seen = time.monotonic()
+        next_beat = 0.0
+        child_open = True
+        while True:
+            now = time.monotonic()
+            if now >= next_beat:
+                self._send(Msg.HEARTBEAT)
+                # Sent by this loop, not by a thread of its own: a ping says that the agent
+                # still supervises its node. The node process ends itself when pings stop (the
+                # engine task stalled: a stopped or swapped-out executor), so no node outlives
+                # its supervision by more than heartbeat_timeout.
+                if child_open:
+                    self._to_child(ChildMsg.PING)
+                next_beat = now + interval
+            if child_open and now - child_seen > job.heartbeat_timeout and not self.stop_requested:
+                self._fail(
+                    "unresponsive",
+                    message=f"no heartbeat from the node process for {now - child_seen:.1f} s "
+                    f"(heartbeat_timeout={job.heartbeat_timeout:g})",
+                )
+                self._kill_child(signal.SIGKILL)
+            try:
+                event = self.events.get(timeout=min(interval, max(next_beat - now, 0.01)))
+            except queue.Empty:
+                continue
+            kind = event[0]
+            if kind == "child":
+                child_seen = time.monotonic()
+                what = event[1]
+                if what is ChildMsg.HEARTBEAT:
+                    continue
+                if what in _RELAYED:
+                    self.serving = self.serving or what is ChildMsg.SERVING
+                    self._send(_RELAYED[what], **(event[2] if len(event) > 2 else {}))
+                elif what is ChildMsg.RESULT:
+                    self.result = event[2]
+                    self._send(Msg.RETURNED)
+                elif what is ChildMsg.ERROR:
+                    if self.stop_requested:
+                        # main unwinding from our own stop request: reported as "stopped"
+                        logger.debug("node %d stopped: %s", self.node_id, event[2].get("message"))
+                    else:
+                        # The process exits right after saying this: its last output first.
+                        self._drain_output(_OUTPUT_GRACE)
+                        self._fail(**event[2])
+            elif kind == "child-eof":
+                if not child_open:
+                    continue
+                child_open = False
+                code = self.proc.wait()
+                self._drain_output(_OUTPUT_GRACE)
+                if self.result is not None:  # main returned; how the process ended after is moot
+                    self._send(Msg.DONE)
+                    return NodeOutcome(self.node_id, OutcomeStatus.DONE, self.result)
+                if self.stop_requested:
+                    self._send(Msg.STOPPED, exitcode=code)
+                    return NodeOutcome(self.node_id, OutcomeStatus.STOPPED)
+                self._fail("exit", exitcode=code, message=_describe_exit(code))
+                return NodeOutcome(self.node_id, OutcomeStatus.FAILED)
+            elif kind == "driver":
+                message = event[1]
+                type_ = message["type"]
+                if type_ == Msg.START:
+                    self._to_child(ChildMsg.START, message)
+                elif type_ == Msg.RELEASE:
+                    self._to_child(ChildMsg.RELEASE)
+                elif type_ == Msg.STOP:
+                    self._begin_stop(message.get("timeout", job.stop_timeout))
+                elif type_ == Msg.REJECT:
+                    logger.warning("node %d rejected by the driver: %s", self.node_id, message.get("reason"))
+                    return NodeOutcome(self.node_id, OutcomeStatus.REJECTED)
+            elif kind == "driver-eof":
+                # The driver is gone or closed the job: nothing may run unsupervised. The node
+                # ends through "child-eof" (reported as stopped; the driver hears no more).
+                if not self.stop_requested:
+                    logger.info("node %d: driver connection closed; stopping the node", self.node_id)
+                self._begin_stop(job.stop_timeout)
+
+
+#: seconds the agent waits for a node's last output before it reports the node's end (a process
+#: the node left behind may hold the pipe open)
+_OUTPUT_GRACE = 1.0
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"node process was killed by {name}"
+    return f"node process exited with code {code} before main returned"
+
+
+def node_environment(extra: Dict[str, str]) -> Dict[str, str]:
+    """The environment of a node process started from this engine task, with ``extra`` (the
+    job's ``env``) on top. :mod:`duotf._node.probe` starts its checks with the same one."""
+    env = dict(os.environ)
+    env.update(extra)
+    # The user's own PYTHONPATH first, then what this task can import (duotf, user modules).
+    env["PYTHONPATH"] = os.pathsep.join(
+        [extra.get("PYTHONPATH", "")] + [p for p in sys.path if p]
+    ).strip(os.pathsep)
+    env.pop("TF_CONFIG", None)
+    # TensorFlow's C++ start-up notes (INFO) are noise on every node; warnings still show.
+    # A user who wants them sets TF_CPP_MIN_LOG_LEVEL=0 (env=... or the executor's own).
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    return env
+
+
+def run_node(job: NodeJob, node_id: int, executor_id: str = "", attempt: int = 0,
+             gpus: Sequence[str] = ()) -> NodeOutcome:
+    """Run node ``node_id`` of ``job`` to its end. Called by every backend, once per node.
+
+    ``gpus``: the addresses of the GPUs the engine holds for this node (see
+    :mod:`duotf._node.gpus`); the node process sees only those devices. Empty: GPUs are left alone.
+    """
+    return _Agent(job, node_id, executor_id, attempt, gpus).run()
+
+
+def default_workdir_root(job_id: str) -> str:
+    # Not "<tmp>/duotf": that directory would shadow the package for a program run from <tmp>.
+    return os.path.join(tempfile.gettempdir(), f"duotf-{job_id}")
+
+
+def node_workdir(root: str, node_id: int) -> str:
+    return os.path.join(root, f"node-{node_id}")
+
+
+def default_log_dir(root: str) -> str:
+    """``ctx.log_dir`` when the user names none: beside the nodes' working directories."""
+    return os.path.join(root, "logs")
+
+
+def remove_workdir(root: str, node_id: int, log_dir: Optional[str] = None) -> None:
+    """Remove a node's working directory once its process is gone, and the job's directory
+    (and ``log_dir``, duotf's own, inside it) with the last node's on this host (several nodes
+    share it where they share a host)."""
+    import glob
+    import shutil
+
+    shutil.rmtree(node_workdir(root, node_id), ignore_errors=True)
+    if log_dir and not glob.glob(os.path.join(root, "node-*")):
+        shutil.rmtree(log_dir, ignore_errors=True)
+    try:
+        os.rmdir(root)
+    except OSError:
+        pass  # another node's directory is still there, or it is gone already

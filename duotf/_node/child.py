@@ -1,0 +1,302 @@
+"""Entry point of a node process: ``python -m duotf._node.child READ_FD WRITE_FD``.
+
+Spawned by the agent (:mod:`duotf._node.agent`) with two pipes. Everything on them is pickled between
+the agent and its own child, never over a network socket. The process:
+
+1. receives the job (pickled ``main`` and ``args``) and heartbeats to the agent;
+2. checks that TensorFlow can serve the protocol, before any user code, and says "ready";
+3. waits for "start" (TF_CONFIG of the whole cluster), then runs ``main(args, ctx)`` - or, on a
+   ps node, a ``tf.distribute.Server`` until stopped;
+4. sends the pickled return value, or the exception and its traceback;
+5. after a return, keeps its TF server up until "release" (every node's main returned), then
+   exits.
+
+It exits at once when the agent goes away (pipe closed), and kills its own process group when
+the agent falls silent (no ping for ``heartbeat_timeout``: its engine task was stopped or
+stalled), so no node outlives its supervision. The messages on the pipe are the
+:class:`duotf._node.agent.ChildMsg` kinds.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import sys
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+
+from duotf._node.agent import ChildMsg  # already imported with the package: costs nothing here
+
+
+class _Link:
+    def __init__(self, rfd: int, wfd: int):
+        self.rx = Connection(rfd, readable=True, writable=False)
+        self.tx = Connection(wfd, readable=False, writable=True)
+        self._lock = threading.Lock()
+
+    def send(self, *message) -> None:
+        with self._lock:
+            self.tx.send(message)
+
+
+def _heartbeat(link: _Link, interval: float) -> None:
+    while True:
+        try:
+            link.send(ChildMsg.HEARTBEAT)
+        except OSError:
+            os._exit(1)
+        threading.Event().wait(interval)
+
+
+def _reader(link: _Link, inbox: list, arrived: threading.Condition, heard: list) -> None:
+    while True:
+        try:
+            message = link.rx.recv()
+        except (EOFError, OSError):
+            # The agent is gone: nobody supervises this node any more.
+            os._exit(1)
+        heard[0] = time.monotonic()
+        if message[0] is ChildMsg.PING:
+            continue
+        with arrived:
+            inbox.append(message)
+            arrived.notify_all()
+
+
+def _watchdog(heard: list, timeout: float, tick: float) -> None:
+    """End this node (its whole process group) once the agent has said nothing for
+    ``timeout`` seconds: the engine task that supervises it is stopped or stalled, and the
+    driver has given the node up (it did after the same silence)."""
+    last_tick = time.monotonic()
+    while True:
+        threading.Event().wait(tick)
+        now = time.monotonic()
+        if now - last_tick > tick + timeout / 2:
+            # This process itself did not run for a while (stopped, or a C call held the
+            # interpreter): pings may wait unread in the pipe. Count the silence afresh.
+            heard[0] = now
+        last_tick = now
+        silent = now - heard[0]
+        if silent > timeout:
+            try:
+                # fd 2 may be a pipe to the stalled agent, full: say why only if it has room
+                if select.select([], [2], [], 0)[1]:
+                    os.write(2, f"duotf: node process {os.getpid()}: no word from its agent for "
+                                f"{silent:.1f} s (heartbeat_timeout={timeout:g}); exiting\n".encode())
+            except (OSError, ValueError):
+                pass
+            if os.getpgrp() == os.getpid():  # the agent started this node in a session of its own
+                os.killpg(os.getpid(), signal.SIGKILL)  # the node's own subprocesses too
+            os._exit(1)
+
+
+def _wait_for(inbox: list, arrived: threading.Condition, kind: ChildMsg):
+    """The first message of ``kind`` from the agent; waits as long as the agent lives."""
+    with arrived:
+        while True:
+            for i, message in enumerate(inbox):
+                if message[0] is kind:
+                    return inbox.pop(i)
+            arrived.wait()
+
+
+def _error_info(exc: BaseException, kind: str = "exception") -> dict:
+    return {
+        "kind": kind,
+        "remote_type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    }
+
+
+def check_protocol(protocol: str):
+    """Return None when TensorFlow can serve ``protocol``, else an error dict."""
+    import tensorflow as tf
+
+    try:
+        tf.distribute.Server(
+            tf.train.ClusterSpec({"duotf_check": ["localhost:0"]}),
+            job_name="duotf_check",
+            task_index=0,
+            protocol=protocol,
+            start=False,
+        )
+    except tf.errors.NotFoundError as exc:
+        info = _error_info(exc, kind="protocol")
+        info["tf_version"] = tf.__version__
+        info["message"] = str(exc).splitlines()[0]
+        return info
+    return None
+
+
+def _notify(link: _Link, what: str) -> None:
+    what = ChildMsg(what)
+    if what is ChildMsg.SERVING and threading.current_thread() is threading.main_thread():
+        # A server blocks in C code where no Python handler runs; it has nothing to save.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    link.send(what)
+
+
+def _on_sigterm(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second request ends the process outright
+    raise SystemExit(f"stopped by duotf (signal {signum})")
+
+
+def main(argv) -> int:
+    global _tensorboard
+    from duotf._transport import malloc
+    malloc.tune()
+    from duotf import keras as keras_fix  # no Keras import: a hook for when main imports it
+
+    keras_fix.install()
+    link = _Link(int(argv[1]), int(argv[2]))
+    job = link.rx.recv()[1]  # (ChildMsg.INIT, {...})
+    if job.get("output_captured"):
+        # fd 1 is a pipe to the agent: a line reaches the driver when it is printed, not when
+        # a block buffer fills (stderr is line-buffered already)
+        sys.stdout.reconfigure(line_buffering=True)
+    inbox: list = []
+    arrived = threading.Condition()
+    threading.Thread(target=_heartbeat, args=(link, job["heartbeat_interval"]), daemon=True).start()
+    if job.get("tensorboard"):
+        # Started first: its seconds of start-up overlap this node's own (TensorFlow's import).
+        from duotf._node.tensorboard import TensorBoard
+
+        _tensorboard = TensorBoard(job["log_dir"], lambda info: link.send(ChildMsg.TENSORBOARD, info))
+        _tensorboard.start()
+    from duotf._transport.datafeed import FeedServer
+
+    feed = FeedServer(job["secret"], on_terminate=lambda: link.send(ChildMsg.FEED_TERMINATED),
+                      on_failure=lambda info: link.send(ChildMsg.FEED_FAILED, info))
+    from duotf._node.reports import Reporter
+
+    reporter = Reporter(lambda payload: link.send(ChildMsg.REPORT, payload))
+    heard = [time.monotonic()]
+    threading.Thread(target=_reader, args=(link, inbox, arrived, heard), daemon=True).start()
+    timeout = job.get("heartbeat_timeout")
+    if timeout:
+        tick = min(job["heartbeat_interval"], timeout / 4)
+        threading.Thread(target=_watchdog, args=(heard, timeout, tick), daemon=True).start()
+    # A stop request turns into SystemExit in main, so `finally` blocks and context managers run.
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+    if job.get("gpu_error"):
+        link.send(ChildMsg.ERROR, {"kind": "gpus", "remote_type": "ConfigError",
+                                   "message": job["gpu_error"], "traceback": ""})
+        return 5
+    if job["protocol"] != "grpc":
+        error = check_protocol(job["protocol"])
+        if error is not None:
+            link.send(ChildMsg.ERROR, error)
+            return 3
+    try:
+        user_main, user_args = pickle.loads(job["payload"])
+    except BaseException as exc:  # the job cannot even be loaded here: say why
+        link.send(ChildMsg.ERROR, _error_info(exc, kind="load"))
+        return 4
+    if _tensorboard is not None:
+        # Ready once TensorBoard serves (or failed): its address reaches the driver before this
+        # node is ready, so duotf.run returns with cluster.tensorboard_url known. Its start-up
+        # ran beside this process's own; a TensorBoard that says nothing is not waited for long.
+        _tensorboard.wait(TENSORBOARD_WAIT)
+    link.send(ChildMsg.READY, {"feed_port": feed.port})
+
+    start = _wait_for(inbox, arrived, ChildMsg.START)[1]
+    os.environ["TF_CONFIG"] = _json(start["tf_config"])
+    from duotf.context import check_feeds_answered, node_context
+
+    os.makedirs(job["working_dir"], exist_ok=True)
+    os.chdir(job["working_dir"])
+    ctx = node_context(
+        node_id=job["node_id"],
+        job_name=start["job"],
+        task_index=start["index"],
+        tf_config=start["tf_config"],
+        working_dir=job["working_dir"],
+        log_dir=job.get("log_dir", ""),
+        default_fs=job["default_fs"],
+        protocol=job["protocol"],
+        host=start["host"],
+        port=start["port"],
+        job_id=job["job_id"],
+        executor_id=job.get("executor_id", ""),
+        gpus=job.get("gpus") or [],
+        notify=lambda what: _notify(link, what),
+        feed_server=feed,
+        reporter=reporter,
+        attempt=job.get("attempt", 0),
+        resume_epoch=job.get("resume_epoch", 0),
+        checkpoint_dir=job.get("checkpoint_dir", ""),
+        checkpoint=job.get("checkpoint"),
+        on_checkpoint=lambda info: link.send(ChildMsg.CHECKPOINT, info),
+    )
+    if start["job"] == "ps":
+        ctx.serve()  # a ps node only serves, until it is stopped
+        return 0
+    link.send(ChildMsg.RUNNING)
+    try:
+        try:
+            value = user_main(user_args, ctx)
+            check_feeds_answered(ctx)
+        finally:
+            # what main reported goes before how it ended (its agent reads the pipe at once)
+            reporter.flush(_REPORT_GRACE)
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            link.send(ChildMsg.ERROR, _error_info(exc))
+            return 1
+        value = None
+    except BaseException as exc:
+        link.send(ChildMsg.ERROR, _error_info(exc))
+        return 1
+    try:
+        import cloudpickle
+
+        payload = cloudpickle.dumps(value)
+    except BaseException as exc:
+        link.send(ChildMsg.ERROR, _error_info(exc, kind="result"))
+        return 1
+    link.send(ChildMsg.RESULT, payload)
+    # Stay up (and so keep this node's TF server up) until every node's main has returned, for
+    # as long as that takes: a peer may still be receiving this node's part of the last
+    # collective. Should the agent go away instead, the reader thread ends this process.
+    _wait_for(inbox, arrived, ChildMsg.RELEASE)
+    return 0
+
+
+#: the TensorBoard this node process started (duotf.run(..., tensorboard=True)), if any
+_tensorboard = None
+#: seconds a node waits for its TensorBoard to serve before it says it is ready without it
+TENSORBOARD_WAIT = 60.0
+#: seconds main's last reports are given to reach the agent before its end is said
+_REPORT_GRACE = 5.0
+
+
+def _json(obj) -> str:
+    import json
+
+    return json.dumps(obj)
+
+
+if __name__ == "__main__":
+    import atexit
+
+    try:
+        code = main(sys.argv)
+    except SystemExit:  # stopped (SIGTERM) before main ran, e.g. while a ps imported TF
+        code = 1
+    # Run the user's atexit handlers (summary writers, ...), then skip the interpreter teardown:
+    # TF's thread pools can take seconds to wind down and nothing is left to save.
+    atexit._run_exitfuncs()
+    if _tensorboard is not None:  # after the user's writers flushed
+        _tensorboard.stop()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # the pipe to a lost agent
+            pass
+    os._exit(code)

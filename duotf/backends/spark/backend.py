@@ -1,0 +1,258 @@
+"""The Spark backend: nodes run as the tasks of one barrier stage (all start, or none).
+
+One node takes one task slot (``spark.task.cpus`` cores) for its whole life. On a standalone or
+YARN cluster whose executors have exactly one slot (``spark.executor.cores`` equal to
+``spark.task.cpus``) that is one node per executor; in ``local[N]`` mode N nodes share the one
+executor, each in a process and a working directory of its own.
+
+With ``ClusterSpec(gpus_per_node=k)`` the barrier stage carries a stage-level resource profile
+(task resources only: ``spark.task.cpus`` cores and ``k`` ``gpu``), so Spark gives each node
+task ``k`` GPUs of its executor, and only the node tasks: feeding tasks take none. The executors
+must have GPUs (``spark.executor.resource.gpu.amount`` and a discovery script); the task's
+addresses become the node's ``CUDA_VISIBLE_DEVICES`` (:mod:`duotf._node.gpus`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import List, Tuple
+
+from duotf.errors import BackendError, ConfigError, InsufficientSlotsError
+from duotf._node.agent import NodeOutcome
+from duotf._verbosity import quiet_known_notices
+from duotf.backends.base import Backend, EngineJob, NodeFunction, ThreadJob, work_name
+
+logger = logging.getLogger(__name__)
+
+
+def _barrier_task(fn: NodeFunction, gpus: int = 0):
+    def task(_partition):
+        from pyspark import BarrierTaskContext
+
+        tc = BarrierTaskContext.get()
+        executor = f"{socket.gethostname()}:{os.getppid()}"
+        if gpus:
+            addresses = list(tc.resources()["gpu"].addresses)
+            yield fn(tc.partitionId(), executor, tc.attemptNumber(), gpus=addresses)
+        else:
+            yield fn(tc.partitionId(), executor, tc.attemptNumber())
+
+    return task
+
+
+#: what a Spark application needs for nodes with GPUs, as the errors say it
+_GPU_SETTINGS = (
+    "spark.executor.resource.gpu.amount=<GPUs per executor> and "
+    "spark.executor.resource.gpu.discoveryScript=<a script that prints "
+    '{"name": "gpu", "addresses": ["0", ...]}> (on a standalone cluster the workers declare '
+    "theirs with spark.worker.resource.gpu.amount and spark.worker.resource.gpu.discoveryScript). "
+    "duotf asks for each node task's GPUs itself (a stage-level resource profile): "
+    "spark.task.resource.gpu.amount may stay unset, and feeding tasks then take no GPU"
+)
+
+
+class SparkBackend(Backend):
+    """Run nodes on the executors of a SparkSession or SparkContext.
+
+    Parameters
+    ----------
+    spark:
+        A ``SparkSession`` or ``SparkContext``.
+    slot_wait:
+        Seconds to wait for executors still registering before giving up on capacity (a
+        fresh ``spark-submit`` application's executors take seconds to start; the wait ends as
+        soon as there are slots enough, and local mode never waits).
+    """
+
+    name = "spark"
+
+    @classmethod
+    def accepts(cls, obj) -> bool:
+        """A ``pyspark`` SparkSession or SparkContext."""
+        return type(obj).__module__.startswith("pyspark") and (
+            hasattr(obj, "sparkContext") or hasattr(obj, "parallelize"))
+
+    def __init__(self, spark, slot_wait: float = 30.0):
+        self.sc = getattr(spark, "sparkContext", spark)
+        self.slot_wait = slot_wait
+        self._created_session = None
+        self._profiles: dict = {}  # GPUs per node -> its resource profile (one per k, reused)
+        quiet_known_notices()  # pyspark's pandas notice on every DataFrame feed (duotf._verbosity)
+
+    def __repr__(self) -> str:
+        return f"SparkBackend(master={self.sc.master!r})"
+
+    @classmethod
+    def from_name(cls) -> "SparkBackend":
+        from pyspark.sql import SparkSession
+
+        existed = SparkSession.getActiveSession() is not None
+        session = SparkSession.builder.appName("duotf").getOrCreate()
+        backend = cls(session)
+        if not existed:
+            backend._created_session = session
+        return backend
+
+    def close(self) -> None:
+        if self._created_session is not None:
+            self._created_session.stop()
+            self._created_session = None
+
+    @property
+    def _local(self) -> bool:
+        return self.sc.master.startswith("local")
+
+    def _conf(self, key: str, default: str = "") -> str:
+        return self.sc.getConf().get(key, default)
+
+    def slots(self) -> int:
+        jsc = self.sc._jsc.sc()
+        try:
+            profile = jsc.resourceProfileManager().defaultResourceProfile()
+            return int(jsc.maxNumConcurrentTasks(profile))
+        except Exception:  # an older/newer Spark without this internal API
+            logger.debug("maxNumConcurrentTasks unavailable; using defaultParallelism", exc_info=True)
+            return self.sc.defaultParallelism // max(int(self._conf("spark.task.cpus", "1")), 1)
+
+    def capacity_hint(self) -> str:
+        if self._local:
+            return "Run with master local[N] where N is at least the number of nodes."
+        return (
+            "Each node holds one task slot for its whole life: start more executors "
+            "(spark.executor.instances / more workers), or more cores per executor "
+            "(spark.executor.cores), or fewer nodes."
+        )
+
+    def check_capacity(self, nodes: int) -> None:
+        if self._conf("spark.dynamicAllocation.enabled", "false").lower() == "true":
+            raise BackendError(
+                "duotf runs nodes as a barrier stage, which needs a fixed set of executors: set "
+                "spark.dynamicAllocation.enabled=false (and spark.executor.instances)."
+            )
+        deadline = time.monotonic() + (0 if self._local else self.slot_wait)
+        while True:
+            available = self.slots()
+            if available >= nodes or time.monotonic() >= deadline:
+                break
+            time.sleep(0.25)  # executors still registering with the driver
+        if available < nodes:
+            raise InsufficientSlotsError(
+                f"the cluster needs {nodes} nodes running at once but Spark ({self.sc.master}) has "
+                f"{available} free task slots. {self.capacity_hint()}",
+                needed=nodes, available=available, backend=self.name,
+            )
+
+    def check_gpus(self, nodes: int, per_node: int) -> int:
+        asked = f"ClusterSpec(gpus_per_node={per_node}) asks for GPUs"
+        if self._local:
+            raise ConfigError(
+                f"{asked}, but Spark in local mode ({self.sc.master}) schedules no GPUs for its "
+                "tasks: run on a standalone, YARN or Kubernetes cluster whose executors have "
+                f"GPUs ({_GPU_SETTINGS}), or set gpus_per_node=0.")
+        amount = self._conf("spark.executor.resource.gpu.amount")
+        try:
+            per_executor = int(float(amount or 0))
+        except ValueError:
+            per_executor = 0
+        if per_executor <= 0:
+            raise ConfigError(
+                f"{asked}, but this Spark application's executors have no GPUs "
+                f"(spark.executor.resource.gpu.amount is {amount or 'unset'}): start the "
+                f"session with {_GPU_SETTINGS}; or set gpus_per_node=0.")
+        if per_executor < per_node:
+            raise ConfigError(
+                f"{asked}, but each executor has spark.executor.resource.gpu.amount={amount}: a "
+                "node's GPUs are those of its executor. Raise the executors' amount (and the "
+                "workers' GPUs) or lower gpus_per_node.")
+        executors = self._executors()
+        fit = executors * (per_executor // per_node)
+        if fit < nodes:
+            raise InsufficientSlotsError(
+                f"the cluster needs {nodes} nodes of {per_node} GPUs each but Spark "
+                f"({self.sc.master}) has {executors} executors of {per_executor} GPUs: room for "
+                f"{fit}. Start more executors with GPUs, or ask for fewer nodes or GPUs per node.",
+                needed=nodes, available=fit, backend=self.name)
+        return fit
+
+    def _executors(self) -> int:
+        """Executors registered now (the driver, which the status tracker lists too, is not)."""
+        return max(len(self.sc._jsc.sc().statusTracker().getExecutorInfos()) - 1, 0)
+
+    def _gpu_profile(self, per_node: int):
+        """Task resources of a node: its cores and ``per_node`` GPUs of its executor."""
+        from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+        if per_node not in self._profiles:
+            requests = TaskResourceRequests().cpus(max(int(self._conf("spark.task.cpus", "1")), 1))
+            requests.resource("gpu", float(per_node))
+            self._profiles[per_node] = ResourceProfileBuilder().require(requests).build
+        return self._profiles[per_node]
+
+    def engine_checks(self, nodes: int) -> List[Tuple[str, str, str, str]]:
+        import pyspark
+
+        rows = []
+        try:
+            java = str(self.sc._jvm.java.lang.System.getProperty("java.version"))
+        except Exception as exc:  # a gateway that does not answer
+            java = f"unknown ({exc})"
+        needed = 17 if int(pyspark.__version__.split(".")[0]) >= 4 else 8
+        major = java.split(".")[0] if not java.startswith("1.") else java.split(".")[1]
+        ok = major.isdigit() and int(major) >= needed
+        rows.append(("java", "OK" if ok else "FAIL", f"the driver's JVM runs Java {java}",
+                     f"pyspark {pyspark.__version__} needs Java {needed} or later (JAVA_HOME)"))
+        slots = self.slots()
+        if slots <= nodes:
+            rows.append(("feed slots", "WARN", f"{slots} task slots for {nodes} nodes: none left "
+                         "for the tasks of train() and inference()",
+                         "give each executor one core more than its nodes use, or "
+                         "local[N] with N > nodes, if you feed through the engine"))
+        return rows
+
+    def start_nodes(self, fn: NodeFunction, n: int, job_id: str,
+                    gpus_per_node: int = 0, names=None) -> EngineJob:
+        # The job group is the job's id, and its description what the Spark UI shows for it
+        # (feeding jobs: "duotf <job id>: feed epoch 3/10", see SparkFeed).
+        group = f"duotf-{job_id}"
+        description = work_name(job_id, f"nodes ({', '.join(names or map(str, range(n)))})")
+        sc = self.sc
+        profile = self._gpu_profile(gpus_per_node) if gpus_per_node else None
+
+        def call() -> List[NodeOutcome]:
+            sc.setJobGroup(group, description, interruptOnCancel=True)
+            try:
+                rdd = sc.parallelize(range(n), n).barrier().mapPartitions(
+                    _barrier_task(fn, gpus_per_node))
+                if profile is not None:
+                    rdd = rdd.withResources(profile)
+                return sorted(rdd.collect(), key=lambda o: o.node_id)
+            finally:
+                sc.setLocalProperty("spark.jobGroup.id", None)
+
+        return ThreadJob(call, cancel=lambda: sc.cancelJobGroup(group), name="spark")
+
+    def feed_hint(self) -> str:
+        return "pass a Spark DataFrame or RDD."
+
+    def feed_adapter(self, data, nodes: int):
+        from duotf.backends.spark.feed import SparkFeed
+
+        if not SparkFeed.accepts(data):
+            return super().feed_adapter(data, nodes)
+        return SparkFeed(self, data)
+
+    def driver_host(self) -> str:
+        host = self._conf("spark.driver.host") or socket.gethostname()
+        try:
+            return socket.gethostbyname(host)
+        except OSError:
+            return host
+
+    def default_fs(self) -> str:
+        try:
+            return self.sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file://"
+        except Exception:
+            return "file://"

@@ -1,0 +1,26 @@
+"""duotf's Spark-facing names: feed acceleration for Spark DataFrames, and scoring them with a
+saved model in Spark's own tasks; the Spark ML stages :class:`TFEstimator` and :class:`TFModel`.
+
+``import duotf.spark`` does not import pyspark; the functions do when called.
+"""
+
+from duotf.backends.spark.feed import CachedPartition, FeedCache, feed_cache, pack_tensors
+from duotf.spark._scoring import PredictUDF, predict, predict_udf
+from duotf.spark._stream import SparkStream, feed_stream
+from duotf._verbosity import quiet_known_notices
+
+quiet_known_notices()  # pyspark's pandas notice, raised by every pandas/Arrow function it runs
+
+
+def __getattr__(name):
+    # The ML stages subclass pyspark's classes: importing them imports pyspark.
+    if name in ("TFEstimator", "TFModel"):
+        import duotf.spark._ml as spark_ml
+
+        return getattr(spark_ml, name)
+    raise AttributeError(f"module 'duotf.spark' has no attribute {name!r}")
+
+
+# TFEstimator and TFModel are left out: ``import *`` would import pyspark with them.
+__all__ = ["feed_cache", "FeedCache", "CachedPartition", "pack_tensors", "predict_udf", "predict",
+           "PredictUDF", "feed_stream", "SparkStream"]

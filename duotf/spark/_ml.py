@@ -1,0 +1,525 @@
+"""Spark ML stages: :class:`TFEstimator` (a ``pyspark.ml.Estimator``) and :class:`TFModel`
+(its ``Model``), re-exported by :mod:`duotf.spark` (which imports this module, and pyspark,
+only when one of them is asked for).
+
+``TFEstimator.fit(df)`` checks the DataFrame's columns, then runs one duotf cluster on the
+DataFrame's own Spark session (:func:`duotf._ml.estimator.fit`) and returns a :class:`TFModel`
+holding the saved model's path and the training history. ``TFModel.transform(df)`` scores with
+:func:`duotf.spark.predict` (the model loaded once per Python worker and cached, Arrow batches).
+
+Both save and load (``MLWritable``/``MLReadable``): the plain parameters go to Spark ML's JSON
+metadata (``DefaultParamsWriter``), so a ``Pipeline`` or ``CrossValidator`` holding them saves
+and loads as any other; the functions (``modelFn``, ``trainFn``, ``trainArgs``) are pickled by
+value with cloudpickle into ``functions.pkl`` beside it, and a model's file is copied into
+the saved folder (``model/``), so the folder is whole by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Dict, List, Optional
+
+from pyspark import keyword_only
+from pyspark.ml import Estimator, Model
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+
+import duotf._ml.estimator as core
+from duotf._ml import scoring
+from duotf.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TFEstimator", "TFModel"]
+
+_NUMBERS = ("tinyint", "smallint", "int", "bigint", "float", "double", "boolean")
+_FUNCTIONS = ("modelFn", "trainFn", "trainArgs")  # pickled by value, not in the JSON metadata
+_FUNCTIONS_FILE = "functions.pkl"
+
+
+def _features(value):
+    return list(core.feature_names(value)) if not isinstance(value, str) else value
+
+
+def _labels(value):
+    return list(core.label_names(value)) if not isinstance(value, str) else value
+
+
+def _string_dict(value):
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a dict of str, got {value!r}")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def _any(value):
+    return value
+
+
+class _SharedParams(Params):
+    """The parameters both stages have."""
+
+    featuresCol = Param(Params._dummy(), "featuresCol", "feature column, or a list of them (one "
+                        "per model input): numbers, array<number>, ML vectors or packed tensors",
+                        typeConverter=_features)
+
+    def getFeaturesCol(self):
+        return self.getOrDefault(self.featuresCol)
+
+    def setFeaturesCol(self, value):
+        return self._set(featuresCol=value)
+
+
+class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
+    """A Spark ML ``Estimator`` training a TensorFlow model on a duotf cluster.
+
+    Give either ``modelFn``, a function of no arguments returning a compiled Keras model (duotf
+    writes the node program: the model built in a ``MultiWorkerMirroredStrategy`` scope, ``fit``
+    on the rows Spark feeds each worker, the chief saves ``model.keras``), or ``trainFn(args,
+    ctx)``, your own node program (TensorFlowOnSpark's ``TFEstimator`` style): it reads
+    ``ctx.get_data_feed()``, and its chief saves the model to ``args["modelPath"]`` (a
+    ``.keras`` file) or exports a SavedModel to ``args["exportDir"]``; ``args`` also holds
+    ``featuresCol``, ``labelCol``, ``epochs``, ``batchSize``, ``seed`` and your ``trainArgs``
+    as ``args["args"]``; its chief's return value, when a dict, is the model's history.
+
+    Parameters (the same names in :class:`duotf.dask.TFEstimator`): ``featuresCol`` (a column,
+    or a list of them, one per model input: numbers, ``array<number>``, ML vectors, packed tensor
+    columns), ``labelCol`` (a column, or a list of them, one per model output), ``predictionCol``,
+    ``argmaxCol``, ``outputCols`` (``{column: model output name}``: the fitted model's columns
+    for a model of several outputs), ``numWorkers``, ``numPs`` (``trainFn`` only),
+    ``epochs``, ``batchSize`` (the global batch: each worker's step takes ``batchSize /
+    numWorkers`` rows), ``modelDir`` (each fit saves into a new folder of it; by default the
+    driver's temp folder, which only a one-host cluster can share), ``env`` (environment of the
+    node processes), ``seed`` (the same seed and data give the same model on every engine),
+    ``verbose``.
+
+    ``fit(df)`` checks the columns before anything runs (a :class:`~duotf.ConfigError` names a
+    missing column, a wrong type, an array column whose rows differ in length, a null), then
+    books its task slots (the nodes hold one each, and feeding needs one more): slots that other
+    fits of this process hold are waited for (a ``CrossValidator`` with ``parallelism`` larger
+    than fits at once), too many for the engine are an :class:`~duotf.InsufficientSlotsError`
+    at once (see :mod:`duotf._ml.estimator`). :meth:`fitMultiple` (what ``CrossValidator`` and
+    ``TrainValidationSplit`` call) stops the other fits of a group when one fails.
+    """
+
+    modelFn = Param(Params._dummy(), "modelFn", "a function of no arguments returning a compiled "
+                    "Keras model", typeConverter=_any)
+    trainFn = Param(Params._dummy(), "trainFn", "a node program trainFn(args, ctx)", typeConverter=_any)
+    trainArgs = Param(Params._dummy(), "trainArgs", "what trainFn gets as args['args']",
+                      typeConverter=_any)
+    labelCol = Param(Params._dummy(), "labelCol", "label column, or a list of them (one per model "
+                     "output)", typeConverter=_labels)
+    predictionCol = Param(Params._dummy(), "predictionCol", "the fitted model's prediction column",
+                          typeConverter=TypeConverters.toString)
+    argmaxCol = Param(Params._dummy(), "argmaxCol", "the fitted model's column of the index of "
+                      "the largest output value (a double, as Spark ML classifiers predict)",
+                      typeConverter=TypeConverters.toString)
+    outputCols = Param(Params._dummy(), "outputCols", "{column: model output name}, for a model "
+                       "of several outputs", typeConverter=_string_dict)
+    numWorkers = Param(Params._dummy(), "numWorkers", "workers (MultiWorkerMirroredStrategy "
+                       "replicas)", typeConverter=TypeConverters.toInt)
+    numPs = Param(Params._dummy(), "numPs", "parameter servers (trainFn only)",
+                  typeConverter=TypeConverters.toInt)
+    epochs = Param(Params._dummy(), "epochs", "epochs", typeConverter=TypeConverters.toInt)
+    batchSize = Param(Params._dummy(), "batchSize", "global batch size", typeConverter=TypeConverters.toInt)
+    modelDir = Param(Params._dummy(), "modelDir", "folder each fit saves a new model folder in",
+                     typeConverter=TypeConverters.toString)
+    env = Param(Params._dummy(), "env", "environment variables of the node processes",
+                typeConverter=_string_dict)
+    seed = Param(Params._dummy(), "seed", "random seed of the nodes", typeConverter=TypeConverters.toInt)
+    verbose = Param(Params._dummy(), "verbose", "Keras fit verbosity", typeConverter=TypeConverters.toInt)
+
+    @keyword_only
+    def __init__(self, *, modelFn=None, trainFn=None, trainArgs=None, featuresCol="features",
+                 labelCol="label", predictionCol="prediction", argmaxCol=None, outputCols=None,
+                 numWorkers=1, numPs=0, epochs=1, batchSize=32, modelDir=None, env=None, seed=None,
+                 verbose=0):
+        super().__init__()
+        self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
+                         numWorkers=1, numPs=0, epochs=1, batchSize=32, verbose=0)
+        self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
+
+    @keyword_only
+    def setParams(self, *, modelFn=None, trainFn=None, trainArgs=None, featuresCol="features",
+                  labelCol="label", predictionCol="prediction", argmaxCol=None, outputCols=None,
+                  numWorkers=1, numPs=0, epochs=1, batchSize=32, modelDir=None, env=None,
+                  seed=None, verbose=0):
+        return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
+
+    def _value(self, name: str):
+        param = self.getParam(name)
+        return self.getOrDefault(param) if self.isDefined(param) else None
+
+    def config(self) -> core.FitConfig:
+        """The checked fit parameters (a :class:`~duotf.ConfigError` names a bad one)."""
+        return core.FitConfig.from_params({name: self._value(name) for name in core.FIT_PARAMS})
+
+    def _fit(self, dataset) -> "TFModel":
+        return self._fit_in(dataset)
+
+    def _fit_in(self, dataset, group: Optional[core.FitGroup] = None,
+                checks: Optional["_DataChecks"] = None) -> "TFModel":
+        from duotf.backends.spark.backend import SparkBackend
+
+        config = self.config()
+        data = prepare_columns(dataset, config.columns, config.features)
+        if checks is None:
+            check_rows(data, config)
+        else:
+            checks.check(data, config)
+        session = dataset.sparkSession
+        backend = SparkBackend(session)
+        result = core.fit(config, backend, id(backend.sc), data, feed_slots=1, group=group)
+        model = TFModel(featuresCol=self.getFeaturesCol(), predictionCol=self._value("predictionCol"),
+                        argmaxCol=self._value("argmaxCol"), outputCols=self._value("outputCols"),
+                        modelPath=result.modelPath)
+        model.history = result.history
+        model.results = result.results
+        model.fitSeconds = result.seconds
+        return model
+
+    def fitMultiple(self, dataset, paramMaps) -> "_FitGroupIterator":
+        """One model per param map of ``paramMaps``, as ``CrossValidator`` and
+        ``TrainValidationSplit`` ask (pyspark's contract: an iterator whose ``next()`` is
+        thread-safe, called from their thread pool, and gives ``(index, model)``).
+
+        The fits are one :class:`~duotf._ml.estimator.FitGroup`: when one fails, the fits not yet
+        started do not start, those waiting for slots stop waiting, the clusters of those
+        running are shut down at once, and every later ``next()`` raises that fit's error, each
+        only once nothing of the group runs any more. The data checks (columns, nulls, array
+        lengths: one Spark job) run once per set of columns, not once per param map.
+        """
+        return _FitGroupIterator(self.copy(), dataset, list(paramMaps))
+
+    def write(self) -> MLWriter:
+        return _Writer(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return _Reader(cls)
+
+
+class _FitGroupIterator:
+    """What :meth:`TFEstimator.fitMultiple` returns: thread-safe ``next()`` giving ``(index,
+    model)``; the fits share one :class:`~duotf._ml.estimator.FitGroup` and one
+    :class:`_DataChecks`."""
+
+    def __init__(self, estimator: TFEstimator, dataset, param_maps: list):
+        self.estimator = estimator
+        self.dataset = dataset
+        self.param_maps = param_maps
+        self.group = core.FitGroup()
+        self.checks = _DataChecks()
+        self._lock = threading.Lock()
+        self._counter = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with self._lock:
+            index = self._counter
+            if index >= len(self.param_maps):
+                raise StopIteration("No models remaining.")
+            self._counter += 1
+        group = self.group
+        try:
+            with group.member():
+                model = self.estimator.copy(self.param_maps[index])._fit_in(
+                    self.dataset, group, self.checks)
+        except BaseException as exc:
+            group.fail(exc)
+        if group.failed:  # this fit's error, or another's (then a model of this one is moot)
+            group.settle()
+            group.raise_error()
+        return index, model
+
+    next = __next__
+
+
+class _DataChecks:
+    """:func:`check_rows` once per set of fed columns of one DataFrame, for the fits of a
+    group (their param maps may change the columns, and numWorkers)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._rows: Dict[tuple, int] = {}
+
+    def check(self, data, config: core.FitConfig) -> None:
+        key = (tuple(config.columns), config.features)
+        with self._lock:  # the first fit checks; the others wait for it and reuse its count
+            if key not in self._rows:
+                self._rows[key] = column_checks(data)
+        enough_rows(self._rows[key], config)
+
+
+class TFModel(Model, _SharedParams, MLReadable, MLWritable):
+    """The fitted model of :class:`TFEstimator`: ``transform(df)`` adds ``predictionCol`` (the
+    model's output: a double for one value a row, ``array<float>`` for several), or one column
+    per model output named by ``outputCols`` (``{column: output name}``), and ``argmaxCol`` when
+    set (the index of the largest value of the output, a double, for Spark ML's
+    ``MulticlassClassificationEvaluator``). Scoring runs in Spark's Python workers, the model
+    loaded once per worker and cached (:func:`duotf.spark.predict`); feature columns that are ML
+    vectors are turned into arrays first.
+
+    ``history`` is the chief's Keras history (``{metric: [value per epoch]}``), ``modelPath``
+    the saved model (``to_local()`` loads it as a Keras model).
+    """
+
+    predictionCol = TFEstimator.predictionCol
+    argmaxCol = TFEstimator.argmaxCol
+    outputCols = TFEstimator.outputCols
+    modelPath = Param(Params._dummy(), "modelPath", "the saved model (.keras file or SavedModel "
+                      "folder)", typeConverter=TypeConverters.toString)
+    batchSize = Param(Params._dummy(), "batchSize", "rows per model call when scoring",
+                      typeConverter=TypeConverters.toInt)
+
+    @keyword_only
+    def __init__(self, *, featuresCol="features", predictionCol="prediction", argmaxCol=None,
+                 outputCols=None, modelPath=None, batchSize=scoring.DEFAULT_BATCH_SIZE):
+        super().__init__()
+        self._setDefault(featuresCol="features", predictionCol="prediction",
+                         batchSize=scoring.DEFAULT_BATCH_SIZE)
+        self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
+        self.history: Dict[str, List[float]] = {}
+        self.results: List[Any] = []
+        self.fitSeconds: Optional[float] = None
+
+    def copy(self, extra=None):
+        that = super().copy(extra)
+        that.history, that.results, that.fitSeconds = self.history, self.results, self.fitSeconds
+        return that
+
+    def _value(self, name: str):
+        param = self.getParam(name)
+        return self.getOrDefault(param) if self.isDefined(param) else None
+
+    def getModelPath(self) -> str:
+        return self._value("modelPath")
+
+    def to_local(self):
+        """The fitted Keras model, loaded in this process."""
+        import keras
+
+        return keras.saving.load_model(self._checked_path())
+
+    def _checked_path(self) -> str:
+        path = self._value("modelPath")
+        if path is None:
+            raise ConfigError("TFModel has no modelPath: set it to a saved model (.keras file or "
+                              "SavedModel folder)", param="modelPath")
+        scoring.model_source(path)  # a missing path is a ConfigError naming it
+        return path
+
+    def _transform(self, dataset):
+        from pyspark.sql import functions as F
+
+        path = self._checked_path()
+        names = list(core.feature_names(self.getFeaturesCol()))
+        renamed = {}
+        for name in names:
+            if name in dataset.columns and _is_vector(dataset.schema[name].dataType):
+                renamed[name] = f"__duotf_{name}"
+        df = dataset
+        for name, tmp in renamed.items():
+            from pyspark.ml.functions import vector_to_array
+
+            df = df.withColumn(tmp, vector_to_array(F.col(name), "float32"))
+        outputs = self._value("outputCols")
+        output = outputs if outputs else self._value("predictionCol")
+        argmax = self._value("argmaxCol")
+        if argmax is not None and argmax in df.columns:
+            raise ConfigError(f"argmaxCol {argmax!r} is already a column of the DataFrame: name "
+                              "it otherwise", param="argmaxCol")
+        out = _spark_predict(df, path, [renamed.get(n, n) for n in names], output,
+                             self.getOrDefault(self.batchSize))
+        if renamed:
+            out = out.drop(*renamed.values())
+        if argmax is not None:
+            source = output if isinstance(output, str) else next(iter(output))
+            col = F.col(source)
+            kind = out.schema[source].dataType.simpleString()
+            if not kind.startswith("array"):
+                raise ConfigError(f"argmaxCol={argmax!r}: the model's output {source!r} is one "
+                                  f"value a row ({kind}); argmaxCol needs an output of several "
+                                  "(a class's scores)", param="argmaxCol")
+            out = out.withColumn(argmax, (F.array_position(col, F.array_max(col)) - 1).cast("double"))
+        return out
+
+    def write(self) -> MLWriter:
+        return _Writer(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return _Reader(cls)
+
+
+def _spark_predict(df, path, columns, output, batch_size):
+    from duotf.spark._scoring import predict
+
+    return predict(df, path, columns=columns, output=output, batch_size=batch_size)
+
+
+# -- checks before a fit ---------------------------------------------------------------------------
+def _is_vector(data_type) -> bool:
+    return type(data_type).__name__ == "VectorUDT"
+
+
+def prepare_columns(df, columns: List[str], features) -> object:
+    """``df`` reduced to the fit's columns, ML vectors as ``array<float>``; a missing column or
+    one of a type the feed cannot take is a ConfigError naming it."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    from duotf._transport.columns import tensor_specs
+
+    tensors = tensor_specs(df.schema)
+    selected = []
+    for name in columns:
+        if name not in df.columns:
+            role = "feature" if name in features else "label"
+            raise ConfigError(f"{role} column {name!r} is not in the DataFrame (its columns are "
+                              f"{df.columns}): set {'featuresCol' if role == 'feature' else 'labelCol'}"
+                              " to a column that is", column=name)
+        dt = df.schema[name].dataType
+        if _is_vector(dt):
+            from pyspark.ml.functions import vector_to_array
+
+            selected.append(vector_to_array(F.col(name), "float32").alias(name))
+            continue
+        ok = (dt.simpleString() in _NUMBERS or name in tensors
+              or (isinstance(dt, T.ArrayType) and dt.elementType.simpleString() in _NUMBERS))
+        if not ok:
+            hint = ("pack it with duotf.spark.pack_tensors, or give an array<float> column"
+                    if isinstance(dt, T.BinaryType) else
+                    "give a number, array<number> or ML vector column (strings: index them first, "
+                    "e.g. pyspark.ml.feature.StringIndexer)")
+            raise ConfigError(f"column {name!r} is {dt.simpleString()}, which a model cannot take: "
+                              f"{hint}", column=name, type=dt.simpleString())
+        selected.append(F.col(name))
+    return df.select(*selected)
+
+
+def check_rows(df, config: core.FitConfig) -> None:
+    """One aggregation job over the fit's columns: enough rows, no nulls, and every array
+    column of one length; a ConfigError names the column otherwise."""
+    enough_rows(column_checks(df), config)
+
+
+def enough_rows(rows: int, config: core.FitConfig) -> None:
+    if rows < config.numWorkers:
+        raise ConfigError(f"the DataFrame has {rows} rows, fewer than numWorkers="
+                          f"{config.numWorkers}: every worker needs rows", rows=rows)
+
+
+def column_checks(df) -> int:
+    """One aggregation job over ``df``'s columns: no nulls, every array column of one length
+    (a ConfigError names the column otherwise); returns the number of rows."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    aggs = [F.count(F.lit(1)).alias("rows")]
+    arrays = [f.name for f in df.schema.fields if isinstance(f.dataType, T.ArrayType)]
+    for i, f in enumerate(df.schema.fields):
+        col = F.col(f"`{f.name}`")
+        null = col.isNull()
+        if f.name in arrays:
+            null = null | F.coalesce(F.exists(col, lambda x: x.isNull()), F.lit(False))
+        aggs.append(F.sum(null.cast("long")).alias(f"n{i}"))
+        if f.name in arrays:
+            aggs += [F.min(F.size(col)).alias(f"lo{i}"), F.max(F.size(col)).alias(f"hi{i}")]
+    row = df.agg(*aggs).collect()[0].asDict()
+    for i, f in enumerate(df.schema.fields):
+        if row[f"n{i}"]:
+            raise ConfigError(f"column {f.name!r} holds {row[f'n{i}']} null(s) (or arrays with "
+                              f"null values): fill or drop them first, e.g. df.dropna(subset="
+                              f"[{f.name!r}])", column=f.name, problem="null")
+        if f.name in arrays and row[f"lo{i}"] != row[f"hi{i}"]:
+            raise ConfigError(f"column {f.name!r} is ragged: its arrays hold from {row[f'lo{i}']} "
+                              f"to {row[f'hi{i}']} values, and a model input takes one length: "
+                              "pad or cut them to one length first", column=f.name, problem="ragged")
+    return row["rows"]
+
+
+# -- save and load ---------------------------------------------------------------------------------
+_MODEL_FOLDER = "model"
+
+
+class _Writer(MLWriter):
+    def __init__(self, instance):
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        import cloudpickle
+
+        from duotf.io.files import open_url
+
+        inst = self.instance
+        plain = {p.name: v for p, v in inst._paramMap.items()
+                 if p.name not in _FUNCTIONS and v is not None}
+        extra = {"duotf": 1}
+        if isinstance(inst, TFModel):
+            source = plain.pop("modelPath", None)
+            if source is not None:
+                name = source.rstrip("/").rsplit("/", 1)[-1]
+                extra.update(modelFile=name, history=inst.history, fitSeconds=inst.fitSeconds)
+        DefaultParamsWriter.saveMetadata(inst, path, self.sc, extraMetadata=extra, paramMap=plain)
+        if isinstance(inst, TFModel) and source is not None:
+            core.copy_model(source, path.rstrip("/") + f"/{_MODEL_FOLDER}/{name}")
+        functions = {p.name: v for p, v in inst._paramMap.items() if p.name in _FUNCTIONS}
+        if functions:
+            with open_url(path.rstrip("/") + "/" + _FUNCTIONS_FILE, "wb") as f:
+                f.write(cloudpickle.dumps(functions))
+
+
+class _Reader(MLReader):
+    def __init__(self, cls):
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str):
+        import pickle
+
+        from duotf.io.files import filesystem, open_url
+
+        metadata = DefaultParamsReader.loadMetadata(path, self.sc)
+        inst = self.cls()
+        inst._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(inst, metadata)
+        fs, fpath = filesystem(path.rstrip("/") + "/" + _FUNCTIONS_FILE)
+        if fs.exists(fpath):
+            with open_url(path.rstrip("/") + "/" + _FUNCTIONS_FILE) as f:
+                inst._set(**pickle.loads(f.read()))
+        if isinstance(inst, TFModel):
+            if metadata.get("modelFile"):
+                inst._set(modelPath=path.rstrip("/") + f"/{_MODEL_FOLDER}/{metadata['modelFile']}")
+            inst.history = metadata.get("history") or {}
+            inst.fitSeconds = metadata.get("fitSeconds")
+        return inst
+
+
+
+def _accessors(cls, names):
+    """Spark ML's ``setX``/``getX`` for every parameter (``est.setEpochs(3)``)."""
+    for name in names:
+        upper = name[0].upper() + name[1:]
+
+        def setter(self, value, _name=name):
+            return self._set(**{_name: value})
+
+        def getter(self, _name=name):
+            return self.getOrDefault(self.getParam(_name))
+
+        setter.__doc__, getter.__doc__ = f"Set {name}.", f"The value of {name}."
+        for prefix, fn in (("set", setter), ("get", getter)):
+            if not hasattr(cls, prefix + upper):
+                setattr(cls, prefix + upper, fn)
+
+
+_accessors(TFEstimator, ["modelFn", "trainFn", "trainArgs", "labelCol", "predictionCol", "argmaxCol",
+                         "outputCols", "numWorkers", "numPs", "epochs", "batchSize", "modelDir", "env", "seed",
+                         "verbose"])
+_accessors(TFModel, ["predictionCol", "argmaxCol", "outputCols", "batchSize"])
