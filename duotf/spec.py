@@ -3,23 +3,41 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Dict, List, Tuple
 
 from duotf.errors import ConfigError
 
-__all__ = ["ClusterSpec", "KNOWN_PROTOCOLS", "Role"]
+__all__ = ["ClusterSpec", "Job", "KNOWN_PROTOCOLS", "Role"]
 
 #: Protocols a ClusterSpec accepts. Whether the installed TensorFlow can serve one is checked on
 #: the nodes before any user code runs (stock TensorFlow 2.x serves only "grpc").
 KNOWN_PROTOCOLS = ("grpc", "grpc+verbs", "grpc+gdr", "grpc+mpi")
 
 
+class Job(str, enum.Enum):
+    """A TensorFlow job: the ``type`` of a task in ``TF_CONFIG``."""
+
+    CHIEF = "chief"
+    WORKER = "worker"
+    PS = "ps"
+    EVALUATOR = "evaluator"
+
+    # the plain name in str(), f-strings and JSON on every Python (3.11 and 3.12 differ on
+    # how a str-mixin enum formats)
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
 @dataclasses.dataclass(frozen=True)
 class Role:
     """One node's place in the TF cluster."""
 
-    job: str
+    job: Job
     index: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "job", Job(self.job))  # "worker" -> Job.WORKER; a typo fails
 
     def __str__(self) -> str:
         return f"{self.job}:{self.index}"
@@ -79,11 +97,11 @@ class ClusterSpec:
 
     def roles(self) -> List[Role]:
         """Roles in node-id order: chief, workers, ps, evaluator. Deterministic."""
-        roles = [Role("chief", 0)] if self.chief else []
-        roles += [Role("worker", i) for i in range(self.workers)]
-        roles += [Role("ps", i) for i in range(self.ps)]
+        roles = [Role(Job.CHIEF, 0)] if self.chief else []
+        roles += [Role(Job.WORKER, i) for i in range(self.workers)]
+        roles += [Role(Job.PS, i) for i in range(self.ps)]
         if self.evaluator:
-            roles.append(Role("evaluator", 0))
+            roles.append(Role(Job.EVALUATOR, 0))
         return roles
 
     def tf_cluster(self, addresses: List[str]) -> Dict[str, List[str]]:
@@ -95,7 +113,7 @@ class ClusterSpec:
             raise ValueError(f"expected {self.num_nodes} addresses, got {len(addresses)}")
         cluster: Dict[str, List[str]] = {}
         for role, address in zip(self.roles(), addresses):
-            if role.job != "evaluator":
+            if role.job is not Job.EVALUATOR:
                 cluster.setdefault(role.job, []).append(address)
         return cluster
 
