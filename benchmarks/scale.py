@@ -37,7 +37,7 @@ import duotf._driver.planner as planner  # noqa: E402
 from duotf._driver.api import check_run_arguments  # noqa: E402
 from duotf._driver.cluster import Cluster  # noqa: E402
 from duotf.spec import ClusterSpec  # noqa: E402
-from duotf._driver.supervisor import NodeState  # noqa: E402
+from duotf._driver.nodes import NodeState  # noqa: E402
 from duotf._verbosity import node_env  # noqa: E402
 
 GOAL_STARTED_S = 5.0

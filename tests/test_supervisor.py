@@ -10,7 +10,9 @@ import duotf
 from duotf._transport import rendezvous
 from duotf.backends.base import EngineJob
 from duotf._transport.rendezvous import Msg
-from duotf._driver.supervisor import ClusterStatus, NodeState, Supervisor
+from duotf._deadline import Deadline
+from duotf._driver.nodes import ClusterStatus, NodeState
+from duotf._driver.supervisor import Supervisor
 from tests.conftest import poll_for
 
 
@@ -133,7 +135,7 @@ def test_the_driver_kills_only_a_process_tagged_as_the_node(tmp_path):
     import subprocess
     import sys
 
-    from duotf._driver.supervisor import kill_node_process
+    from duotf._driver.nodes import kill_node_process
 
     def start(job, node):
         env = dict(os.environ, DUOTF_JOB_ID=job, DUOTF_NODE_ID=node)
@@ -157,7 +159,6 @@ def test_the_driver_kills_only_a_process_tagged_as_the_node(tmp_path):
 
 def test_reports_reach_the_metrics_and_a_slow_start_is_logged(caplog, monkeypatch):
     import logging
-    import time
 
     import duotf._driver.supervisor as supervisor_module
     from duotf._driver.metrics import NodeMetrics
@@ -184,7 +185,7 @@ def test_reports_reach_the_metrics_and_a_slow_start_is_logged(caplog, monkeypatc
         assert any("malformed report was ignored: 'junk'" in m for m in messages)
 
         with pytest.raises(duotf.ReservationTimeoutError):
-            sup.await_nodes(lambda s: s is not NodeState.PENDING, time.monotonic() + 0.6, "registered")
+            sup.await_nodes(lambda s: s is not NodeState.PENDING, Deadline.after(0.6), "registered")
         waits = [r for r in caplog.records if "waiting for" in r.getMessage()]
         assert len(waits) == 1 and waits[0].levelno == logging.INFO
         assert waits[0].getMessage().startswith(

@@ -6,7 +6,7 @@ import os
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from duotf.backends import resolve_backend
-from duotf._driver.cluster import Cluster
+from duotf._driver.cluster import Cluster, start
 from duotf.errors import ConfigError
 from duotf.spec import seconds
 from duotf.spec import ClusterSpec
@@ -78,8 +78,8 @@ def run(
     Parameters
     ----------
     main:
-        The node program. It runs in a process of its own on every chief, worker and evaluator
-        node, with ``TF_CONFIG`` set; ps nodes run a ``tf.distribute.Server`` instead.
+        The node program, run in a process of its own on every chief, worker and evaluator node
+        with ``TF_CONFIG`` set; ps nodes run a ``tf.distribute.Server`` instead.
     args:
         Passed to ``main`` as is (pickled with cloudpickle).
     backend:
@@ -88,109 +88,87 @@ def run(
         the embedded local backend.
     spec:
         The :class:`ClusterSpec`; default ``ClusterSpec(workers=1)``.
-    reservation_timeout:
-        Seconds for every node to register and be ready (env ``DUOTF_RESERVATION_TIMEOUT``,
-        default 120).
-    heartbeat_interval, heartbeat_timeout:
-        Seconds between heartbeats, and of silence after which a node counts as dead
-        (env ``DUOTF_HEARTBEAT_TIMEOUT``, defaults 1 and 30).
-    env:
-        Extra environment variables for the node processes.
-    default_fs:
-        The filesystem that ``ctx.absolute_path`` resolves against; default: Spark's
-        ``fs.defaultFS``, else ``file://``.
+    reservation_timeout, heartbeat_interval, heartbeat_timeout:
+        Seconds for every node to register and be ready, between heartbeats, and of silence
+        after which a node counts as dead (env ``DUOTF_RESERVATION_TIMEOUT``,
+        ``DUOTF_HEARTBEAT_INTERVAL``, ``DUOTF_HEARTBEAT_TIMEOUT``; defaults 120, 1 and 30).
+    env, default_fs:
+        Extra environment variables for the node processes, and
+        what ``ctx.absolute_path`` resolves against (default ``fs.defaultFS`` or ``file://``).
     driver_host:
         The driver's address as the executors reach it; default: the backend's own view.
     keep_workdir:
-        Keep each node's working directory (``ctx.working_dir``) after its process ends; by
-        default it is removed with the node. Save what matters under paths you choose.
+        Keep each node's ``ctx.working_dir`` after its process ends (default: removed).
     log_to_driver:
-        Whose stdout and stderr (C/C++ output and Python ``logging`` to a stream included) go
-        to the driver as they are written: ``True`` every node's, ``"chief"`` the chief's
-        (``worker:0`` without a chief), ``False`` none (it stays in the engine's task logs).
-        On the driver each line goes to the ``duotf.node`` logger at INFO as
-        ``[worker:1] line``, to a file per node (:meth:`Cluster.logs`), and into a failed
-        node's :class:`~duotf.errors.NodeFailedError`. TensorFlow's C++ INFO notes are hidden
-        on every node unless ``env={"TF_CPP_MIN_LOG_LEVEL": "0"}``.
+        Whose stdout and stderr (C/C++ output and ``logging`` included) go to the driver as
+        written: ``True`` every node's, ``"chief"`` the chief's (else ``worker:0``'s), ``False``
+        none (it stays in the task logs). Each line goes to the ``duotf.node`` logger at INFO as
+        ``[worker:1] line``, to a file per node (:meth:`Cluster.logs`), and into a failed node's
+        :class:`~duotf.errors.NodeFailedError`. TensorFlow's C++ INFO notes are hidden unless
+        ``env={"TF_CPP_MIN_LOG_LEVEL": "0"}``.
     log_dir:
-        Keep the nodes' output files in ``<log_dir>/<job id>/``; by default they go to a
-        temporary directory removed with the :class:`Cluster` object.
+        Keep the nodes' output files in ``<log_dir>/<job id>/``; by default in a temporary
+        directory removed with the :class:`Cluster` object.
     tensorboard:
-        Start TensorBoard beside the chief (or ``worker:0``), reading ``ctx.log_dir``, on a
-        free port of that host: :attr:`Cluster.tensorboard_url` gives its address. It stops
-        with the cluster. Needs the ``tensorboard`` package where the nodes run.
+        Start TensorBoard (the ``tensorboard`` package where the nodes run) beside the chief (or
+        ``worker:0``), reading ``ctx.log_dir``, until shutdown: :attr:`Cluster.tensorboard_url`.
     tensorboard_dir:
-        Where the nodes' ``ctx.log_dir`` is: ``<tensorboard_dir>/<job id>``, a path every node
-        can write (made absolute here) or a URL TensorFlow writes (``hdfs://``, ``gs://``), and
-        kept. By default a directory of the job's under each node host's temp directory,
-        removed with the nodes (TensorBoard shows what the chief's host holds).
+        Where ``ctx.log_dir`` is: ``<tensorboard_dir>/<job id>``, a path every node can write
+        (made absolute here) or a URL (``hdfs://``, ``gs://``), kept. By default a directory
+        under each node host's temp directory, removed with the nodes.
     progress:
-        The progress bars of :meth:`Cluster.train` (one per epoch: rows fed of the epoch's
-        rows, rows/s, the latest values of ``ctx.report``) and :meth:`Cluster.inference`
-        (tqdm; ``tqdm.auto`` in Jupyter): ``None`` (default) shows them when stderr is a
-        terminal or in a notebook, ``True`` always (on stderr), ``False`` never, and a
-        file-like object writes them there.
+        The tqdm bars of :meth:`Cluster.train` (per epoch: rows fed, rows/s, the latest
+        ``ctx.report`` values) and :meth:`Cluster.inference`: ``None`` shows them on a terminal
+        or in a notebook, ``True`` always (stderr), ``False`` never; a file object gets them.
     verbose:
-        ``True`` shows what duotf hides by default, from now on in this process
-        (:func:`duotf.set_verbose`): the nodes' TensorFlow C++ INFO notes
-        (``TF_CPP_MIN_LOG_LEVEL=0`` unless ``env`` sets it), the engines' known notices (pyspark's
-        pandas-version FutureWarning), and duotf's own log records at INFO on stderr where no
-        logging handler of yours shows them. ``False`` leaves the setting as it is.
+        ``True`` shows from now on what duotf hides (:func:`duotf.set_verbose`): the nodes'
+        TensorFlow C++ INFO notes, the engines' known notices, duotf's INFO records on stderr.
     max_restarts:
-        How many times the cluster is restarted after a node fails (as Ray Train's
-        ``FailureConfig(max_failures=...)``): every node is stopped, the gang starts again
-        (a new engine job, new ports and ``TF_CONFIG``; lost executors or workers are waited
-        for up to ``reservation_timeout``), ``main`` runs again with ``ctx.attempt`` set, and
-        a :meth:`Cluster.train` in progress feeds the restarted nodes from
-        ``ctx.resume_epoch`` on, the last epoch every node reported a checkpoint of
-        (``ctx.report_checkpoint``). ``cluster.restarts`` lists each restart. Default 0:
-        the first failure is raised.
+        How many times the whole cluster restarts after a node fails (Ray Train's
+        ``FailureConfig(max_failures=...)``): a new engine job, ports and ``TF_CONFIG`` (lost
+        executors or workers waited for up to ``reservation_timeout``), ``main`` runs again with
+        ``ctx.attempt`` set, a :meth:`Cluster.train` in progress feeds on from
+        ``ctx.resume_epoch`` (the last epoch every node reported by ``ctx.report_checkpoint``).
+        ``cluster.restarts`` lists them. Default 0: none.
     restart_on:
-        Which failures restart: causes among ``"killed"`` (a signal), ``"exited"`` (the node
-        process exited before main returned), ``"lost"`` (its engine task, executor or worker
-        went away), ``"hung"`` (no heartbeat for ``heartbeat_timeout``) and ``"exception"``
-        (main raised), and exception classes (or names) of main's to restart on. Default: all
-        but ``"exception"``, which is usually a bug that a restart would repeat.
+        Which failures restart: causes among ``"killed"`` (a signal), ``"exited"`` (before main
+        returned), ``"lost"`` (its task, executor or worker went away), ``"hung"`` (no heartbeat)
+        and ``"exception"`` (main raised), and main's exception classes (or names). Default:
+        all causes but ``"exception"``, usually a bug that a restart would repeat.
     checkpoint_dir:
-        Where ``ctx.checkpoint_dir`` is: ``<checkpoint_dir>/<job id>``, a path every node can
-        write (made absolute here) or a URL (``hdfs://``, ``s3://``), kept after shutdown.
-        By default a directory on the driver's host, removed at shutdown: enough where every
-        node runs on that host; a cluster of several hosts needs a shared location.
+        ``ctx.checkpoint_dir`` is ``<checkpoint_dir>/<job id>``, kept: a path (made absolute here)
+        or a URL every node can write. Default: on the driver's host, removed at shutdown.
 
     Returns
     -------
     Cluster
-        Call ``wait()`` for the values of ``main`` and ``shutdown()`` at the end, or use it as
-        a context manager.
+        ``wait()`` gives the values of ``main``; ``shutdown()`` ends it (or use it in ``with``).
     """
-    spec, (reservation_timeout, heartbeat_interval, heartbeat_timeout) = check_run_arguments(
-        main, spec, reservation_timeout, heartbeat_interval, heartbeat_timeout)
+    spec, timeouts = check_run_arguments(main, spec, reservation_timeout, heartbeat_interval,
+                                         heartbeat_timeout)
     if verbose:
         set_verbose(True)
-    env = node_env(env or {})
+    return _start(main, args, backend, spec, timeouts, node_env(env or {}), dict(
+        default_fs=default_fs, driver_host=driver_host, keep_workdir=keep_workdir,
+        log_to_driver=log_to_driver, log_dir=log_dir, tensorboard=tensorboard,
+        tensorboard_dir=tensorboard_dir, progress=progress, max_restarts=max_restarts,
+        restart_on=restart_on, checkpoint_dir=checkpoint_dir))
+
+
+def _start(main, args, backend, spec: ClusterSpec, timeouts: Tuple[float, float, float],
+           env: Dict[str, str], options: Dict[str, Any]) -> Cluster:
+    """Make the cluster on the backend ``backend`` names and start it; a backend made here is
+    closed again where the cluster cannot be made (a start that fails shuts the cluster down,
+    and with it such a backend)."""
+    reservation_timeout, heartbeat_interval, heartbeat_timeout = timeouts
     backend_obj, owns = resolve_backend(backend)
     try:
-        cluster = Cluster(
-            main, args, backend_obj, spec,
-            reservation_timeout=reservation_timeout,
-            heartbeat_interval=heartbeat_interval,
-            heartbeat_timeout=heartbeat_timeout,
-            env=env,
-            default_fs=default_fs,
-            driver_host=driver_host,
-            owns_backend=owns,
-            keep_workdir=keep_workdir,
-            log_to_driver=log_to_driver,
-            log_dir=log_dir,
-            tensorboard=tensorboard,
-            tensorboard_dir=tensorboard_dir,
-            progress=progress,
-            max_restarts=max_restarts,
-            restart_on=restart_on,
-            checkpoint_dir=checkpoint_dir,
-        )
+        cluster = Cluster(main, args, backend_obj, spec, reservation_timeout=reservation_timeout,
+                          heartbeat_interval=heartbeat_interval,
+                          heartbeat_timeout=heartbeat_timeout, env=env, owns_backend=owns,
+                          **options)
     except BaseException:
         if owns:
             backend_obj.close()
         raise
-    return cluster.start()  # a start that fails shuts the cluster down
+    return start(cluster)

@@ -1,7 +1,9 @@
 """The driver-side handle of a running TensorFlow cluster: start, wait, feed, shut down.
 
 Supervision (the node table, failures, the stop sequence) is :mod:`duotf._driver.supervisor`; feeding
-is planned by :mod:`duotf._driver.planner`. This module is the public face and the start sequence.
+is planned by :mod:`duotf._driver.planner`. This module is the public face and the start sequence:
+:func:`start` (what :func:`duotf.run` calls) and :func:`shutdown_quietly` (for a caller that
+already has an error of its own) are for duotf's own modules, not on :class:`Cluster`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import uuid
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from duotf._deadline import Deadline
 from duotf.errors import (ClusterClosedError, ConfigError, DuotfError, InsufficientSlotsError, NodesStoppedError, TensorBoardError)
 from duotf._driver.metrics import NodeMetrics
 from duotf._node.agent import NodeJob, OutcomeStatus, default_log_dir, default_workdir_root, run_node
@@ -23,11 +26,12 @@ from duotf._driver.progress import FeedProgress, check_progress
 from duotf._transport.rendezvous import Msg
 from duotf._driver.restarts import Restart, check_restart_on, failure_cause, restartable, resume_point
 from duotf.spec import ClusterSpec, seconds
-from duotf._driver.supervisor import TERMINAL, ClusterStatus, NodeInfo, NodeState, Supervisor
+from duotf._driver.nodes import TERMINAL, ClusterStatus, NodeInfo, NodeState
+from duotf._driver.supervisor import Supervisor
 
 logger = logging.getLogger("duotf.cluster")  # with the supervisor's and the metrics'
 
-__all__ = ["Cluster", "ClusterStatus", "NodeInfo", "NodeState"]
+__all__ = ["Cluster", "ClusterStatus", "NodeInfo", "NodeState", "start", "shutdown_quietly"]
 
 _live: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 
@@ -49,7 +53,7 @@ def _sweep() -> None:
     for cluster in list(_live):
         logger.warning("duotf: shutting down a cluster that was never shut down: %r", cluster)
         try:
-            cluster.shutdown(grace_secs=0, _raise=False)
+            shutdown_quietly(cluster)
         except Exception:  # best effort at interpreter exit
             logger.exception("duotf: atexit shutdown failed")
 
@@ -202,7 +206,7 @@ class Cluster:
         node_id = self._tensorboard_node
         if node_id is None or self._tensorboard_url is not None:
             return self._tensorboard_url
-        report = self.supervisor.tensorboard(node_id, time.monotonic() + TENSORBOARD_WAIT)
+        report = self.supervisor.tensorboard(node_id, Deadline.after(TENSORBOARD_WAIT))
         where = self.nodes[node_id].describe()
         if report is None:
             raise TensorBoardError(
@@ -267,32 +271,30 @@ class Cluster:
         )
 
     # -- start ----------------------------------------------------------------------------
-    def start(self) -> "Cluster":
-        """Reserve every node, hand each its TF_CONFIG, and return once every main runs
-        (:func:`duotf.run` calls it; a cluster starts once). A start that fails stops whatever
-        it started before it raises.
-        """
-        t0 = time.monotonic()
+    def _start_once(self) -> "Cluster":
+        """:func:`start`: the first attempt, restarted where a node fails while it starts."""
         sup = self.supervisor
         if sup.status is not ClusterStatus.STARTING or self.startup_seconds is not None:
             raise ClusterClosedError(f"{self!r} was started already")
         try:
             try:
-                return self._start(t0)
+                return self._start(Deadline.after(self.reservation_timeout))
             except DuotfError:
                 # a node that fails while the nodes start restarts the gang as later failures do
                 if self.supervisor.error is None or not self._restart():
                     raise
                 return self
         except BaseException:
-            self.shutdown(grace_secs=0, _raise=False)
+            self._shutdown(grace_secs=0)
             raise
 
-    def _start(self, t0: float) -> "Cluster":
+    def _start(self, deadline: Deadline) -> "Cluster":
+        """Start one attempt: every node ready and running by ``deadline`` (the attempt's
+        ``reservation_timeout``)."""
         sup = self.supervisor
         n = len(self.nodes)
         if self.attempt:
-            self._await_capacity(n, t0 + self.reservation_timeout)
+            self._await_capacity(n, deadline)
         else:
             self.backend.check_capacity(n)
             self._engine_slots = self.backend.slots() if self.max_restarts else n
@@ -339,7 +341,6 @@ class Cluster:
                                            names=names,
                                            **({"gpus_per_node": gpus} if gpus else {})))
 
-        deadline = t0 + self.reservation_timeout
         sup.await_nodes(lambda s: s is NodeState.READY or s in TERMINAL, deadline, "ready")
         tf_configs = self.spec.tf_configs([node.address for node in self.nodes])
         for node in self.nodes:
@@ -347,7 +348,7 @@ class Cluster:
                      job=node.role.job, index=node.role.index, host=node.host, port=node.port)
         sup.await_nodes(lambda s: s not in (NodeState.REGISTERED, NodeState.READY), deadline, "started")
         sup.mark_running()
-        self.startup_seconds = time.monotonic() - t0
+        self.startup_seconds = deadline.elapsed
         logger.info("duotf: %d nodes running after %.2f s", n, self.startup_seconds)
         return self
 
@@ -359,9 +360,9 @@ class Cluster:
         as every other node has returned. Raises the first node failure as a
         :class:`~duotf.errors.NodeError`, or ``TimeoutError`` after ``timeout`` seconds.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
         if timeout is not None:
             seconds(timeout, "timeout", zero=True)
+        deadline = Deadline.after(timeout)
         if self._stopped is not None:
             raise self._stopped
         live = (ClusterStatus.STARTING, ClusterStatus.RUNNING)
@@ -413,7 +414,7 @@ class Cluster:
             self._tensorboard_url = None
             self.supervisor = self._new_supervisor()
             try:
-                self._start(time.monotonic())
+                self._start(Deadline.after(self.reservation_timeout))
             except DuotfError:
                 self.restarts.append(record)
                 if self.supervisor.error is None:
@@ -422,7 +423,7 @@ class Cluster:
             self.restarts.append(dataclasses.replace(record, seconds=time.monotonic() - failed_at))
             return True
 
-    def _await_capacity(self, n: int, deadline: float) -> None:
+    def _await_capacity(self, n: int, deadline: Deadline) -> None:
         """Before a restart: wait for the executors or workers lost with the failed attempt
         to be replaced (the engine's slots back to what they were at the first start), up to
         :data:`REPLACEMENT_WAIT` seconds or ``deadline``; then restart on what there is, or
@@ -430,11 +431,11 @@ class Cluster:
         import threading
 
         pause = threading.Event()
-        bound = min(deadline, time.monotonic() + REPLACEMENT_WAIT)
+        bound = deadline.sooner(REPLACEMENT_WAIT)
         want = max(n, self._engine_slots)
         while True:
             available = self.backend.slots()
-            if available >= want or time.monotonic() >= bound:
+            if available >= want or bound.expired:
                 break
             pause.wait(0.25)
         if available < want:
@@ -566,7 +567,7 @@ class Cluster:
             self._results = values
         return list(self._results)
 
-    def shutdown(self, grace_secs: float = 60.0, *, _raise: bool = True) -> None:
+    def shutdown(self, grace_secs: float = 60.0) -> None:
         """Stop the cluster; idempotent.
 
         Waits up to ``grace_secs`` for every ``main`` to return (a chief still saving its model
@@ -574,8 +575,14 @@ class Cluster:
         thread and port. Raises :class:`~duotf.errors.NodesStoppedError` if a ``main`` had to be
         stopped, and a node failure that no earlier call raised.
         """
+        unraised = self._shutdown(grace_secs)
+        if unraised is not None:
+            raise unraised
+
+    def _shutdown(self, grace_secs: float) -> Optional[DuotfError]:
+        """:meth:`shutdown`, returning the error it would raise (None the second time)."""
         if self._closed:
-            return
+            return None
         seconds(grace_secs, "grace_secs", zero=True)
         self._closed = True
         sup = self.supervisor
@@ -601,12 +608,7 @@ class Cluster:
                 "call cluster.wait() first or raise grace_secs.",
                 stopped=names, grace_secs=grace_secs,
             )
-        if not _raise:
-            return
-        if unraised is not None:
-            raise unraised
-        if self._stopped is not None:
-            raise self._stopped
+        return unraised if unraised is not None else self._stopped
 
     def __enter__(self) -> "Cluster":
         return self
@@ -616,7 +618,21 @@ class Cluster:
             self.shutdown()
         else:
             # Something already went wrong in the caller: stop at once and keep their error.
-            self.shutdown(grace_secs=0, _raise=False)
+            self._shutdown(grace_secs=0)
+
+
+def start(cluster: Cluster) -> Cluster:
+    """Reserve every node of ``cluster``, hand each its TF_CONFIG, and return it once every
+    main runs (:func:`duotf.run` calls it; a cluster starts once). A start that fails stops
+    whatever it started before it raises."""
+    return cluster._start_once()
+
+
+def shutdown_quietly(cluster: Cluster, grace_secs: float = 0) -> None:
+    """:meth:`Cluster.shutdown` that raises no node failure nor
+    :class:`~duotf.errors.NodesStoppedError` (the atexit sweep, a caller that already has an
+    error of its own); default: no grace."""
+    cluster._shutdown(grace_secs)
 
 
 def _job_log_dir(tensorboard_dir, job_id: str, name: str = "tensorboard_dir") -> str:

@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
+from duotf._deadline import Deadline
 from duotf.errors import ConfigError, DuotfError, FeedError, cause_of
 from duotf._transport import wire
 from duotf._transport.columns import ragged_columns
@@ -195,7 +196,7 @@ def _failed(sup: Supervisor, what: str, feed: FeedJob, exc: BaseException, job=N
     first row (nothing else is coming)."""
     source_only = isinstance(exc, FeedError) and exc.cause is not None and not exc.rows
     if not source_only:
-        sup.wait_for(lambda: sup.feed_failure() is not None, time.monotonic() + _GRACE)
+        sup.wait_for(lambda: sup.feed_failure() is not None, Deadline.after(_GRACE))
     if sup.error is not None:
         try:
             sup.raise_if_failed()

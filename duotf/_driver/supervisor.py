@@ -7,141 +7,32 @@ condition with a deadline, never a fixed poll. ``benchmarks/scale.py`` measures 
 a thousand (simulated) nodes. What the rest of the driver needs from it (the
 cluster's start and shutdown, the feed planner, and later restarts and log streaming) is a
 documented method here; nobody else reads its fields.
+
+Its vocabulary (the node and cluster states, :class:`NodeInfo`) is :mod:`duotf._driver.nodes`,
+its heartbeat watchdog :mod:`duotf._driver.watchdog`, and the wording of a node's failure
+:mod:`duotf._driver.failures`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import logging
-import os
-import signal
 import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
+from duotf._deadline import Deadline
+from duotf._driver import failures
+from duotf._driver.nodes import (ENDED, LIVE, REPORTED, TERMINAL, ClusterStatus, FeedTarget, NodeInfo,
+                                 NodeState, kill_node_process)
+from duotf._driver.watchdog import Watchdog
 from duotf._transport import rendezvous
-from duotf.errors import (BackendError, ClusterClosedError, DuotfError, NodeFailedError, NodeUnresponsiveError, ReservationTimeoutError, UnsupportedProtocolError)
 from duotf._transport.rendezvous import Msg
-from duotf.spec import ClusterSpec, Role
+from duotf.errors import BackendError, ClusterClosedError, DuotfError
+from duotf.spec import ClusterSpec, Job
 
 logger = logging.getLogger("duotf.cluster")
 
-__all__ = ["ClusterStatus", "NodeState", "NodeInfo", "FeedTarget", "JobStopped", "Supervisor",
-           "TERMINAL", "ENDED", "kill_node_process"]
-
-
-class ClusterStatus(str, enum.Enum):
-    STARTING = "starting"
-    RUNNING = "running"
-    STOPPING = "stopping"  # shutdown is stopping the nodes: a connection closing is no failure
-    FINISHED = "finished"  # every node ended on its own (mains returned, servers stopped)
-    FAILED = "failed"
-    CLOSED = "closed"
-
-
-_LIVE = (ClusterStatus.STARTING, ClusterStatus.RUNNING)
-
-
-class NodeState(str, enum.Enum):
-    """A node's state as the driver sees it: ``pending -> registered -> ready -> running |
-    serving -> returned -> done``, or ``failed`` / ``stopped`` from any state."""
-
-    PENDING = "pending"
-    REGISTERED = "registered"
-    READY = "ready"
-    RUNNING = "running"
-    SERVING = "serving"
-    RETURNED = "returned"  # main returned; the process waits to be released with its peers
-    DONE = "done"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-
-#: states a node never leaves
-TERMINAL = frozenset({NodeState.DONE, NodeState.FAILED, NodeState.STOPPED})
-#: states in which a node's main has ended
-ENDED = TERMINAL | {NodeState.RETURNED}
-#: the node states that a node reports by a message of the same name
-_REPORTED = {Msg.READY: NodeState.READY, Msg.RUNNING: NodeState.RUNNING,
-             Msg.SERVING: NodeState.SERVING, Msg.RETURNED: NodeState.RETURNED,
-             Msg.DONE: NodeState.DONE, Msg.STOPPED: NodeState.STOPPED}
-
-
-@dataclasses.dataclass
-class NodeInfo:
-    """One node as the driver sees it (``cluster.nodes``)."""
-
-    node_id: int
-    role: Role
-    host: Optional[str] = None
-    port: Optional[int] = None
-    pid: Optional[int] = None
-    #: the process running the node's engine task (its agent): a Spark Python worker, a Dask
-    #: worker, the driver itself on the local backend
-    agent_pid: Optional[int] = None
-    executor_id: str = ""
-    #: the GPUs the engine holds for the node, as its CUDA_VISIBLE_DEVICES names them
-    gpus: Tuple[str, ...] = ()
-    feed_port: Optional[int] = None
-    feed_terminated: bool = False
-    feed_failure: Optional[dict] = None  # what the node's feed server reported (FEED_FAILED)
-    tensorboard: Optional[dict] = None  # its TensorBoard's report: {"url": ...} or {"error": why}
-    checkpoints: dict = dataclasses.field(default_factory=dict)  # ctx.report_checkpoint: {epoch: path}
-    state: NodeState = NodeState.PENDING
-    last_seen: float = 0.0
-    peer: Any = dataclasses.field(default=None, repr=False, compare=False)
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    @property
-    def is_server(self) -> bool:
-        """ps nodes serve from the start; other nodes once they called ``ctx.serve()``."""
-        return self.role.job == "ps" or self.state is NodeState.SERVING
-
-    def describe(self) -> str:
-        where = f" on {self.host}" if self.host else ""
-        pid = f", pid {self.pid}" if self.pid else ""
-        return f"{self.role}{where} (node {self.node_id}{pid})"
-
-
-@dataclasses.dataclass(frozen=True)
-class FeedTarget:
-    """A node that the engine feed sends rows to (a chief or worker), by feed rank."""
-
-    node_id: int
-    label: str
-    address: Tuple[str, int]
-
-
-def kill_node_process(pid: int, job_id: str, node_id: int) -> bool:
-    """SIGKILL the process group of node ``node_id`` of job ``job_id`` if ``pid``, on this
-    host, is that node's process: its environment carries the tags its agent gave it
-    (``DUOTF_JOB_ID``, ``DUOTF_NODE_ID``), so a pid reused by another process is left alone.
-    The pid is pinned by a pidfd while it is checked. True when the signal was sent."""
-    pidfd = None
-    try:
-        if hasattr(os, "pidfd_open"):
-            pidfd = os.pidfd_open(pid)  # from here the number cannot name another process
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
-        if (env.get(b"DUOTF_JOB_ID") != job_id.encode()
-                or env.get(b"DUOTF_NODE_ID") != str(node_id).encode()):
-            return False
-        if os.getpgid(pid) == pid:  # its own session, as the agent starts it
-            os.killpg(pid, signal.SIGKILL)
-        elif pidfd is not None:
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        else:
-            os.kill(pid, signal.SIGKILL)
-        return True
-    except OSError:  # gone already, another user's, or no /proc here
-        return False
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
+__all__ = ["JobStopped", "Supervisor", "WAIT_NOTE_AFTER"]
 
 
 def _tensorboard_report(node: NodeInfo, message: dict) -> dict:
@@ -155,12 +46,6 @@ def _tensorboard_report(node: NodeInfo, message: dict) -> dict:
     why = str(message.get("error") or f"an unusable report {message!r}")
     logger.warning("duotf: TensorBoard did not start beside %s: %s", node.describe(), why)
     return {"error": why}
-
-
-def _show_tail(tail: List[str]) -> str:
-    if not tail:
-        return ""
-    return f"\n\nLast {len(tail)} lines of its output:\n" + "\n".join(tail)
 
 
 #: seconds of waiting for the nodes at start after which the wait is logged
@@ -226,19 +111,18 @@ class Supervisor:
                                                   host=driver_host)
 
     # -- waiting ------------------------------------------------------------------------------
-    def wait_for(self, predicate: Callable[[], bool], deadline: Optional[float], *,
+    def wait_for(self, predicate: Callable[[], bool], deadline: Deadline, *,
                  failure_ends: bool = True) -> bool:
         """Wait until ``predicate()`` (called under the lock) is true or, with ``failure_ends``,
-        a failure was recorded: True; False at ``deadline`` (``time.monotonic()``; None waits
-        for ever)."""
+        a failure was recorded: True; False once ``deadline`` has expired
+        (``Deadline.never()`` waits for ever)."""
         with self._cond:
             while not predicate():
                 if failure_ends and self.error is not None:
                     return True
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
+                if deadline.expired:
                     return False
-                self._cond.wait(remaining)
+                self._cond.wait(deadline.remaining)
             return True
 
     def notify(self) -> None:
@@ -264,7 +148,7 @@ class Supervisor:
     def expect_failure(self, within: float) -> None:
         """Something the nodes take part in failed: give a node's own failure ``within`` seconds
         to arrive (over the rendezvous it takes milliseconds) and raise it if it does."""
-        self.wait_for(lambda: self.error is not None, time.monotonic() + within)
+        self.wait_for(lambda: self.error is not None, Deadline.after(within))
         if self.error is not None:
             self.raise_if_failed()
 
@@ -282,7 +166,8 @@ class Supervisor:
         """
         job.add_done_callback(self.notify)
         stopped = lambda: stop_if is not None and stop_if()  # noqa: E731
-        self.wait_for(lambda: job.done() or stopped() or self.status is ClusterStatus.CLOSED, None)
+        self.wait_for(lambda: job.done() or stopped() or self.status is ClusterStatus.CLOSED,
+                      Deadline.never())
         if self.error is not None or self.status is ClusterStatus.CLOSED:
             broken = job.exception() if job.done() else None
             job.cancel()
@@ -308,7 +193,7 @@ class Supervisor:
     # -- the nodes, for the feed ----------------------------------------------------------------
     def feed_targets(self) -> List[FeedTarget]:
         """The chief and workers, in feed rank order, with their feed addresses."""
-        targets = [n for n in self.nodes if n.role.job in ("chief", "worker")]
+        targets = [n for n in self.nodes if n.role.job in (Job.CHIEF, Job.WORKER)]
         missing = [n.describe() for n in targets if n.feed_port is None]
         if missing:
             raise ClusterClosedError(f"no feed port known for {', '.join(missing)}")
@@ -336,9 +221,9 @@ class Supervisor:
         node = self.nodes[node_id]
         return node.state in ENDED or node.feed_terminated
 
-    def tensorboard(self, node_id: int, deadline: float) -> Optional[dict]:
+    def tensorboard(self, node_id: int, deadline: Deadline) -> Optional[dict]:
         """What node ``node_id`` reported of the TensorBoard it started: ``{"url": ...}`` or
-        ``{"error": why}``; waits until ``deadline`` (``time.monotonic()``) for the report,
+        ``{"error": why}``; waits until ``deadline`` for the report,
         less when the cluster fails or closes; None when there is none by then."""
         node = self.nodes[node_id]
         self.wait_for(lambda: node.tensorboard is not None or self.status is ClusterStatus.CLOSED
@@ -411,14 +296,15 @@ class Supervisor:
                     if node.feed_failure is None:
                         node.feed_failure = {k: message.get(k) for k in
                                              ("why", "epoch", "partition", "seq", "rows")}
-                elif kind in _REPORTED:
+                elif kind in REPORTED:
                     if node.state not in TERMINAL:
-                        node.state = _REPORTED[kind]
+                        node.state = REPORTED[kind]
                     if kind is Msg.READY:
                         node.feed_port = message.get("feed_port")
                 elif kind is Msg.FAILED:
                     node.state = NodeState.FAILED
-                    failure = self._node_failure(node, message)
+                    failure = failures.node_failure(node, message, self.spec.protocol,
+                                                    self.output_tail(node.node_id))
             self._cond.notify_all()
         if failure is not None:
             self.fail(failure)
@@ -445,12 +331,8 @@ class Supervisor:
             peer.send({"type": Msg.REJECT, "reason": reason})
         except OSError:
             pass
-        if again and self.status in _LIVE:
-            return NodeFailedError(
-                f"{reason}. duotf never runs two copies of a node; the cluster was stopped.",
-                node_id=node.node_id, role=str(node.role), host=node.host, pid=node.pid,
-                exitcode=None, remote_type=None, remote_traceback=None, output_tail=[],
-            )
+        if again and self.status in LIVE:
+            return failures.registered_twice(node, reason)
         return None
 
     def _on_close(self, peer, exc) -> None:
@@ -460,57 +342,12 @@ class Supervisor:
         node = self.nodes[node_id]
         with self._cond:
             self._disconnected.add(node_id)
-            lost = node.state not in TERMINAL and self.status in _LIVE
+            lost = node.state not in TERMINAL and self.status in LIVE
             if lost:
                 node.state = NodeState.FAILED
             self._cond.notify_all()
         if lost:
-            tail = self.output_tail(node_id)
-            self.fail(NodeFailedError(
-                f"lost the connection to {node.describe()}: its engine task or executor died "
-                f"({exc}). Every other node was stopped." + _show_tail(tail),
-                node_id=node_id, role=str(node.role), host=node.host, pid=node.pid,
-                exitcode=None, remote_type=None, remote_traceback=None, output_tail=tail,
-            ))
-
-    def _node_failure(self, node: NodeInfo, message: dict) -> DuotfError:
-        kind = message.get("kind")
-        attrs = dict(node_id=node.node_id, role=str(node.role), host=node.host, pid=node.pid)
-        text = message.get("message", "")
-        if kind == "protocol":
-            version = message.get("tf_version", "?")
-            protocol = self.spec.protocol
-            return UnsupportedProtocolError(
-                f"protocol={protocol!r} is not available in TensorFlow {version} on "
-                f"{node.host} ({text}). No user code was run. Use protocol='grpc'; for RDMA between "
-                "GPUs use NCCL collectives with MultiWorkerMirroredStrategy(communication_options="
-                "tf.distribute.experimental.CommunicationOptions(implementation="
-                "tf.distribute.experimental.CommunicationImplementation.NCCL)), or install a "
-                f"TensorFlow build that registers the {protocol!r} server.",
-                protocol=protocol, tf_version=version, host=node.host,
-            )
-        if kind == "unresponsive":
-            return NodeUnresponsiveError(
-                f"{node.describe()} stopped responding: {text}. It was killed and every other "
-                "node was stopped; raise heartbeat_timeout=... if main blocks the interpreter "
-                "for longer.",
-                **attrs,
-            )
-        remote_tb = message.get("traceback")
-        remote_type = message.get("remote_type")
-        exitcode = message.get("exitcode")
-        if remote_tb:
-            summary = f"{remote_type}: {text}" if text else str(remote_type)
-            where = "main raised" if kind == "exception" else f"could not run ({kind})"
-            msg = f"{node.describe()} {where} {summary}\n\nRemote traceback:\n{remote_tb.rstrip()}"
-        else:
-            msg = f"{node.describe()} failed: {text}"
-        tail = self.output_tail(node.node_id)
-        return NodeFailedError(
-            msg + "\nEvery other node was stopped." + _show_tail(tail),
-            exitcode=exitcode, remote_type=remote_type, remote_traceback=remote_tb,
-            output_tail=tail, **attrs,
-        )
+            self.fail(failures.lost_connection(node, exc, self.output_tail(node_id)))
 
     def output_tail(self, node_id: int) -> List[str]:
         """The last lines of a node's output that reached the driver (none when it sends none)."""
@@ -551,74 +388,42 @@ class Supervisor:
         """Supervise the engine job running the nodes: its end, and every node's heartbeats."""
         self._gang = gang
         gang.add_done_callback(self.notify)
-        thread = threading.Thread(target=self._watch, name="duotf-monitor", daemon=True)
-        self._threads.append(thread)
-        thread.start()
+        watchdog = Watchdog(self._cond, self.nodes, lambda: self.status, gang, self.heartbeat_timeout,
+                            on_stale=self._give_up, on_job_failed=self._job_failed,
+                            on_job_ended=self._finish)
+        self._threads.append(watchdog.start())
 
-    def _watch(self) -> None:
-        unwatched = (NodeState.PENDING,) + tuple(TERMINAL)
-        due: Optional[float] = None  # no node can be stale before then (None: not known)
-        while True:
-            with self._cond:
-                if self.status not in _LIVE:
-                    return  # finished, failed (the stop sequence takes over), stopping or closed
-                # A snapshot: done() first, then its error, so that a job ending between two
-                # reads cannot pass for one that ended without its error.
-                done = self._gang.done()
-                gang_exc = self._gang.exception() if done else None
-                now = time.monotonic()
-                if not done and due is not None and now < due:
-                    # Woken by a change before the deadline: no node can be stale yet (a
-                    # heartbeat only moves a deadline later, and a node that registers now is
-                    # due later than every other), so the nodes need no look.
-                    self._cond.wait(due - now + 0.05)
-                    continue
-                watched = [x for x in self.nodes if x.state not in unwatched]
-                stale = [x for x in watched if now - x.last_seen > self.heartbeat_timeout]
-                if not done and not stale:
-                    # sleep until the next heartbeat deadline, or until something changes
-                    due = min((x.last_seen + self.heartbeat_timeout for x in watched), default=None)
-                    self._cond.wait(None if due is None else max(due - now, 0) + 0.05)
-                    continue
-            if stale:
-                node = stale[0]
-                with self._cond:
-                    node.state = NodeState.FAILED
-                    self._cond.notify_all()
-                self.fail(NodeUnresponsiveError(
-                    f"{node.describe()} sent no heartbeat for more than heartbeat_timeout="
-                    f"{self.heartbeat_timeout:g} s (its executor may be lost or stalled). "
-                    "Every other node was stopped.",
-                    node_id=node.node_id, role=str(node.role), host=node.host, pid=node.pid,
-                ))
-                # Given up: an agent that wakes up finds its connection closed and ends. Its
-                # node process ends itself when its agent falls silent; on this host the
-                # driver need not count on that (a node stuck in C code holding its
-                # interpreter runs no watchdog).
-                if node.peer is not None:
-                    node.peer.close()
-                if self.job_id and node.pid and node.host in ("127.0.0.1", self._driver_host):
-                    if kill_node_process(node.pid, self.job_id, node.node_id):
-                        logger.info("duotf: killed %s", node.describe())
-            elif gang_exc is not None:
-                # A node that died is usually why the engine job failed: its own error (over the
-                # rendezvous it takes milliseconds) says more than the engine's.
-                self.wait_for(lambda: False, time.monotonic() + 1.0)
-                err = BackendError(f"the {self.backend_name} job running the nodes failed: "
-                                   f"{type(gang_exc).__name__}: {gang_exc}")
-                err.__cause__ = gang_exc
-                self.fail(err)
-            else:
-                self._finish()
-            return
+    def _give_up(self, node: NodeInfo) -> None:
+        """The watchdog found ``node`` silent for ``heartbeat_timeout``: the cluster fails."""
+        with self._cond:
+            node.state = NodeState.FAILED
+            self._cond.notify_all()
+        self.fail(failures.unresponsive(node, self.heartbeat_timeout))
+        # Given up: an agent that wakes up finds its connection closed and ends. Its node
+        # process ends itself when its agent falls silent; on this host the driver need not
+        # count on that (a node stuck in C code holding its interpreter runs no watchdog).
+        if node.peer is not None:
+            node.peer.close()
+        if self.job_id and node.pid and node.host in ("127.0.0.1", self._driver_host):
+            if kill_node_process(node.pid, self.job_id, node.node_id):
+                logger.info("duotf: killed %s", node.describe())
+
+    def _job_failed(self, gang_exc: BaseException) -> None:
+        # A node that died is usually why the engine job failed: its own error (over the
+        # rendezvous it takes milliseconds) says more than the engine's.
+        self.wait_for(lambda: False, Deadline.after(1.0))
+        err = BackendError(f"the {self.backend_name} job running the nodes failed: "
+                           f"{type(gang_exc).__name__}: {gang_exc}")
+        err.__cause__ = gang_exc
+        self.fail(err)
 
     def _finish(self) -> None:
         # The agents report each node's end before their engine tasks return: give those
         # messages, already on their way, a moment to arrive.
-        self.wait_for(lambda: self.status not in _LIVE or all(x.state in TERMINAL for x in self.nodes),
-                      time.monotonic() + 5)
+        self.wait_for(lambda: self.status not in LIVE or all(x.state in TERMINAL for x in self.nodes),
+                      Deadline.after(5))
         with self._cond:
-            if self.status not in _LIVE:
+            if self.status not in LIVE:
                 return
             pending = [x.describe() for x in self.nodes if x.state not in TERMINAL]
             if not pending:
@@ -653,7 +458,7 @@ class Supervisor:
     def begin_shutdown(self, grace_secs: float) -> List[NodeInfo]:
         """Give every main up to ``grace_secs`` to return, then mark the cluster as stopping;
         return the nodes whose main had to be cut off."""
-        deadline = time.monotonic() + grace_secs
+        deadline = Deadline.after(grace_secs)
 
         def settled():
             return self.status is not ClusterStatus.RUNNING or all(
@@ -665,7 +470,7 @@ class Supervisor:
             if self.status is ClusterStatus.RUNNING:
                 cut_off = [x for x in self.nodes if x.state not in ENDED and not x.is_server
                            and x.state is not NodeState.PENDING]
-            if self.status in _LIVE:
+            if self.status in LIVE:
                 self.status = ClusterStatus.STOPPING
             self._cond.notify_all()
         return cut_off
@@ -691,7 +496,7 @@ class Supervisor:
         gang = self._gang
         if gang is not None:
             self.wait_for(lambda: gang.done() or (self.error is not None and self._agents_gone()),
-                          time.monotonic() + timeout + 5, failure_ends=False)
+                          Deadline.after(timeout + 5), failure_ends=False)
             given_up = not gang.done() and self.error is not None and self._agents_gone()
             if given_up:
                 # A failed cluster: tasks whose agents returned end within milliseconds, and
@@ -722,14 +527,14 @@ class Supervisor:
         return None
 
     # -- start --------------------------------------------------------------------------------
-    def await_nodes(self, reached: Callable[[NodeState], bool], deadline: float, what: str) -> None:
+    def await_nodes(self, reached: Callable[[NodeState], bool], deadline: Deadline, what: str) -> None:
         """Wait until every node's state is ``reached``; raise the cluster's failure, or at
         ``deadline`` a :class:`ReservationTimeoutError` that names the nodes missing."""
         def all_reached():
             return all(reached(x.state) for x in self.nodes)
 
-        arrived = self.wait_for(all_reached, min(deadline, time.monotonic() + WAIT_NOTE_AFTER))
-        if not arrived and time.monotonic() < deadline:
+        arrived = self.wait_for(all_reached, deadline.sooner(WAIT_NOTE_AFTER))
+        if not arrived and not deadline.expired:
             # Slots or registrations are slow (a busy engine, executors still starting): say
             # so once, then keep waiting until the deadline.
             with self._cond:
@@ -740,38 +545,13 @@ class Supervisor:
                    if pending else "every node registered; their processes are starting")
             logger.info("duotf: waiting for %d of %d nodes to be %s (%s); giving up %.0f s from "
                         "now (reservation_timeout=%g)", len(missing), len(self.nodes), what, why,
-                        max(deadline - time.monotonic(), 0), self.reservation_timeout)
+                        deadline.remaining, self.reservation_timeout)
             arrived = self.wait_for(all_reached, deadline)
         self.raise_if_failed()
         if not arrived:
-            self.fail(self._reservation_error(what))
+            self.fail(failures.reservation_error(self.nodes, what, self.reservation_timeout,
+                                                 self.backend_name, self.server.address))
             self.raise_if_failed()
-
-    def _reservation_error(self, what: str) -> ReservationTimeoutError:
-        timeout = self.reservation_timeout
-        expected = len(self.nodes)
-        registered = [x for x in self.nodes if x.state is not NodeState.PENDING]
-        missing = [x for x in self.nodes if x.state is NodeState.PENDING]
-        not_ready = [x for x in self.nodes if x.state is NodeState.REGISTERED]
-        lines = [
-            f"only {len(registered)}/{expected} nodes registered"
-            + (f" and {expected - len(not_ready) - len(missing)}/{expected} became {what}" if not missing else "")
-            + f" within reservation_timeout={timeout:g} s."
-        ]
-        if missing:
-            lines.append("Missing: " + ", ".join(x.describe() for x in missing) + ".")
-        if not_ready:
-            lines.append("Registered but not ready: " + ", ".join(x.describe() for x in not_ready) + ".")
-        host, port = self.server.address
-        lines.append(
-            f"Check that the {self.backend_name} backend can run {expected} tasks at once, that "
-            f"executors can reach the driver at {host}:{port} (driver_host=...), and raise "
-            "reservation_timeout=... if nodes are just slow to start."
-        )
-        return ReservationTimeoutError(
-            " ".join(lines), registered=len(registered), expected=expected,
-            missing=[x.node_id for x in missing + not_ready], timeout=timeout,
-        )
 
     def mark_running(self) -> None:
         with self._cond:

@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 import duotf
+from duotf._driver.cluster import shutdown_quietly
 from tests.conftest import QUIET_TF, poll_for
 from tests.suite import mains
 
@@ -127,5 +128,5 @@ def test_a_feeding_process_killed_mid_epoch_never_duplicates_rows(backend, engin
               f"{outcome.get('error') or outcome.get('report')}")
     finally:
         (tmp_path / "release").touch()
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)
         trainer.join(60)
