@@ -35,12 +35,15 @@ SHM_WANTED = 256 << 20
 
 
 class CheckStatus(str, enum.Enum):
+    """How a check went (a backend's ``engine_checks`` rows name it by its value)."""
+
     OK = "OK"
     WARN = "WARN"  # a job runs, but slower or more fragile than it could
     FAIL = "FAIL"  # a job would fail
 
-    def __str__(self) -> str:
-        return self.value
+    # the plain value in str(), f-strings and the report's table, on every Python
+    __str__ = str.__str__
+    __format__ = str.__format__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +90,7 @@ class DoctorReport:
         pad = " " * (width + 10)
         for c in self.checks:
             detail = c.detail.splitlines() or [""]
-            lines.append(f"{c.name.ljust(width)}  {str(c.status):6}  {detail[0]}")
+            lines.append(f"{c.name.ljust(width)}  {c.status:6}  {detail[0]}")
             lines += [pad + more for more in detail[1:]]
             if c.fix and c.status is not CheckStatus.OK:
                 lines.append(pad + "fix: " + c.fix)

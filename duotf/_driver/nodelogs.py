@@ -32,6 +32,7 @@ from typing import Dict, List, Optional, Sequence
 
 from duotf._node.output import BYTE_RATE, LINE_RATE
 from duotf.errors import ConfigError
+from duotf.spec import Job
 
 __all__ = ["NodeLogs", "log_node_ids", "TAIL_LINES"]
 
@@ -49,9 +50,8 @@ def log_node_ids(roles: Sequence, log_to_driver) -> frozenset:
     if log_to_driver is False:
         return frozenset()
     if log_to_driver == "chief":
-        jobs = [str(r) for r in roles]
-        chief = "chief:0" if "chief:0" in jobs else "worker:0"
-        return frozenset(i for i, name in enumerate(jobs) if name == chief)
+        chief = Job.CHIEF if any(r.job is Job.CHIEF for r in roles) else Job.WORKER
+        return frozenset(i for i, r in enumerate(roles) if r.job is chief and r.index == 0)
     raise ConfigError(f"log_to_driver={log_to_driver!r}: give True (every node's output), "
                       "'chief' (the chief's only) or False (none: it stays in the engine's task logs)")
 

@@ -5,8 +5,8 @@ times (as Ray Train's ``FailureConfig(max_failures=N)`` does); :class:`~duotf._d
 runs the restart. Here are the rules it follows, kept apart so they can be read (and tested)
 on their own:
 
-* :func:`failure_cause`: what kind of failure an error is (``"killed"``, ``"exited"``,
-  ``"lost"``, ``"hung"``, ``"exception"``), or None for a failure no restart can cure (a
+* :func:`failure_cause`: what kind of failure an error is (a :class:`Cause`: ``"killed"``,
+  ``"exited"``, ``"lost"``, ``"hung"``, ``"exception"``), or None for a failure no restart can cure (a
   protocol TensorFlow lacks, nodes that never registered, bad data);
 * :func:`resume_point`: from the checkpoints the nodes reported with
   ``ctx.report_checkpoint(epoch, path)``, the epoch every node can resume at, and the
@@ -16,18 +16,33 @@ on their own:
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Dict, FrozenSet, Iterable, Optional, Tuple
 
 from duotf.errors import BackendError, ConfigError, NodeFailedError, NodeUnresponsiveError
 
-__all__ = ["CAUSES", "DEFAULT_RESTART_ON", "Restart", "check_restart_on", "failure_cause",
+__all__ = ["CAUSES", "Cause", "DEFAULT_RESTART_ON", "Restart", "check_restart_on", "failure_cause",
            "resume_point"]
 
+class Cause(str, enum.Enum):
+    """What kind of failure a node's was (``restart_on`` names them by their values)."""
+
+    KILLED = "killed"  # a signal ended the node process
+    EXITED = "exited"  # the node process exited before main returned
+    LOST = "lost"  # its engine task, executor or worker went away (or the engine job failed)
+    HUNG = "hung"  # no heartbeat for heartbeat_timeout
+    EXCEPTION = "exception"  # main raised
+
+    # the plain value in str(), f-strings and log lines, on every Python
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
 #: every cause of a node failure, as :attr:`Restart.cause` names it
-CAUSES = ("killed", "exited", "lost", "hung", "exception")
+CAUSES = tuple(Cause)
 #: what restarts by default: a process or its host going away is bad luck; a Python exception
 #: raised by ``main`` is usually a bug, which a restart would only repeat
-DEFAULT_RESTART_ON: FrozenSet[str] = frozenset({"killed", "exited", "lost", "hung"})
+DEFAULT_RESTART_ON: FrozenSet[Cause] = frozenset({Cause.KILLED, Cause.EXITED, Cause.LOST, Cause.HUNG})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +50,7 @@ class Restart:
     """One failure that restarted the cluster (``cluster.restarts``)."""
 
     attempt: int  #: the attempt that failed (0: the first run)
-    cause: str  #: one of :data:`CAUSES`
+    cause: Cause  #: what kind of failure it was
     node: Optional[str]  #: the role of the node that failed first ("worker:1"), if one did
     error: str  #: the first line of the error a run without restarts would have raised
     failed_at: float  #: ``time.time()`` when the failure reached the driver
@@ -44,7 +59,7 @@ class Restart:
     seconds: Optional[float] = None
 
 
-def check_restart_on(restart_on) -> Tuple[FrozenSet[str], Tuple[str, ...]]:
+def check_restart_on(restart_on) -> Tuple[FrozenSet[Cause], Tuple[str, ...]]:
     """``restart_on`` as ``(causes, exception type names)``: an iterable of causes
     (:data:`CAUSES`) and exception classes or their names (a ``main`` that raised one of them
     restarts; matched by class name, as the node's error carries it)."""
@@ -61,7 +76,7 @@ def check_restart_on(restart_on) -> Tuple[FrozenSet[str], Tuple[str, ...]]:
         if isinstance(item, type) and issubclass(item, BaseException):
             names.append(item.__name__)
         elif isinstance(item, str) and item in CAUSES:
-            causes.add(item)
+            causes.add(Cause(item))
         elif isinstance(item, str) and item.isidentifier() and item[:1].isupper():
             names.append(item)
         else:
@@ -71,27 +86,29 @@ def check_restart_on(restart_on) -> Tuple[FrozenSet[str], Tuple[str, ...]]:
     return frozenset(causes), tuple(names)
 
 
-def failure_cause(error: BaseException) -> Optional[str]:
-    """The cause of a cluster's failure (:data:`CAUSES`), or None where a restart cannot help."""
+def failure_cause(error: BaseException) -> Optional[Cause]:
+    """The cause of a cluster's failure, or None where a restart cannot help."""
     if isinstance(error, NodeUnresponsiveError):
-        return "hung"
+        return Cause.HUNG
     if isinstance(error, NodeFailedError):
         if getattr(error, "remote_traceback", None) and getattr(error, "remote_type", None):
-            return "exception"
+            return Cause.EXCEPTION
         code = getattr(error, "exitcode", None)
         if isinstance(code, int):
-            return "killed" if code < 0 else "exited"
-        return "lost"  # its engine task, executor or worker went away with it
+            return Cause.KILLED if code < 0 else Cause.EXITED
+        return Cause.LOST  # its engine task, executor or worker went away with it
     if isinstance(error, BackendError):
-        return "lost"  # the engine job running the nodes failed
+        return Cause.LOST  # the engine job running the nodes failed
     return None
 
 
-def restartable(error: BaseException, causes: FrozenSet[str], names: Tuple[str, ...]) -> bool:
+def restartable(error: BaseException, causes: FrozenSet[Cause], names: Tuple[str, ...]) -> bool:
+    """Whether ``error`` restarts a cluster run with ``restart_on`` (as :func:`check_restart_on`
+    gives it: its causes and exception names)."""
     cause = failure_cause(error)
     if cause is None:
         return False
-    if cause == "exception" and names and getattr(error, "remote_type", None) in names:
+    if cause is Cause.EXCEPTION and names and getattr(error, "remote_type", None) in names:
         return True
     return cause in causes
 
