@@ -22,6 +22,7 @@ import time
 import uuid
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from duotf._deadline import Deadline
 from duotf.errors import ConfigError, DuotfError
 from duotf.spec import ClusterSpec, parse_address, seconds
 
@@ -249,13 +250,12 @@ class _Exchange:
             self.closed.update(i for i, (p, _) in self.registered.items() if p is peer)
             self.cond.notify_all()
 
-    def wait(self, predicate, deadline: float) -> bool:
+    def wait(self, predicate, deadline: Deadline) -> bool:
         with self.cond:
             while not predicate():
-                left = deadline - time.monotonic()
-                if left <= 0:
+                if deadline.expired:
                     return False
-                self.cond.wait(min(left, 1.0))
+                self.cond.wait(min(deadline.remaining, 1.0))
             return True
 
     def start(self) -> None:
@@ -315,13 +315,13 @@ class _Doctor:
                  "\n".join(bad + ([driver] if driver else [])) if bad else ok, fix)
 
     def run(self) -> DoctorReport:
-        t0 = time.monotonic()
+        deadline = Deadline.after(self.timeout)
         for name, status, detail, fix in self.backend.engine_checks(self.spec.num_nodes):
             self.add(name, CheckStatus(status), detail, fix)
         slots = self._slots()
         probes: List[dict] = []
         if slots:
-            probes = self._probe(slots, t0 + self.timeout)
+            probes = self._probe(slots, deadline)
         if probes:
             self._judge(probes)
         return DoctorReport(repr(self.backend), self.spec, self.checks, probes)
@@ -342,7 +342,7 @@ class _Doctor:
         return slots
 
     # -- the probes -----------------------------------------------------------------------------
-    def _probe(self, n: int, deadline: float) -> List[dict]:
+    def _probe(self, n: int, deadline: Deadline) -> List[dict]:
         from duotf._transport import rendezvous
         from duotf._node.probe import ProbeJob, run_probe
 
@@ -372,7 +372,7 @@ class _Doctor:
             exchange.start()
             exchange.wait(lambda: exchange.all_done() or engine_job.done(), deadline)
             exchange.stop()
-            engine_job.join(max(deadline - time.monotonic(), 0))
+            engine_job.join(deadline.remaining)
             if not engine_job.done():
                 engine_job.cancel()
                 self.add("probes", CheckStatus.FAIL,
