@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Callable, Dict, Optional
 
+from duotf._deadline import Deadline
 from duotf._node.output import TokenBucket
 from duotf.errors import ConfigError
 
@@ -133,13 +134,12 @@ class Reporter:
     def flush(self, timeout: float) -> bool:
         """Wait until every queued report went to the agent (main returned: its reports go
         before its result); True if they did within ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
+        deadline = Deadline.after(timeout)
         with self._cond:
             self._flushing = True  # a count of dropped reports goes even with no batch
             self._cond.notify_all()
             while self._queue or self._busy or (self._dropped and self._thread is not None):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if deadline.expired:
                     return False
-                self._cond.wait(remaining)
+                self._cond.wait(deadline.remaining)
         return True
