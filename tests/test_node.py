@@ -41,15 +41,6 @@ def _next_from_child(agent: node._Agent, kind: ChildMsg, timeout: float = 60) ->
 def test_a_node_whose_main_returned_waits_for_release_however_long(tmp_path):
     job = node_job(tmp_path, payload=cloudpickle.dumps((lambda args, ctx: 42, None)))
     agent = node._Agent(job, 0, "", 0)
-    to_child = agent._to_child
-
-    def with_a_short_release_timeout(*message):
-        if message[0] == ChildMsg.INIT:
-            # Once read by the node process (never sent): its main's return left it 300 s.
-            message[1]["release_timeout"] = 1.0
-        to_child(*message)
-
-    agent._to_child = with_a_short_release_timeout
     with node.reserve_port() as reservation:  # as run() does: the node process keeps it
         agent._spawn(reservation)
     try:

@@ -41,7 +41,7 @@ class ChildMsg(str, enum.Enum):
     another)."""
 
     # agent -> node process
-    INIT = "init"  # the job: payload, protocol, secret, heartbeat_interval, ...
+    INIT = "init"  # the job, a ChildJob: payload, protocol, secret, heartbeat_interval, ...
     START = "start"  # the driver's start message: this node's role and the cluster's TF_CONFIG
     RELEASE = "release"  # every main returned: a node whose main returned may exit
     PING = "ping"  # every heartbeat_interval: the agent lives; silence for heartbeat_timeout
@@ -61,6 +61,44 @@ class ChildMsg(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+class ChildExit(enum.IntEnum):
+    """The exit codes of a node process (:mod:`duotf._node.child`). Each but ``OK`` follows a
+    ``ChildMsg.ERROR`` that says why when there was a way to say it; the agent reports that
+    error rather than the code, which ``main`` may also use (``os._exit(3)``)."""
+
+    OK = 0  # main returned and the node was released, or a ps node's server was stopped
+    FAILED = 1  # main raised or exited non-zero, its result did not pickle, or its agent is gone
+    PROTOCOL = 3  # TensorFlow cannot serve the cluster's protocol
+    LOAD = 4  # the job (main and args) does not unpickle in the node process
+    GPUS = 5  # the engine's GPU addresses name no device this task sees
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildJob:
+    """What the agent tells its node process first (``ChildMsg.INIT``): the job, and this node's
+    part of it. Pickled over the pipe (a process to its own child)."""
+
+    payload: bytes  # cloudpickled (main, args): unpickled only by the node process
+    protocol: str
+    heartbeat_interval: float
+    heartbeat_timeout: float  # 0 or None: the node process keeps no watch on its agent
+    node_id: int
+    job_id: str
+    working_dir: str
+    default_fs: str
+    secret: bytes  # the job's: the node's feed server checks its feeders with it
+    executor_id: str = ""
+    output_captured: bool = False  # fd 1 is a pipe to the agent (see duotf._node.output)
+    gpus: List[str] = dataclasses.field(default_factory=list)  # CUDA_VISIBLE_DEVICES entries
+    gpu_error: Optional[str] = None  # why the engine's GPU addresses could not be used
+    log_dir: str = ""
+    tensorboard: bool = False  # this node process starts TensorBoard on ``log_dir``
+    attempt: int = 0
+    resume_epoch: int = 0
+    checkpoint_dir: str = ""
+    checkpoint: Optional[str] = None  # the checkpoint this node restores
 
 
 # What the node process says that the agent passes on to the driver as it is.
@@ -266,30 +304,27 @@ class _Agent:
             self.output = OutputRelay(out_r, self._send_output)
         self.child_tx = Connection(a_tx, readable=False, writable=True)
         workdir = node_workdir(job.workdir_root, self.node_id)
-        self._to_child(
-            ChildMsg.INIT,
-            {
-                "payload": job.payload,
-                "protocol": job.protocol,
-                "heartbeat_interval": job.heartbeat_interval,
-                "heartbeat_timeout": job.heartbeat_timeout,
-                "node_id": self.node_id,
-                "job_id": job.job_id,
-                "working_dir": workdir,
-                "default_fs": job.default_fs,
-                "executor_id": self.executor_id,
-                "secret": job.secret,
-                "output_captured": captured,
-                "gpus": self.gpus,
-                "gpu_error": gpu_error,
-                "log_dir": job.log_dir,
-                "tensorboard": self.node_id == job.tensorboard_node,
-                "attempt": job.restart,
-                "resume_epoch": job.resume_epoch,
-                "checkpoint_dir": job.checkpoint_dir,
-                "checkpoint": job.checkpoints.get(self.node_id),
-            },
-        )
+        self._to_child(ChildMsg.INIT, ChildJob(
+            payload=job.payload,
+            protocol=job.protocol,
+            heartbeat_interval=job.heartbeat_interval,
+            heartbeat_timeout=job.heartbeat_timeout,
+            node_id=self.node_id,
+            job_id=job.job_id,
+            working_dir=workdir,
+            default_fs=job.default_fs,
+            secret=job.secret,
+            executor_id=self.executor_id,
+            output_captured=captured,
+            gpus=self.gpus,
+            gpu_error=gpu_error,
+            log_dir=job.log_dir,
+            tensorboard=self.node_id == job.tensorboard_node,
+            attempt=job.restart,
+            resume_epoch=job.resume_epoch,
+            checkpoint_dir=job.checkpoint_dir,
+            checkpoint=job.checkpoints.get(self.node_id),
+        ))
         self.child_reader = self._thread(
             lambda: self._read_child(Connection(a_rx, readable=True, writable=False)), "child")
 

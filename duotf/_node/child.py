@@ -3,7 +3,8 @@
 Spawned by the agent (:mod:`duotf._node.agent`) with two pipes. Everything on them is pickled between
 the agent and its own child, never over a network socket. The process:
 
-1. receives the job (pickled ``main`` and ``args``) and heartbeats to the agent;
+1. receives the job (a :class:`duotf._node.agent.ChildJob`: pickled ``main`` and ``args``, and
+   this node's part) and heartbeats to the agent;
 2. checks that TensorFlow can serve the protocol, before any user code, and says "ready";
 3. waits for "start" (TF_CONFIG of the whole cluster), then runs ``main(args, ctx)`` - or, on a
    ps node, a ``tf.distribute.Server`` until stopped;
@@ -14,7 +15,7 @@ the agent and its own child, never over a network socket. The process:
 It exits at once when the agent goes away (pipe closed), and kills its own process group when
 the agent falls silent (no ping for ``heartbeat_timeout``: its engine task was stopped or
 stalled), so no node outlives its supervision. The messages on the pipe are the
-:class:`duotf._node.agent.ChildMsg` kinds.
+:class:`duotf._node.agent.ChildMsg` kinds; its exit codes are :class:`duotf._node.agent.ChildExit`.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
+from typing import Optional
 
-from duotf._node.agent import ChildMsg  # already imported with the package: costs nothing here
+from duotf._node.agent import ChildExit, ChildJob, ChildMsg  # already imported with the package: costs nothing here
 
 
 class _Link:
@@ -48,7 +50,7 @@ def _heartbeat(link: _Link, interval: float) -> None:
         try:
             link.send(ChildMsg.HEARTBEAT)
         except OSError:
-            os._exit(1)
+            os._exit(ChildExit.FAILED)
         threading.Event().wait(interval)
 
 
@@ -58,7 +60,7 @@ def _reader(link: _Link, inbox: list, arrived: threading.Condition, heard: list)
             message = link.rx.recv()
         except (EOFError, OSError):
             # The agent is gone: nobody supervises this node any more.
-            os._exit(1)
+            os._exit(ChildExit.FAILED)
         heard[0] = time.monotonic()
         if message[0] is ChildMsg.PING:
             continue
@@ -91,7 +93,7 @@ def _watchdog(heard: list, timeout: float, tick: float) -> None:
                 pass
             if os.getpgrp() == os.getpid():  # the agent started this node in a session of its own
                 os.killpg(os.getpid(), signal.SIGKILL)  # the node's own subprocesses too
-            os._exit(1)
+            os._exit(ChildExit.FAILED)
 
 
 def _wait_for(inbox: list, arrived: threading.Condition, kind: ChildMsg):
@@ -146,97 +148,87 @@ def _on_sigterm(signum, frame):
     raise SystemExit(f"stopped by duotf (signal {signum})")
 
 
-def main(argv) -> int:
+def _start_threads(link: _Link, job: ChildJob, inbox: list, arrived: threading.Condition):
+    """Start what runs beside ``main``: the heartbeat, TensorBoard (if this node starts it), the
+    feed server, the reporter, the reader of the agent's messages and its watchdog. Returns
+    ``(feed, reporter)``."""
     global _tensorboard
-    from duotf._transport import malloc
-    malloc.tune()
-    from duotf import keras as keras_fix  # no Keras import: a hook for when main imports it
-
-    keras_fix.install()
-    link = _Link(int(argv[1]), int(argv[2]))
-    job = link.rx.recv()[1]  # (ChildMsg.INIT, {...})
-    if job.get("output_captured"):
-        # fd 1 is a pipe to the agent: a line reaches the driver when it is printed, not when
-        # a block buffer fills (stderr is line-buffered already)
-        sys.stdout.reconfigure(line_buffering=True)
-    inbox: list = []
-    arrived = threading.Condition()
-    threading.Thread(target=_heartbeat, args=(link, job["heartbeat_interval"]), daemon=True).start()
-    if job.get("tensorboard"):
+    threading.Thread(target=_heartbeat, args=(link, job.heartbeat_interval), daemon=True).start()
+    if job.tensorboard:
         # Started first: its seconds of start-up overlap this node's own (TensorFlow's import).
         from duotf._node.tensorboard import TensorBoard
 
-        _tensorboard = TensorBoard(job["log_dir"], lambda info: link.send(ChildMsg.TENSORBOARD, info))
+        _tensorboard = TensorBoard(job.log_dir, lambda info: link.send(ChildMsg.TENSORBOARD, info))
         _tensorboard.start()
     from duotf._transport.datafeed import FeedServer
 
-    feed = FeedServer(job["secret"], on_terminate=lambda: link.send(ChildMsg.FEED_TERMINATED),
+    feed = FeedServer(job.secret, on_terminate=lambda: link.send(ChildMsg.FEED_TERMINATED),
                       on_failure=lambda info: link.send(ChildMsg.FEED_FAILED, info))
     from duotf._node.reports import Reporter
 
     reporter = Reporter(lambda payload: link.send(ChildMsg.REPORT, payload))
     heard = [time.monotonic()]
     threading.Thread(target=_reader, args=(link, inbox, arrived, heard), daemon=True).start()
-    timeout = job.get("heartbeat_timeout")
+    timeout = job.heartbeat_timeout
     if timeout:
-        tick = min(job["heartbeat_interval"], timeout / 4)
+        tick = min(job.heartbeat_interval, timeout / 4)
         threading.Thread(target=_watchdog, args=(heard, timeout, tick), daemon=True).start()
-    # A stop request turns into SystemExit in main, so `finally` blocks and context managers run.
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    return feed, reporter
 
-    if job.get("gpu_error"):
+
+def _refusal(link: _Link, job: ChildJob) -> Optional[ChildExit]:
+    """Say why this node cannot run here (its GPUs, its protocol) and return the exit code that
+    goes with it; None when it can."""
+    if job.gpu_error:
         link.send(ChildMsg.ERROR, {"kind": "gpus", "remote_type": "ConfigError",
-                                   "message": job["gpu_error"], "traceback": ""})
-        return 5
-    if job["protocol"] != "grpc":
-        error = check_protocol(job["protocol"])
+                                   "message": job.gpu_error, "traceback": ""})
+        return ChildExit.GPUS
+    if job.protocol != "grpc":
+        error = check_protocol(job.protocol)
         if error is not None:
             link.send(ChildMsg.ERROR, error)
-            return 3
-    try:
-        user_main, user_args = pickle.loads(job["payload"])
-    except BaseException as exc:  # the job cannot even be loaded here: say why
-        link.send(ChildMsg.ERROR, _error_info(exc, kind="load"))
-        return 4
-    if _tensorboard is not None:
-        # Ready once TensorBoard serves (or failed): its address reaches the driver before this
-        # node is ready, so duotf.run returns with cluster.tensorboard_url known. Its start-up
-        # ran beside this process's own; a TensorBoard that says nothing is not waited for long.
-        _tensorboard.wait(TENSORBOARD_WAIT)
-    link.send(ChildMsg.READY, {"feed_port": feed.port})
+            return ChildExit.PROTOCOL
+    return None
 
-    start = _wait_for(inbox, arrived, ChildMsg.START)[1]
+
+def _node_context(link: _Link, job: ChildJob, start: dict, feed, reporter):
+    """This node's :class:`~duotf.context.NodeContext`, once the driver's ``start`` came; exports
+    TF_CONFIG and enters the node's working directory."""
     os.environ["TF_CONFIG"] = _json(start["tf_config"])
-    from duotf.context import check_feeds_answered, node_context
+    from duotf.context import node_context
 
-    os.makedirs(job["working_dir"], exist_ok=True)
-    os.chdir(job["working_dir"])
-    ctx = node_context(
-        node_id=job["node_id"],
+    os.makedirs(job.working_dir, exist_ok=True)
+    os.chdir(job.working_dir)
+    return node_context(
+        node_id=job.node_id,
         job_name=start["job"],
         task_index=start["index"],
         tf_config=start["tf_config"],
-        working_dir=job["working_dir"],
-        log_dir=job.get("log_dir", ""),
-        default_fs=job["default_fs"],
-        protocol=job["protocol"],
+        working_dir=job.working_dir,
+        log_dir=job.log_dir,
+        default_fs=job.default_fs,
+        protocol=job.protocol,
         host=start["host"],
         port=start["port"],
-        job_id=job["job_id"],
-        executor_id=job.get("executor_id", ""),
-        gpus=job.get("gpus") or [],
+        job_id=job.job_id,
+        executor_id=job.executor_id,
+        gpus=job.gpus or [],
         notify=lambda what: _notify(link, what),
         feed_server=feed,
         reporter=reporter,
-        attempt=job.get("attempt", 0),
-        resume_epoch=job.get("resume_epoch", 0),
-        checkpoint_dir=job.get("checkpoint_dir", ""),
-        checkpoint=job.get("checkpoint"),
+        attempt=job.attempt,
+        resume_epoch=job.resume_epoch,
+        checkpoint_dir=job.checkpoint_dir,
+        checkpoint=job.checkpoint,
         on_checkpoint=lambda info: link.send(ChildMsg.CHECKPOINT, info),
     )
-    if start["job"] == "ps":
-        ctx.serve()  # a ps node only serves, until it is stopped
-        return 0
+
+
+def _run_main(link: _Link, reporter, user_main, user_args, ctx) -> ChildExit:
+    """Run ``main(args, ctx)`` and send what came of it: its pickled value (``OK``), or the
+    error that ended it (``FAILED``)."""
+    from duotf.context import check_feeds_answered
+
     link.send(ChildMsg.RUNNING)
     try:
         try:
@@ -248,24 +240,70 @@ def main(argv) -> int:
     except SystemExit as exc:
         if exc.code not in (None, 0):
             link.send(ChildMsg.ERROR, _error_info(exc))
-            return 1
+            return ChildExit.FAILED
         value = None
     except BaseException as exc:
         link.send(ChildMsg.ERROR, _error_info(exc))
-        return 1
+        return ChildExit.FAILED
     try:
         import cloudpickle
 
         payload = cloudpickle.dumps(value)
     except BaseException as exc:
         link.send(ChildMsg.ERROR, _error_info(exc, kind="result"))
-        return 1
+        return ChildExit.FAILED
     link.send(ChildMsg.RESULT, payload)
+    return ChildExit.OK
+
+
+def main(argv) -> ChildExit:
+    """Run the node the agent describes on the pipes ``argv[1]`` (read) and ``argv[2]`` (write);
+    returns the process's exit code."""
+    from duotf._transport import malloc
+    malloc.tune()
+    from duotf import keras as keras_fix  # no Keras import: a hook for when main imports it
+
+    keras_fix.install()
+    link = _Link(int(argv[1]), int(argv[2]))
+    job: ChildJob = link.rx.recv()[1]  # (ChildMsg.INIT, ChildJob(...))
+    if job.output_captured:
+        # fd 1 is a pipe to the agent: a line reaches the driver when it is printed, not when
+        # a block buffer fills (stderr is line-buffered already)
+        sys.stdout.reconfigure(line_buffering=True)
+    inbox: list = []
+    arrived = threading.Condition()
+    feed, reporter = _start_threads(link, job, inbox, arrived)
+    # A stop request turns into SystemExit in main, so `finally` blocks and context managers run.
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+    refused = _refusal(link, job)
+    if refused is not None:
+        return refused
+    try:
+        user_main, user_args = pickle.loads(job.payload)
+    except BaseException as exc:  # the job cannot even be loaded here: say why
+        link.send(ChildMsg.ERROR, _error_info(exc, kind="load"))
+        return ChildExit.LOAD
+    if _tensorboard is not None:
+        # Ready once TensorBoard serves (or failed): its address reaches the driver before this
+        # node is ready, so duotf.run returns with cluster.tensorboard_url known. Its start-up
+        # ran beside this process's own; a TensorBoard that says nothing is not waited for long.
+        _tensorboard.wait(TENSORBOARD_WAIT)
+    link.send(ChildMsg.READY, {"feed_port": feed.port})
+
+    start = _wait_for(inbox, arrived, ChildMsg.START)[1]
+    ctx = _node_context(link, job, start, feed, reporter)
+    if start["job"] == "ps":  # the driver's message is JSON: the role is its plain string
+        ctx.serve()  # a ps node only serves, until it is stopped
+        return ChildExit.OK
+    code = _run_main(link, reporter, user_main, user_args, ctx)
+    if code is not ChildExit.OK:
+        return code
     # Stay up (and so keep this node's TF server up) until every node's main has returned, for
     # as long as that takes: a peer may still be receiving this node's part of the last
     # collective. Should the agent go away instead, the reader thread ends this process.
     _wait_for(inbox, arrived, ChildMsg.RELEASE)
-    return 0
+    return ChildExit.OK
 
 
 #: the TensorBoard this node process started (duotf.run(..., tensorboard=True)), if any
@@ -288,7 +326,7 @@ if __name__ == "__main__":
     try:
         code = main(sys.argv)
     except SystemExit:  # stopped (SIGTERM) before main ran, e.g. while a ps imported TF
-        code = 1
+        code = ChildExit.FAILED
     # Run the user's atexit handlers (summary writers, ...), then skip the interpreter teardown:
     # TF's thread pools can take seconds to wind down and nothing is left to save.
     atexit._run_exitfuncs()
