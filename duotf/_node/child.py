@@ -31,7 +31,8 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Optional
 
-from duotf._node.agent import ChildExit, ChildJob, ChildMsg  # already imported with the package: costs nothing here
+# already imported with the package: costs nothing here
+from duotf._node.agent import ChildExit, ChildJob, ChildMsg
 
 
 class _Link:
