@@ -162,6 +162,11 @@ class Engine(abc.ABC):
         a TFEstimator takes on this engine beside its parameters."""
         raise NotImplementedError(f"{type(self).__name__} has no ML stages")
 
+    def ml_name(self, name: str) -> str:
+        """A parameter or attribute of the ML stages, given in Spark ML's camelCase, as the
+        engine's stages spell it (Dask: snake_case, as scikit-learn and dask-ml)."""
+        return name
+
     def model_at(self, path: str):
         """A TFModel of the saved model at ``path``."""
         raise NotImplementedError(f"{type(self).__name__} has no ML stages")
@@ -412,6 +417,11 @@ class DaskEngine(Engine):
 
         return duotf.dask.TFEstimator, duotf.dask.TFModel, {"client": self.client}
 
+    def ml_name(self, name):
+        import re
+
+        return re.sub(r"(?<=[a-z])([A-Z])", r"_\1", name).lower()
+
     def model_at(self, path):
         import duotf.dask
 
@@ -421,7 +431,7 @@ class DaskEngine(Engine):
         return model.predict(df)
 
     def model_path(self, model):
-        return model.modelPath
+        return model.model_path
 
     def save_and_load(self, model, folder):
         model.save(folder)

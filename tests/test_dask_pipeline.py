@@ -29,8 +29,8 @@ def _prep(ddf):
 @pytest.mark.engines("dask")
 def test_the_estimator_is_a_sklearn_pipeline_stage(backend, engine, tmp_path):
     raw = engine.table(linear_parts(), {"id": "long", "raw": "array<float>", "label": "double"})
-    est = duotf.dask.TFEstimator(modelFn=mains.linear_model_fn, numWorkers=WORKERS, epochs=1,
-                                 batchSize=BATCH, seed=SEED, modelDir=str(tmp_path / "models"),
+    est = duotf.dask.TFEstimator(model_fn=mains.linear_model_fn, num_workers=WORKERS, epochs=1,
+                                 batch_size=BATCH, seed=SEED, model_dir=str(tmp_path / "models"),
                                  env=ENV, client=engine.client)
     # clone: an unfitted copy of the same parameters (the client shared, not copied)
     copy = sklearn_base.clone(est)
@@ -57,3 +57,68 @@ def test_the_estimator_is_a_sklearn_pipeline_stage(backend, engine, tmp_path):
     assert sklearn_base.clone(model).get_params() == model.get_params()
     with pytest.raises(duotf.ConfigError, match="not fitted"):
         again.named_steps["tf"].predict(raw)
+
+
+def test_the_dask_stages_spell_their_parameters_in_snake_case():
+    """Spark ML's camelCase names are refused by the Dask twin, each with its snake_case
+    spelling; the core's errors name the parameters as the Dask twin spells them."""
+    with pytest.raises(TypeError, match="spells it model_fn="):
+        duotf.dask.TFEstimator(modelFn=mains.linear_model_fn)
+    with pytest.raises(TypeError, match="spells it model_path="):
+        duotf.dask.TFModel(modelPath="m.keras")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'workers'$"):
+        duotf.dask.TFEstimator(workers=2)
+    with pytest.raises(duotf.ConfigError, match="numWorkers is spelled num_workers"):
+        duotf.dask.TFEstimator().set_params(numWorkers=2)
+    est = duotf.dask.TFEstimator(model_fn=mains.linear_model_fn, num_workers=2, batch_size=7)
+    assert "num_workers=2" in repr(est) and "batch_size=7" in repr(est)
+    with pytest.raises(duotf.ConfigError, match="batch_size=7 is the global batch, split evenly "
+                       "between num_workers=2") as info:
+        est.config()
+    assert info.value.param == "batch_size"
+    with pytest.raises(duotf.ConfigError, match="exactly one of model_fn .* and train_fn"):
+        duotf.dask.TFEstimator().config()
+    model = duotf.dask.TFModel("m.keras", prediction_col="p", argmax_col="k")
+    assert model.get_params()["prediction_col"] == "p" and model.model_path == "m.keras"
+
+
+def test_import_duotf_dask_imports_no_dask_pandas_or_numpy():
+    import subprocess
+    import sys
+
+    code = ("import sys, duotf.dask\n"
+            "print([m for m in ('dask', 'distributed', 'pandas', 'numpy') if m in sys.modules])\n"
+            "duotf.dask.predict_udf, duotf.dask.feed_stream\n"
+            "print('dask' in sys.modules, 'numpy' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["[]", "False True"]
+
+
+@pytest.mark.engines("dask")
+def test_a_model_saved_with_camel_case_keys_loads_and_saves_snake_case(backend, engine, tmp_path,
+                                                                       scoring_models):
+    """A folder that an earlier duotf saved (metadata.json with camelCase keys) loads; saving
+    it again writes the snake_case keys."""
+    import json
+    import shutil
+
+    from tests.suite.data import scoring_table
+
+    old = tmp_path / "old"
+    (old / "model").mkdir(parents=True)
+    shutil.copy(scoring_models["keras"], old / "model" / "scalar.keras")
+    (old / "metadata.json").write_text(json.dumps({
+        "featuresCol": "features", "predictionCol": "p", "argmaxCol": None, "outputCols": None,
+        "batchSize": 16, "history": {"loss": [1.0]}, "fitSeconds": 2.5, "modelFile": "scalar.keras"}))
+    model = duotf.dask.TFModel.load(str(old))
+    assert (model.model_path, model.prediction_col, model.batch_size, model.fit_seconds) == (
+        str(old / "model" / "scalar.keras"), "p", 16, 2.5)
+    assert model.history == {"loss": [1.0]}
+    got = engine.to_pandas(model.predict(scoring_table(engine, scoring_models["x"])))
+    np.testing.assert_allclose(got["p"], scoring_models["expected"], rtol=1e-5, atol=1e-6)
+    model.save(str(tmp_path / "new"))
+    saved = json.loads((tmp_path / "new" / "metadata.json").read_text())
+    assert set(saved) == {"features_col", "prediction_col", "argmax_col", "output_cols",
+                          "batch_size", "history", "fit_seconds", "model_file"}
+    assert duotf.dask.TFModel.load(str(tmp_path / "new")).get_params() == dict(
+        model.get_params(), model_path=str(tmp_path / "new" / "model" / "scalar.keras"))

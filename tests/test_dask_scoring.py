@@ -56,3 +56,39 @@ def test_inference_keeps_an_array_column_as_arrays(backend, engine):
     assert pdf["y"].tolist() == list(range(10))
     assert all(isinstance(v, np.ndarray) and v.tolist() == [float(y)] * 3
                for v, y in zip(pdf["v"], pdf["y"])), pdf["v"].head()
+
+
+@pytest.mark.engines("dask")
+def test_predict_udf_scores_each_partition_with_map_partitions(backend, engine, scoring_models):
+    """``duotf.dask.predict_udf``, the twin of ``duotf.spark.predict_udf``: a picklable function
+    of a pandas partition for ``ddf.map_partitions``, scoring from the same per-process cache as
+    ``duotf.dask.predict`` (one load per worker process for both)."""
+    import pickle
+
+    import numpy as np
+
+    from tests.suite.data import SCORING_ROWS
+
+    models = scoring_models
+    df = scoring_table(engine, models["x"], parts=4)
+    udf = pickle.loads(pickle.dumps(duotf.dask.predict_udf(models["keras"], output="p", batch_size=7)))
+    assert isinstance(udf, duotf.dask.PredictUDF)
+    meta = udf.output_meta(df)
+    assert list(meta.columns) == ["id", "features", "p"] and meta["p"].dtype == np.float64
+    got = engine.to_pandas(df.map_partitions(udf, meta=meta))
+    assert got["id"].tolist() == list(range(SCORING_ROWS))  # every row, in order
+    np.testing.assert_allclose(got["p"], models["expected"], rtol=1e-5, atol=1e-6)
+    # the same function on one pandas frame, in this process
+    first = engine.client.compute(df.partitions[0], sync=True)
+    np.testing.assert_allclose(udf(first)["p"], models["expected"][:len(first)], rtol=1e-5, atol=1e-6)
+    # predict and predict_udf share each worker's cache: the model is loaded once a process
+    engine.to_pandas(duotf.dask.predict(df, models["keras"], output="q"))
+    used = [s[models["keras"]] for s in engine.scoring_stats().values() if models["keras"] in s]
+    assert used and all(s["loads"] == 1 for s in used), used
+    # checked on the driver: the output's dtype against the model, the frame's columns
+    with pytest.raises(duotf.ConfigError, match="holds 3 values a row"):
+        duotf.dask.predict_udf(models["vector"], meta={"prediction": "float64"})
+    with pytest.raises(duotf.ConfigError, match="already a column"):
+        duotf.dask.predict_udf(models["keras"], output="id").output_meta(df)
+    with pytest.raises(duotf.ConfigError, match="input column 'nope' is not in the DataFrame"):
+        duotf.dask.predict_udf(models["keras"], columns=["nope"]).output_meta(df)

@@ -74,17 +74,21 @@ def test_the_stage_modules_import_light():
 
 def test_the_spark_and_dask_stages_take_the_same_parameters():
     import inspect
+    import re
 
     import duotf.dask
     from duotf.spark import TFEstimator, TFModel
 
     spark = {p.name for p in TFEstimator().params}
-    dask = set(inspect.signature(duotf.dask.TFEstimator).parameters) - {"client"}
-    assert spark == dask and set(estimator.FIT_PARAMS) <= spark
+    dask = {p.name for p in inspect.signature(duotf.dask.TFEstimator).parameters.values()
+            if p.kind is p.KEYWORD_ONLY} - {"client"}
+    # the same parameters, each in its ecosystem's spelling (Dask: snake_case)
+    assert {re.sub(r"(?<=[a-z])([A-Z])", r"_\1", name).lower() for name in spark} == dask
+    assert set(estimator.FIT_PARAMS) <= spark
     est = TFEstimator(modelFn=model_fn).setEpochs(3).setNumWorkers(2).setEnv({"A": "1"})
     assert (est.getEpochs(), est.getNumWorkers(), est.getEnv()) == (3, 2, {"A": "1"})
     assert est.config().epochs == 3 and est.getFeaturesCol() == "features"
-    assert duotf.dask.TFEstimator(modelFn=model_fn, epochs=3).config().epochs == 3
+    assert duotf.dask.TFEstimator(model_fn=model_fn, epochs=3).config().epochs == 3
     assert TFModel(modelPath="m.keras").setPredictionCol("p").getPredictionCol() == "p"
 
 

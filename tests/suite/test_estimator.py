@@ -66,6 +66,11 @@ def _reference(parts):
     return model.predict(x, verbose=0)[:, 0]
 
 
+def _params(engine, **params) -> dict:
+    """The ML stages' keywords (written here in Spark ML's camelCase) as the engine spells them."""
+    return {engine.ml_name(name): value for name, value in params.items()}
+
+
 def _score(engine, model, df):
     return engine.to_pandas(engine.apply_model(model, df)).sort_values("id").reset_index(drop=True)
 
@@ -75,9 +80,10 @@ def test_fit_transform_save_load_with_the_same_predictions_on_every_engine(backe
     TFEstimator, _, extra = engine.ml_stages()
     parts = linear_parts()
     df = engine.table(parts, SCHEMA)
-    est = TFEstimator(modelFn=mains.linear_model_fn, featuresCol="features", labelCol="label",
-                      numWorkers=WORKERS, epochs=EPOCHS, batchSize=BATCH, seed=SEED,
-                      modelDir=str(tmp_path / "models"), env=ENV, **extra)
+    est = TFEstimator(**_params(engine, modelFn=mains.linear_model_fn, featuresCol="features",
+                                labelCol="label", numWorkers=WORKERS, epochs=EPOCHS,
+                                batchSize=BATCH, seed=SEED, modelDir=str(tmp_path / "models"),
+                                env=ENV), **extra)
     model = est.fit(df)
     path = engine.model_path(model)
     assert path.startswith(str(tmp_path / "models" / "fit-")) and path.endswith("/model.keras")
@@ -116,8 +122,9 @@ def test_a_train_fn_fits_as_tensorflowonspark_does(backend, engine, tmp_path):
     trainArgs, saves to args["modelPath"]; its chief's dict is the history."""
     TFEstimator, _, extra = engine.ml_stages()
     parts = linear_parts()
-    est = TFEstimator(trainFn=mains.linear_train_fn, trainArgs={"note": "mine"}, numWorkers=WORKERS,
-                      epochs=1, batchSize=BATCH, seed=SEED, modelDir=str(tmp_path), env=ENV, **extra)
+    est = TFEstimator(**_params(engine, trainFn=mains.linear_train_fn, trainArgs={"note": "mine"},
+                                numWorkers=WORKERS, epochs=1, batchSize=BATCH, seed=SEED,
+                                modelDir=str(tmp_path), env=ENV), **extra)
     model = est.fit(engine.table(parts, SCHEMA))
     assert model.history["args"] == {"note": "mine"} and len(model.history["loss"]) == 1
     assert len(model.results) == WORKERS
@@ -145,26 +152,30 @@ def test_bad_input_is_a_config_error_before_anything_runs(backend, engine, tmp_p
 
     def fit(data, **params):
         kwargs = dict(modelFn=mains.linear_model_fn, numWorkers=WORKERS, modelDir=str(models),
-                      env=ENV, **extra)
+                      env=ENV)
         kwargs.update(params)
+        kwargs = dict(_params(engine, **kwargs), **extra)
         with pytest.raises(duotf.ConfigError) as info:
             TFEstimator(**kwargs).fit(data)
         return str(info.value)
 
     good = _bad(engine, "good")
     message = fit(good, featuresCol="pixels")
-    assert "feature column 'pixels' is not in the DataFrame" in message and "featuresCol" in message
+    assert ("feature column 'pixels' is not in the DataFrame" in message
+            and engine.ml_name("featuresCol") in message)
     message = fit(good, labelCol="target")
-    assert "label column 'target' is not in the DataFrame" in message and "labelCol" in message
+    assert ("label column 'target' is not in the DataFrame" in message
+            and engine.ml_name("labelCol") in message)
     message = fit(_bad(engine, "string"))
     assert "'label'" in message and "string" in message
     message = fit(_bad(engine, "ragged"))
     assert "column 'features' is ragged" in message and "from 2 to 3 values" in message
     message = fit(_bad(engine, "null"))
     assert "column 'label' holds 1 null" in message and "dropna" in message
-    assert "exactly one of modelFn" in fit(good, trainFn=mains.linear_train_fn)
-    assert "numPs=1" in fit(good, numPs=1)
-    assert "batchSize=7" in fit(good, batchSize=7) and "multiple of 2" in fit(good, batchSize=7)
+    name = engine.ml_name
+    assert f"exactly one of {name('modelFn')}" in fit(good, trainFn=mains.linear_train_fn)
+    assert f"{name('numPs')}=1" in fit(good, numPs=1)
+    assert f"{name('batchSize')}=7" in fit(good, batchSize=7) and "multiple of 2" in fit(good, batchSize=7)
     assert not models.exists()  # no fit started: no fit folder
     assert duotf._ml.estimator.running_fits() == 0
 
@@ -219,10 +230,10 @@ def test_a_model_of_two_inputs_and_two_outputs_fits_and_scores_each_output(backe
     TFEstimator, _, extra = engine.ml_stages()
     parts = two_io_parts()
     df = engine.table(parts, TWO_IO_SCHEMA)
-    est = TFEstimator(modelFn=mains.two_io_model_fn, featuresCol=["a", "b"],
-                      labelCol=["label", "label2"], outputCols={"py": "y", "pz": "z"},
-                      numWorkers=WORKERS, epochs=EPOCHS, batchSize=BATCH, seed=SEED,
-                      modelDir=str(tmp_path / "models"), env=ENV, **extra)
+    est = TFEstimator(**_params(engine, modelFn=mains.two_io_model_fn, featuresCol=["a", "b"],
+                                labelCol=["label", "label2"], outputCols={"py": "y", "pz": "z"},
+                                numWorkers=WORKERS, epochs=EPOCHS, batchSize=BATCH, seed=SEED,
+                                modelDir=str(tmp_path / "models"), env=ENV), **extra)
     model = est.fit(df)
     assert len(model.history["loss"]) == EPOCHS and all(math.isfinite(v) for v in model.history["loss"])
 
