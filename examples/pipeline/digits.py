@@ -4,7 +4,7 @@ Spark: a DataFrame of 64 pixel columns -> ``VectorAssembler`` -> ``duotf.spark.T
 (a Keras model that duotf trains on a cluster of ``--workers`` nodes, the rows fed by Spark) ->
 ``TFModel.transform`` -> accuracy with Spark ML's ``MulticlassClassificationEvaluator``.
 Dask: the same data as a Dask DataFrame with a column of pixel arrays ->
-``duotf.dask.TFEstimator`` (the same parameters) -> ``TFModel.predict`` -> accuracy.
+``duotf.dask.TFEstimator`` (the same parameters, in snake_case) -> ``TFModel.predict`` -> accuracy.
 
     python examples/pipeline/digits.py                  # Spark local[N+1]
     python examples/pipeline/digits.py --backend dask   # a Dask LocalCluster
@@ -83,7 +83,7 @@ def spark_pipeline(spark, workers: int = 2, epochs: int = 10, model_dir=None, se
 
 def dask_pipeline(client, workers: int = 2, epochs: int = 10, model_dir=None, seed: int = 1,
                   partitions: int = 4, env=None) -> float:
-    """The Dask twin: the same estimator parameters; the held-out rows' accuracy."""
+    """The Dask twin: the same estimator parameters (snake_case); the held-out rows' accuracy."""
     import dask
     import dask.dataframe as dd
     import pandas as pd
@@ -97,10 +97,10 @@ def dask_pipeline(client, workers: int = 2, epochs: int = 10, model_dir=None, se
         with dask.config.set({"dataframe.convert-string": False}):  # arrays stay arrays
             return dd.from_pandas(pdf, npartitions=partitions, sort=False)
 
-    est = duotf.dask.TFEstimator(modelFn=make_model, featuresCol="features", labelCol="label",
-                                 predictionCol="scores", argmaxCol="prediction",
-                                 numWorkers=workers, epochs=epochs, batchSize=64, seed=seed,
-                                 modelDir=model_dir, env=env, client=client)
+    est = duotf.dask.TFEstimator(model_fn=make_model, features_col="features", label_col="label",
+                                 prediction_col="scores", argmax_col="prediction",
+                                 num_workers=workers, epochs=epochs, batch_size=64, seed=seed,
+                                 model_dir=model_dir, env=env, client=client)
     model = est.fit(frame(x_train, y_train))
     scored = model.predict(frame(x_test, y_test)).compute()
     return float(np.mean(scored["prediction"].to_numpy() == scored["label"].to_numpy()))
