@@ -16,8 +16,10 @@ The names of :mod:`duotf.spark` that have no Dask meaning, and the Dask way inst
   Arrow. A Dask partition is already a pandas frame in a worker's memory: ``ddf.persist()``
   (then ``cluster.train(ddf, epochs)``) keeps it there, computed once, for every epoch.
 - ``pack_tensors``: packs ``array<number>`` columns into binary tensor columns in the JVM, which
-  otherwise turns arrays into Arrow one element at a time. Dask has no JVM: an Arrow list column
-  (``pd.ArrowDtype(pa.list_(pa.float32()))``) is decoded through its buffers as it is.
+  otherwise turns arrays into Arrow one element at a time. Dask has no JVM between the data and
+  Python: an array column is numpy arrays (object dtype) or an Arrow list column
+  (``pd.ArrowDtype(pa.list_(pa.float32()))``) in the worker's own process, and :func:`predict`
+  reads an Arrow list column through its buffers as it is.
 - ``SparkStream``: :func:`duotf.spark.feed_stream` returns a handle on a Structured Streaming
   query that runs in the background (``stop``, ``wait``, ``report``); :func:`feed_stream` here
   feeds in the calling thread until the iterable of futures ends and returns the counts (a
