@@ -1,282 +1,26 @@
-"""The engines the tests run on: one class per kind of the ``backend`` fixture.
+"""The project's own engines for the shared suite (:mod:`duotf.testing.suite`): one class per kind
+of the ``backend`` fixture of :mod:`duotf.testing.plugin`, declared by tests/conftest.py.
 
-An engine starts its duotf Backend (``start``, which the session-scoped ``backend`` fixture
-enters), turns plain data (lists of rows per partition, pandas frames, numpy arrays) into the
-engine's own collection, and turns what ``Cluster.inference`` gives back into plain Python and
-pandas. Tests take the ``engine`` fixture and never ask which engine it is: adding an engine to
-the suite is adding one class to ``ENGINES``. An engine that feeds "a list of partitions" like
-the in-process backend subclasses ``LocalEngine`` and only overrides ``start``.
+:class:`duotf.testing.Engine` says what an engine is; the in-process one
+(:class:`duotf.testing.LocalEngine`) ships with it. Here: the test-only procpool backend, found
+by its name through its entry point only (as a third-party backend would be), Dask's
+``LocalCluster``, and Spark's local and standalone sessions.
 """
 
 from __future__ import annotations
 
-import abc
 import contextlib
 import os
 import sys
-import time
-from typing import TYPE_CHECKING, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Type, Union
+from typing import TYPE_CHECKING, Dict, List, Sequence, Type
 
 import psutil
 
 import duotf.backends
+from duotf.testing import Engine, LocalEngine, pandas_frames, poll_for
 
 if TYPE_CHECKING:
     import numpy as np
-    import pandas as pd
-
-
-def poll_for(predicate, timeout: float, interval: float = 0.05, what: str = "condition"):
-    """Poll ``predicate`` until it is truthy; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        time.sleep(interval)
-
-
-Processes = Union[List[psutil.Process], Callable[[], List[psutil.Process]]]
-
-
-class Engine(abc.ABC):
-    """A running engine of the suite, with its duotf Backend.
-
-    ``handle`` is what a program passes to ``duotf.run`` for this engine (``None`` for the
-    embedded backend, a ``distributed.Client``, a ``SparkSession``).
-    """
-
-    #: how many engine processes run node tasks (duotf gives each node one of its own while it can)
-    executors = 1
-    #: what the error names for a spec asking for GPUs, which no engine of the suite has
-    gpu_setting = ""
-    #: a process that runs feeding tasks may also run a node's task (a killed one takes a node along)
-    feeds_beside_nodes = False
-    #: a DataFrame fed several epochs is converted into feed frames once, in the first epoch
-    converts_frames_once = False
-
-    def __init__(self, backend, handle=None):
-        self.backend = backend
-        self.handle = handle
-
-    @classmethod
-    @abc.abstractmethod
-    def start(cls, request) -> ContextManager["Engine"]:
-        """A context manager: the engine started with room for 2 nodes and for the tasks
-        feeding them, stopped on exit. ``request`` is the ``backend`` fixture's, for the session
-        fixtures an engine needs."""
-
-    # -- plain data in --------------------------------------------------------------------------
-    @abc.abstractmethod
-    def rows(self, parts: List[list]):
-        """A collection whose partition i holds exactly the tuples ``parts[i]`` (no partition at
-        all for ``[]``)."""
-
-    @abc.abstractmethod
-    def frame(self, frames: List[pd.DataFrame]):
-        """A DataFrame whose partition i holds the rows of ``frames[i]`` (all of one schema)."""
-
-    @abc.abstractmethod
-    def table(self, parts: List[list], schema: Dict[str, str]):
-        """A DataFrame whose partition i holds the tuples ``parts[i]``, of the columns ``schema``
-        (name: "long", "double", "string", "array<float>" or "array<string>"; lists for arrays);
-        ``None`` is a
-        null, as the engine holds one."""
-
-    @abc.abstractmethod
-    def arrays(self, blocks: List[Dict[str, np.ndarray]]) -> Tuple[object, Optional[dict]]:
-        """Columns of numpy arrays (``blocks[i]`` is partition i; 2-D arrays are tensor
-        columns) as the engine holds them best. Returns ``(data, input_mapping)``: the mapping
-        to give ``get_data_feed`` so that a node sees the blocks' own column names."""
-
-    @abc.abstractmethod
-    def row_sources(self, sources: List[Callable[[], object]]):
-        """A collection whose partition i holds the rows that ``sources[i]()`` yields: a
-        picklable callable, with ``len``, called inside the engine's tasks that read the
-        partition (its count and its feed), never on the driver, so that what it raises is a
-        failure of the engine's own task."""
-
-    @abc.abstractmethod
-    def constant_features(self, rows: int, parts: int, width: int, chunk: int, ids: bool = False):
-        """``rows`` rows of ``"0"``: ``width`` float32 values 0.5, and ``"1"``: the row's id
-        modulo 10 (with ``ids``, the id itself), made on the engine (they never sit in the
-        driver's memory): ``parts`` partitions, or blocks of ``chunk`` rows where the engine
-        holds arrays in blocks."""
-
-    # -- results out ----------------------------------------------------------------------------
-    @abc.abstractmethod
-    def partitions(self, out) -> List[list]:
-        """The rows of a collection that ``Cluster.inference`` returned, partition by partition."""
-
-    @abc.abstractmethod
-    def to_pandas(self, out) -> pd.DataFrame:
-        """A DataFrame that ``Cluster.inference`` returned, in order, with a fresh index."""
-
-    # -- the command line -----------------------------------------------------------------------
-    def cli_args(self) -> List[str]:
-        """The options that point ``python -m duotf`` (another process) at this engine."""
-        raise NotImplementedError(f"{type(self).__name__}: no command line options")
-
-    # -- the engine's own UI -----------------------------------------------------------------------
-    def work_names(self, job_id: str) -> List[str]:
-        """The names the engine's own UI shows for duotf job ``job_id``'s work (none: the
-        engine has no UI)."""
-        return []
-
-    def expected_work_names(self, job_id: str, nodes: Sequence[str], epochs: int,
-                            by_reference: int = 0) -> List[str]:
-        """What each of those names starts with, for a job of ``nodes`` fed ``epochs`` times,
-        the last ``by_reference`` of them without engine tasks (the report's
-        ``epochs_fed_by_reference``)."""
-        return []
-
-    # -- processes ------------------------------------------------------------------------------
-    @abc.abstractmethod
-    def feeding_processes(self) -> Processes:
-        """The processes the engine's feeding tasks run in (a list, or a callable giving the
-        current list where they come and go)."""
-
-    # -- scoring a DataFrame with a saved model (engines with a DataFrame: Dask, Spark) ---------
-    def score(self, df, model, **kwargs):
-        """``df`` scored by ``model`` with the engine's DataFrame scoring function
-        (``duotf.spark.predict`` / ``duotf.dask.predict``: ``columns=``, ``output=``,
-        ``batch_size=``), lazily; what it refuses on the driver is raised here."""
-        raise NotImplementedError(f"{type(self).__name__} scores no DataFrame")
-
-    def score_every_way(self, df, model, output: str, return_type: str = "double",
-                        batch_size: int = 1024) -> Dict[str, object]:
-        """Each way the engine offers to score ``df``'s column ``"features"`` into the column
-        ``output``, by name: the lazy scored collection, every column of ``df`` kept.
-        ``return_type`` is the Spark type of ``output`` (Dask takes the model's)."""
-        raise NotImplementedError(f"{type(self).__name__} scores no DataFrame")
-
-    def scoring_stats(self) -> Dict[int, dict]:
-        """``duotf._ml.scoring.cache_stats()`` of the processes that run the engine's tasks, by pid."""
-        raise NotImplementedError(f"{type(self).__name__} scores no DataFrame")
-
-    # -- ML stages: TFEstimator and TFModel (engines with a DataFrame: Dask, Spark) ------------
-    def ml_stages(self) -> Tuple[type, type, dict]:
-        """``(TFEstimator, TFModel, kwargs)``: the engine's ML stages, and the keyword arguments
-        a TFEstimator takes on this engine beside its parameters."""
-        raise NotImplementedError(f"{type(self).__name__} has no ML stages")
-
-    def ml_name(self, name: str) -> str:
-        """A parameter or attribute of the ML stages, given in Spark ML's camelCase, as the
-        engine's stages spell it (Dask: snake_case, as scikit-learn and dask-ml)."""
-        return name
-
-    def model_at(self, path: str):
-        """A TFModel of the saved model at ``path``."""
-        raise NotImplementedError(f"{type(self).__name__} has no ML stages")
-
-    def apply_model(self, model, df):
-        """``df`` scored by the TFModel ``model``, lazily (Spark: transform; Dask: predict)."""
-        raise NotImplementedError(f"{type(self).__name__} has no ML stages")
-
-    def model_path(self, model) -> str:
-        """Where the TFModel's saved Keras model lies."""
-        raise NotImplementedError(f"{type(self).__name__} has no ML stages")
-
-    def save_and_load(self, model, folder: str):
-        """The TFModel ``model`` saved to ``folder`` the engine's way, and loaded back."""
-        raise NotImplementedError(f"{type(self).__name__} has no ML stages")
-
-    @contextlib.contextmanager
-    def task_failure(self):
-        """Expect the block to fail in an engine task: yields a ``TaskFailure`` whose ``text``
-        (``"module.Type: message"`` as the task raised it, engine's context around it) is set
-        when the block raised; the test fails if it did not."""
-        failure = TaskFailure()
-        try:
-            yield failure
-        except Exception as exc:  # noqa: BLE001 - the engine's own error, turned into text
-            failure.text = self._task_error_text(exc)
-        if failure.text is None:
-            raise AssertionError("the engine task did not fail")
-
-    def _task_error_text(self, exc: BaseException) -> str:
-        """The text of an error a task raised, as the driver gets it."""
-        return f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
-
-
-class TaskFailure:
-    """What ``Engine.task_failure`` saw: ``text``, the error an engine task raised."""
-
-    text: Optional[str] = None
-
-
-#: how pandas holds each kind of column of ``Engine.table``, nulls included
-_PANDAS_DTYPES = {"long": "Int64", "double": "float64", "string": "object", "array<float>": "object",
-                  "array<string>": "object"}
-
-
-def _pandas_frames(parts: List[list], schema: Dict[str, str]) -> list:
-    import pandas as pd
-
-    dtypes = {name: _PANDAS_DTYPES[kind] for name, kind in schema.items()}
-    frames = []
-    for part in parts:
-        frame = pd.DataFrame({name: pd.Series([row[i] for row in part], dtype=object)
-                              for i, name in enumerate(schema)})
-        frames.append(frame.astype(dtypes))
-    return frames
-
-
-class LocalEngine(Engine):
-    """The in-process backend: a collection is a list of partitions."""
-
-    gpu_setting = "LocalBackend(gpus=N)"
-
-    @classmethod
-    @contextlib.contextmanager
-    def start(cls, request):
-        yield cls(duotf.backends.LocalBackend(slots=4))
-
-    def rows(self, parts):
-        return [list(p) for p in parts]
-
-    def frame(self, frames):
-        return list(frames)
-
-    def table(self, parts, schema):
-        return _pandas_frames(parts, schema)
-
-    def arrays(self, blocks):
-        return [dict(b) for b in blocks], None
-
-    def row_sources(self, sources):
-        return list(sources)  # a callable partition: called by the count and by the feed
-
-    def constant_features(self, rows, parts, width, chunk, ids=False):
-        import numpy as np
-
-        bounds = np.linspace(0, rows, parts + 1).astype(int)
-
-        def part(start, stop):
-            def chunks():
-                for a in range(start, stop, chunk):
-                    row = np.arange(a, min(a + chunk, stop))
-                    yield {"0": np.full((len(row), width), 0.5, dtype=np.float32),
-                           "1": row if ids else row % 10}
-            return chunks
-
-        return [part(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-
-    def partitions(self, out):
-        return [list(p) for p in out]
-
-    def to_pandas(self, out):
-        import pandas as pd
-
-        return pd.concat(out, ignore_index=True)
-
-    def feeding_processes(self):
-        return [psutil.Process()]  # the feeding threads run in this process
-
-    def cli_args(self):
-        return ["--backend", "local"]
 
 
 class ProcessPoolEngine(LocalEngine):
@@ -347,7 +91,7 @@ class DaskEngine(Engine):
             return dd.from_delayed([dask.delayed(lambda f: f)(f) for f in frames], meta=frames[0].iloc[:0])
 
     def table(self, parts, schema):
-        return self.frame(_pandas_frames(parts, schema))
+        return self.frame(pandas_frames(parts, schema))
 
     def row_sources(self, sources):
         import dask
@@ -597,7 +341,7 @@ class SparkEngine(Engine):
     def scoring_stats(self):
         import json
 
-        from tests.suite import mains
+        from duotf.testing.suite import mains
 
         # one report per Python worker that runs a task of this job: as many tasks as there
         # are slots, at once, so each idle worker takes one

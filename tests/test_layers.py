@@ -24,9 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: transport, and everything on io and the shared modules. A new module needs no entry here: its
 #: package places it.
 LAYERS: List[Tuple[str, List[str]]] = [
-    ("the package's names", ["duotf", "duotf.__main__"]),
-    ("user packages", ["duotf.spark", "duotf.spark.*", "duotf.dask", "duotf.dask.*",
-                       "duotf.testing", "duotf.testing.*"]),
+    ("the package's names", ["duotf", "duotf.__main__", "duotf.testing", "duotf.testing.*"]),
+    ("user packages", ["duotf.spark", "duotf.spark.*", "duotf.dask", "duotf.dask.*"]),
     ("ML stages", ["duotf._ml", "duotf._ml.*"]),
     ("driver", ["duotf._driver", "duotf._driver.*"]),
     ("backends", ["duotf.backends", "duotf.backends.*"]),

@@ -1,4 +1,4 @@
-"""The leak check after every test (conftest.no_leaks): new threads by comparing thread sets, and
+"""The leak check after every test (duotf.testing.plugin.no_leaks): new threads by comparing thread sets, and
 this session's node processes on every engine."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 
 import duotf
-from tests import conftest
-from tests.suite import mains
+from duotf.testing import leaks, node_processes
+from duotf.testing.suite import mains
 
 
 def _blocking(release: threading.Event, module: str):
@@ -28,16 +28,16 @@ def test_leak_check_flags_new_threads_named_or_not():
     for thread in (unnamed, named, engine):
         thread.start()
     try:
-        leaked = conftest.leaked_threads(before, grace=0.3)
+        leaked = leaks.leaked_threads(before, grace=0.3)
         assert set(leaked) == {unnamed, named}  # an engine's own threads are not the test's
-        message = conftest.describe_threads(leaked)
+        message = leaks.describe_threads(leaked)
         assert message.startswith("2 thread(s) left running")
         assert unnamed.name in message and "duotf.node" in message and "'duotf-stopper'" in message
     finally:
         release.set()
         for thread in (unnamed, named, engine):
             thread.join(10)
-    assert conftest.leaked_threads(before, grace=5) == []
+    assert leaks.leaked_threads(before, grace=5) == []
 
 
 def test_leak_check_waits_for_a_thread_that_is_ending():
@@ -46,7 +46,7 @@ def test_leak_check_waits_for_a_thread_that_is_ending():
     thread = threading.Thread(target=release.wait, daemon=True)
     thread.start()
     threading.Timer(0.2, release.set).start()  # ends within the grace
-    assert conftest.leaked_threads(before, grace=10) == []
+    assert leaks.leaked_threads(before, grace=10) == []
     assert not thread.is_alive()
 
 
@@ -54,7 +54,7 @@ def test_leak_check_sees_the_node_processes_of_every_engine(backend, tmp_path):
     cluster = duotf.run(mains.block_main, {"release": str(tmp_path / "release")}, backend,
                         duotf.ClusterSpec(workers=2))
     try:
-        seen = {proc.pid for proc in conftest._node_processes()}
+        seen = {proc.pid for proc in node_processes()}
         assert {node.pid for node in cluster.nodes} <= seen
     finally:
         (tmp_path / "release").touch()

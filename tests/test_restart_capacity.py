@@ -13,10 +13,10 @@ import pytest
 
 import duotf
 from duotf.errors import InsufficientSlotsError
+from duotf.testing.suite.test_determinism import seeded_parts as _parts
+from duotf.testing.suite.test_restarts import kill_when_ready as _kill_when_ready
 from tests.engines import poll_for
 from tests.suite import mains
-from tests.suite.test_restarts import _kill_when_ready
-from tests.suite.test_determinism import _parts
 
 
 @pytest.fixture

@@ -98,7 +98,7 @@ def test_a_failed_fit_ends_its_cross_validator_with_nothing_left_running(backend
     from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 
     from duotf.spark import TFEstimator
-    from tests.conftest import _node_processes
+    from duotf.testing import node_processes as _node_processes
     from tests.suite.test_estimator import SCHEMA
 
     df = engine.table(linear_parts(), SCHEMA)

@@ -8,9 +8,9 @@ import cloudpickle
 import duotf
 import pytest
 
+from duotf.testing import QUIET_TF
 from examples.digits import train
 from examples.pipeline import digits as pipeline
-from tests.conftest import QUIET_TF
 
 cloudpickle.register_pickle_by_value(train)
 cloudpickle.register_pickle_by_value(pipeline)

@@ -11,9 +11,8 @@ import os
 import pytest
 
 import duotf
+from duotf.testing import QUIET_TF, poll_for
 from examples.modes import async_ps, averaging, common, ps_strategy
-from tests.conftest import QUIET_TF
-from tests.engines import poll_for
 
 common.ship_by_value(common, async_ps, averaging, ps_strategy)
 

@@ -1,0 +1,187 @@
+"""The pytest plugin that runs duotf's shared suite on the engines a project declares.
+
+Load it with ``pytest_plugins = ["duotf.testing.plugin"]`` in the project's top ``conftest.py``,
+and declare the engines there with the ``pytest_duotf_engines`` hook (:class:`EngineHooks`).
+It provides:
+
+- ``backend``: session-scoped, parametrized over the declared engines (the test id is the
+  engine's kind): a duotf Backend with room for 2 nodes and for the tasks feeding them;
+- ``engine``: the :class:`~duotf.testing.Engine` under ``backend``;
+- the markers ``engines(*kinds)`` (run a test on these kinds only) and
+  ``xfail_on(*kinds, reason=...)`` (a strict xfail on these kinds);
+- ``scoring_models``: the tiny saved Keras models of the scoring tests;
+- ``no_leaks``: autouse, the leak check of :mod:`duotf.testing.leaks` after every test (a
+  project overrides it with a fixture of that name).
+
+pytest finishes one parameter's tests (and tears its engine down) before it starts the next:
+the one fixture holds one engine at a time, so two engines of one kind (two Spark sessions)
+never overlap in the test process. Importing this plugin tags this process's environment with
+``SESSION_TAG`` (every process the session starts inherits it) and registers the suite's node
+programs (:mod:`duotf.testing.suite.mains`) to be pickled by value, with cloudpickle and with
+pyspark's copy of it when pyspark is installed, so executors never import the suite.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Dict, Type
+
+import cloudpickle
+import pytest
+
+from duotf.testing import SESSION_TAG, Engine, node_processes, poll_for
+from duotf.testing.leaks import describe_threads, leaked_threads, listening_ports
+from duotf.testing.suite import mains
+
+__all__ = ["EngineHooks", "SUITE_KINDS", "engines_of"]
+
+# setdefault: a process that imports this module again (a spawned worker) keeps its parent's tag
+os.environ.setdefault(SESSION_TAG, f"{os.getpid()}-{time.time_ns()}")
+
+cloudpickle.register_pickle_by_value(mains)
+try:  # and so do the functions Spark pickles itself (UDFs), with its own copy of cloudpickle
+    import pyspark.cloudpickle
+
+    pyspark.cloudpickle.register_pickle_by_value(mains)
+except ImportError:
+    pass
+
+#: the kinds the shipped suite's ``engines(...)`` markers name: duotf's own engines
+SUITE_KINDS = ("local", "procpool", "dask", "spark-local", "spark-standalone")
+
+_ENGINES = pytest.StashKey[Dict[str, Type[Engine]]]()
+_running: dict = {}  # kind -> the Engine the backend fixture holds now
+
+
+class EngineHooks:
+    """The hook a project implements in its ``conftest.py`` to declare its engines."""
+
+    @pytest.hookspec(firstresult=True)
+    def pytest_duotf_engines(self, config):
+        """The engines of the ``backend`` fixture: kind (the test id) -> :class:`Engine`
+        subclass, in the order they run.
+
+        Parameters
+        ----------
+        config : pytest.Config
+
+        Returns
+        -------
+        dict of str to type
+        """
+
+
+def pytest_addhooks(pluginmanager):
+    pluginmanager.add_hookspecs(EngineHooks)
+
+
+def engines_of(config) -> Dict[str, Type[Engine]]:
+    """The engines the project declares (``pytest_duotf_engines``), asked once a session."""
+    if _ENGINES not in config.stash:
+        found = config.hook.pytest_duotf_engines(config=config)
+        if not found:
+            raise pytest.UsageError("duotf.testing.plugin: no engines; implement "
+                                    "pytest_duotf_engines(config) in conftest.py")
+        config.stash[_ENGINES] = dict(found)
+    return config.stash[_ENGINES]
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "engines(*kinds): run this test on these kinds of the backend fixture only")
+    config.addinivalue_line(
+        "markers", "xfail_on(*kinds, reason): a known defect of these kinds of the backend "
+        "fixture (a strict xfail: it fails once the defect is fixed, to be removed then)")
+
+
+def pytest_generate_tests(metafunc):
+    if "backend" in metafunc.fixturenames:
+        metafunc.parametrize("backend", list(engines_of(metafunc.config)), indirect=True,
+                             scope="session")
+
+
+@pytest.fixture(scope="session")
+def backend(request):
+    """A duotf Backend on a real engine with room for 2 nodes and for the tasks feeding them."""
+    kind = request.param
+    with engines_of(request.config)[kind].start(request) as engine:
+        _running[kind] = engine
+        try:
+            yield engine.backend
+        finally:
+            del _running[kind]
+
+
+@pytest.fixture
+def engine(backend, request) -> Engine:
+    """The engine under ``backend``: plain data in, the engine's collections out, and back."""
+    return _running[request.node.callspec.params["backend"]]
+
+
+def _kind_in(item, marker) -> bool:
+    """Whether ``item`` runs on one of the kinds ``marker`` names (which it checks)."""
+    kinds = set(marker.args)
+    known = [*engines_of(item.config), *(k for k in SUITE_KINDS if k not in engines_of(item.config))]
+    if not kinds or kinds - set(known):
+        raise pytest.UsageError(f"{item.nodeid}: {marker.name}{marker.args}: kinds are {known}")
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "backend" not in params:
+        raise pytest.UsageError(f"{item.nodeid}: {marker.name} needs the backend fixture")
+    return params["backend"] in kinds
+
+
+def pytest_collection_modifyitems(config, items):
+    """``engines(...)`` deselects a test on the other engines; ``xfail_on(...)`` marks it a
+    strict xfail on the engines named. Both keep the one ``backend`` fixture, so each engine is
+    still started once and two engines of one kind never overlap."""
+    kept, dropped = [], []
+    for item in items:
+        for marker in item.iter_markers("xfail_on"):
+            if _kind_in(item, marker):
+                item.add_marker(pytest.mark.xfail(reason=marker.kwargs["reason"], strict=True))
+        marker = item.get_closest_marker("engines")
+        (dropped if marker is not None and not _kind_in(item, marker) else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+@pytest.fixture(scope="session")
+def scoring_models(tmp_path_factory):
+    """For the scoring tests: a tiny Keras model (4 values a row -> 1, and -> 3) saved as .keras
+    and exported as a SavedModel; the rows; what model.predict gives for them."""
+    import keras
+    import numpy as np
+
+    from duotf.testing.suite.data import SCORING_ROWS, SCORING_WIDTH
+
+    keras.utils.set_random_seed(3)
+    folder = tmp_path_factory.mktemp("models")
+    inputs = keras.Input((SCORING_WIDTH,), name="features")
+    hidden = keras.layers.Dense(3, activation="tanh")(inputs)
+    scalar = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    vector = keras.Model(inputs, hidden)
+    scalar.save(folder / "scalar.keras")
+    vector.save(folder / "vector.keras")
+    scalar.export(str(folder / "scalar_sm"), verbose=False)
+    x = np.random.default_rng(0).normal(size=(SCORING_ROWS, SCORING_WIDTH)).astype("float32")
+    return {"keras": str(folder / "scalar.keras"), "savedmodel": str(folder / "scalar_sm"),
+            "vector": str(folder / "vector.keras"), "x": x,
+            "expected": scalar.predict(x, verbose=0)[:, 0],
+            "expected_vector": vector.predict(x, verbose=0)}
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    """After each test: no node process, no new thread but an engine's, no new listening port
+    remains."""
+    before = listening_ports()
+    threads = set(threading.enumerate())
+    yield
+    poll_for(lambda: not node_processes(), 15, what="no duotf node or TensorBoard process left")
+    leaked = leaked_threads(threads)
+    assert not leaked, describe_threads(leaked)
+    leaked = listening_ports() - before
+    assert not leaked, f"listening ports left open: {sorted(leaked)}"

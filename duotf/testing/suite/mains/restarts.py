@@ -1,0 +1,125 @@
+"""Node programs of the restart tests: they hold until killed, and resume from checkpoints.
+
+Pickled by value (``duotf.testing.suite.mains``), so executors need not import it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from duotf.testing.suite.mains.training import N_FEATURES, mwms_linear, wait_for_file
+from duotf.testing.suite.mains.models import keras_linear, step_counter
+
+
+# -- restarts (test_restarts) ------------------------------------------------------------------
+def _hold_until_killed(args, ctx, epoch: int) -> None:
+    """On the first attempt, on the node the test kills: say so (a file the test waits for)
+    after ``epoch`` epochs, then wait to be killed."""
+    if ctx.attempt == 0 and ctx.node_id == args["victim"] and epoch == args["kill_after"]:
+        path = os.path.join(args["signal_dir"], "ready-to-die")
+        with open(path + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(path + ".tmp", path)
+        wait_for_file(os.path.join(args["signal_dir"], "never"), timeout=300)
+
+
+def sgd_resume_main(args, ctx):
+    """sgd_main epoch by epoch, with a checkpoint per epoch: after a restart it resumes from the
+    checkpoint the driver names, at ctx.resume_epoch. Returns the weights and, per attempt, the
+    rows read in each epoch."""
+    import numpy as np
+
+    feed = ctx.get_data_feed(train=True)
+    w, b = np.zeros(args["width"]), 0.0
+    if ctx.latest_checkpoint():
+        saved = np.load(ctx.latest_checkpoint())
+        w, b = saved["w"], float(saved["b"])
+    epoch, seen = ctx.resume_epoch, []
+    while not feed.should_stop():
+        rows_read = 0
+        for rows in feed.batches(args["batch"]):
+            a = np.asarray(rows, dtype=np.float64)
+            x, y = a[:, :-1], a[:, -1]
+            err = x @ w + b - y
+            w = w - args["lr"] * (x.T @ err) / len(y)
+            b = b - args["lr"] * float(err.mean())
+            rows_read += len(rows)
+        epoch += 1
+        seen.append(rows_read)
+        path = os.path.join(ctx.checkpoint_dir, f"node{ctx.node_id}-epoch{epoch}.npz")
+        np.savez(path, w=w, b=b)
+        ctx.report_checkpoint(epoch, path)
+        _hold_until_killed(args, ctx, epoch)
+    return {"w": w.tolist(), "b": b, "attempt": ctx.attempt, "resumed_at": ctx.resume_epoch,
+            "epochs_read": seen}
+
+
+def mwms_resume_main(args, ctx):
+    """mwms_main (TF reads its own file, MultiWorkerMirroredStrategy) in epochs of
+    ``steps_per_epoch`` steps; the chief saves the weights after each epoch and reports it;
+    after a restart every worker starts from that checkpoint at ctx.resume_epoch."""
+    per_epoch = args["steps_per_epoch"]
+    w0, b0 = np.zeros(N_FEATURES, np.float32), np.float32(0.0)
+    if ctx.latest_checkpoint():
+        saved = np.load(ctx.latest_checkpoint())
+        w0, b0 = saved["w"], saved["b"]
+    w, b, step = mwms_linear(args, ctx, w0, b0)
+    for epoch in range(ctx.resume_epoch, args["epochs"]):
+        for k in range(epoch * per_epoch, (epoch + 1) * per_epoch):
+            step(k)
+        if ctx.is_chief:
+            path = os.path.join(ctx.checkpoint_dir, f"epoch{epoch + 1}.npz")
+            np.savez(path, w=w.numpy(), b=b.numpy())
+            ctx.report_checkpoint(epoch + 1, path)
+        _hold_until_killed(args, ctx, epoch + 1)
+    return {"w": w.numpy().tolist(), "b": float(b.numpy()), "rank": ctx.task_index,
+            "attempt": ctx.attempt}
+
+
+def always_exit_main(args, ctx):
+    """A node that dies on every attempt (exit code 3 before main returns); on the first once
+    duotf.run has returned (the test writes "go"), on the later ones at once."""
+    if ctx.node_id == args["victim"]:
+        if ctx.attempt == 0:
+            wait_for_file(os.path.join(args["signal_dir"], "go"))
+        os._exit(3)
+    wait_for_file(os.path.join(args["signal_dir"], "never"), timeout=300)
+
+
+def raise_main(args, ctx):
+    """Raise on the victim node until attempt ``raise_until``; on the first attempt once
+    duotf.run has returned (the test writes "go")."""
+    if ctx.node_id == args["victim"] and ctx.attempt < args.get("raise_until", 99):
+        if ctx.attempt == 0:
+            wait_for_file(os.path.join(args["signal_dir"], "go"))
+        raise ValueError(f"bad value on attempt {ctx.attempt}")
+    return ctx.attempt
+
+
+def keras_resume_main(args, ctx):
+    """Keras 3 fit under MultiWorkerMirroredStrategy on the engine feed, resumable:
+    CheckpointCallback saves and reports every epoch, restore + initial_epoch resume."""
+    import keras
+    import tensorflow as tf
+
+    import duotf.keras
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    feed = ctx.get_data_feed(train=True, input_mapping=args["mapping"])
+    with strategy.scope():
+        model = keras_linear(args["width"], args["lr"])
+    restored = duotf.keras.CheckpointCallback.restore(model, ctx)
+
+    class Hold(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            _hold_until_killed(args, ctx, epoch + 1)
+
+    counter = step_counter()
+    model.fit(feed.dataset(args["batch"], features="x", label="y"), epochs=args["epochs"],
+              initial_epoch=ctx.resume_epoch, verbose=0,
+              callbacks=[duotf.keras.CheckpointCallback(ctx), Hold(), counter])
+    kernel, bias = model.get_weights()
+    return {"w": kernel[:, 0].tolist(), "b": float(bias[0]), "attempt": ctx.attempt,
+            "restored": restored, "steps": counter.steps}

@@ -1,0 +1,315 @@
+"""The ML stages: ``duotf.spark.TFEstimator``/``TFModel`` and their Dask twin (fit, score,
+to_local, save, load), with the same seed giving the same predictions on every engine. Spark ML
+alone (a ``Pipeline``, a ``CrossValidator``, an estimator saved): tests/test_spark_estimator.py."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import duotf
+import duotf._ml.estimator
+from duotf._driver.planner import balance
+from duotf.testing.suite import mains
+
+SIZES = [20, 4, 16, 24]  # uneven, more partitions than workers
+WIDTH, BATCH, EPOCHS, WORKERS, SEED, LR = 3, 8, 2, 2, 7, 0.05
+TRUE_W = np.array([1.5, -2.0, 0.5])
+ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+SCHEMA = {"id": "long", "features": "array<float>", "label": "double"}
+SPARK = ("spark-local", "spark-standalone")
+
+#: predictions per engine seen in this session: the same seed must give the same bits
+_PREDICTIONS: dict = {}
+
+
+def linear_parts():
+    """Rows ``(id, 3 features, label)`` of a noisy linear target, in partitions of ``SIZES``."""
+    rng = np.random.default_rng(11)
+    parts, start = [], 0
+    for size in SIZES:
+        x = rng.normal(size=(size, WIDTH)).astype(np.float32)
+        y = x.astype(np.float64) @ TRUE_W + 0.3 + rng.normal(scale=0.1, size=size)
+        parts.append([(start + i, x[i].tolist(), float(y[i])) for i in range(size)])
+        start += size
+    return parts
+
+
+def _global_batches(parts):
+    """Every epoch's global batches, in order: step k takes each worker's k-th
+    ``BATCH // WORKERS`` rows, in the order the balanced plan feeds them."""
+    plan, _, _ = balance([len(p) for p in parts], WORKERS)
+    rows = [[] for _ in range(WORKERS)]
+    for pid in sorted(plan):
+        for target, a, c, _ in plan[pid]:
+            rows[target] += parts[pid][a:c]
+    per_step = BATCH // WORKERS
+    for _ in range(EPOCHS):
+        for k in range(len(rows[0]) // per_step):
+            yield [r for worker in rows for r in worker[k * per_step:(k + 1) * per_step]]
+
+
+def _reference(parts):
+    """The predictions of one process training the same seeded model on the same global
+    batches: step k takes each worker's k-th ``BATCH // WORKERS`` rows, in the order the
+    balanced plan feeds them."""
+    import keras
+
+    keras.utils.set_random_seed(SEED)
+    model = mains.linear_model_fn()
+    for batch in _global_batches(parts):
+        model.train_on_batch(np.array([r[1] for r in batch], np.float32),
+                             np.array([r[2] for r in batch], np.float32))
+    x = np.array([r[1] for p in parts for r in p], np.float32)
+    return model.predict(x, verbose=0)[:, 0]
+
+
+def _params(engine, **params) -> dict:
+    """The ML stages' keywords (written here in Spark ML's camelCase) as the engine spells them."""
+    return {engine.ml_name(name): value for name, value in params.items()}
+
+
+def _score(engine, model, df):
+    return engine.to_pandas(engine.apply_model(model, df)).sort_values("id").reset_index(drop=True)
+
+
+@pytest.mark.engines("dask", *SPARK)
+def test_fit_transform_save_load_with_the_same_predictions_on_every_engine(backend, engine, tmp_path):
+    TFEstimator, _, extra = engine.ml_stages()
+    parts = linear_parts()
+    df = engine.table(parts, SCHEMA)
+    est = TFEstimator(**_params(engine, modelFn=mains.linear_model_fn, featuresCol="features",
+                                labelCol="label", numWorkers=WORKERS, epochs=EPOCHS,
+                                batchSize=BATCH, seed=SEED, modelDir=str(tmp_path / "models"),
+                                env=ENV), **extra)
+    model = est.fit(df)
+    path = engine.model_path(model)
+    assert path.startswith(str(tmp_path / "models" / "fit-")) and path.endswith("/model.keras")
+    assert list(model.history) == ["loss"] and len(model.history["loss"]) == EPOCHS
+    assert all(math.isfinite(v) for v in model.history["loss"])
+
+    scored = _score(engine, model, df)
+    assert scored["id"].tolist() == list(range(sum(SIZES)))
+    assert scored["prediction"].dtype == np.float64
+    predictions = scored["prediction"].to_numpy()
+    # the same seed and rows: what one process trains on the same global batches
+    np.testing.assert_allclose(predictions, _reference(parts), rtol=1e-4, atol=1e-5)
+    # and bit for bit what every other engine of this session predicted
+    for kind, seen in _PREDICTIONS.items():
+        assert np.array_equal(seen, predictions), f"{kind} predicted otherwise"
+    _PREDICTIONS[engine.__class__.__name__] = predictions
+
+    # to_local: the plain Keras model
+    local = model.to_local()
+    x = np.array([r[1] for p in parts for r in p], np.float32)
+    np.testing.assert_allclose(local.predict(x, verbose=0)[:, 0], predictions, rtol=1e-6)
+
+    # save and load: the saved folder is whole by itself (a copy of the model in it). A loaded
+    # model scoring on the engine: the README's ML blocks (tests/test_readme.py); here its
+    # copy predicts what the fitted model did.
+    loaded = engine.save_and_load(model, str(tmp_path / "tfmodel"))
+    assert engine.model_path(loaded) == str(tmp_path / "tfmodel" / "model" / "model.keras")
+    assert loaded.history == model.history
+    np.testing.assert_array_equal(loaded.to_local().predict(x, verbose=0)[:, 0],
+                                  local.predict(x, verbose=0)[:, 0])
+
+
+@pytest.mark.engines("spark-local")
+def test_a_train_fn_fits_as_tensorflowonspark_does(backend, engine, tmp_path):
+    """trainFn(args, ctx), TFoS style: the user's node program gets the estimator's params and
+    trainArgs, saves to args["modelPath"]; its chief's dict is the history."""
+    TFEstimator, _, extra = engine.ml_stages()
+    parts = linear_parts()
+    est = TFEstimator(**_params(engine, trainFn=mains.linear_train_fn, trainArgs={"note": "mine"},
+                                numWorkers=WORKERS, epochs=1, batchSize=BATCH, seed=SEED,
+                                modelDir=str(tmp_path), env=ENV), **extra)
+    model = est.fit(engine.table(parts, SCHEMA))
+    assert model.history["args"] == {"note": "mine"} and len(model.history["loss"]) == 1
+    assert len(model.results) == WORKERS
+
+
+def _bad(engine, name):
+    """DataFrames that a fit must refuse before anything runs."""
+    parts = linear_parts()
+    if name == "string":
+        return engine.table([[(r[0], r[1], str(r[2])) for r in p] for p in parts],
+                            {"id": "long", "features": "array<float>", "label": "string"})
+    if name == "ragged":
+        rows = [[(r[0], r[1][:2] if r[0] == 30 else r[1], r[2]) for r in p] for p in parts]
+        return engine.table(rows, SCHEMA)
+    if name == "null":
+        return engine.table([[(r[0], r[1], None if r[0] == 5 else r[2]) for r in p] for p in parts],
+                            SCHEMA)
+    return engine.table(parts, SCHEMA)
+
+
+@pytest.mark.engines("spark-local", "dask")
+def test_bad_input_is_a_config_error_before_anything_runs(backend, engine, tmp_path):
+    TFEstimator, _, extra = engine.ml_stages()
+    models = tmp_path / "models"
+
+    def fit(data, **params):
+        kwargs = dict(modelFn=mains.linear_model_fn, numWorkers=WORKERS, modelDir=str(models),
+                      env=ENV)
+        kwargs.update(params)
+        kwargs = dict(_params(engine, **kwargs), **extra)
+        with pytest.raises(duotf.ConfigError) as info:
+            TFEstimator(**kwargs).fit(data)
+        return str(info.value)
+
+    good = _bad(engine, "good")
+    message = fit(good, featuresCol="pixels")
+    assert ("feature column 'pixels' is not in the DataFrame" in message
+            and engine.ml_name("featuresCol") in message)
+    message = fit(good, labelCol="target")
+    assert ("label column 'target' is not in the DataFrame" in message
+            and engine.ml_name("labelCol") in message)
+    message = fit(_bad(engine, "string"))
+    assert "'label'" in message and "string" in message
+    message = fit(_bad(engine, "ragged"))
+    assert "column 'features' is ragged" in message and "from 2 to 3 values" in message
+    message = fit(_bad(engine, "null"))
+    assert "column 'label' holds 1 null" in message and "dropna" in message
+    name = engine.ml_name
+    assert f"exactly one of {name('modelFn')}" in fit(good, trainFn=mains.linear_train_fn)
+    assert f"{name('numPs')}=1" in fit(good, numPs=1)
+    assert f"{name('batchSize')}=7" in fit(good, batchSize=7) and "multiple of 2" in fit(good, batchSize=7)
+    assert not models.exists()  # no fit started: no fit folder
+    assert duotf._ml.estimator.running_fits() == 0
+
+    missing = str(tmp_path / "nowhere.keras")
+    with pytest.raises(duotf.ConfigError, match="nowhere.keras' does not exist"):
+        engine.apply_model(engine.model_at(missing), good)
+
+
+# -- a model of two inputs and two outputs ---------------------------------------------------------
+TWO_IO_SCHEMA = {"id": "long", "a": "array<float>", "b": "double", "label": "double",
+                 "label2": "array<float>"}
+_TWO_IO_PREDICTIONS: dict = {}
+
+
+def two_io_parts():
+    """Rows ``(id, a: 3 floats, b, label, label2: 2 floats)`` in partitions of ``SIZES``."""
+    rng = np.random.default_rng(13)
+    parts, start = [], 0
+    for size in SIZES:
+        a = rng.normal(size=(size, WIDTH)).astype(np.float32)
+        b = rng.normal(size=size)
+        y = a.astype(np.float64) @ TRUE_W + 0.5 * b + rng.normal(scale=0.1, size=size)
+        z = np.stack([a[:, 0] - b, a[:, 1] + a[:, 2]], axis=1).astype(np.float32)
+        parts.append([(start + i, a[i].tolist(), float(b[i]), float(y[i]), z[i].tolist())
+                      for i in range(size)])
+        start += size
+    return parts
+
+
+def _inputs(rows):
+    return [np.array([r[1] for r in rows], np.float32), np.array([[r[2]] for r in rows], np.float32)]
+
+
+def _two_io_reference(parts):
+    """What one process trains on the same global batches (as ``_reference``), predicted."""
+    import keras
+
+    keras.utils.set_random_seed(SEED)
+    model = mains.two_io_model_fn()
+    for batch in _global_batches(parts):
+        model.train_on_batch(_inputs(batch), [np.array([r[3] for r in batch], np.float32),
+                                              np.array([r[4] for r in batch], np.float32)])
+    y, z = model.predict(_inputs([r for p in parts for r in p]), verbose=0)
+    return y[:, 0], z
+
+
+@pytest.mark.engines("dask", "spark-local")
+def test_a_model_of_two_inputs_and_two_outputs_fits_and_scores_each_output(backend, engine, tmp_path):
+    """featuresCol and labelCol as lists (one column per model input and output, in order), the
+    fitted model's outputCols, and the engine's predict with both outputs as columns: the same
+    predictions as one process training on the same global batches, on every engine."""
+    TFEstimator, _, extra = engine.ml_stages()
+    parts = two_io_parts()
+    df = engine.table(parts, TWO_IO_SCHEMA)
+    est = TFEstimator(**_params(engine, modelFn=mains.two_io_model_fn, featuresCol=["a", "b"],
+                                labelCol=["label", "label2"], outputCols={"py": "y", "pz": "z"},
+                                numWorkers=WORKERS, epochs=EPOCHS, batchSize=BATCH, seed=SEED,
+                                modelDir=str(tmp_path / "models"), env=ENV), **extra)
+    model = est.fit(df)
+    assert len(model.history["loss"]) == EPOCHS and all(math.isfinite(v) for v in model.history["loss"])
+
+    scored = _score(engine, model, df)
+    assert scored["id"].tolist() == list(range(sum(SIZES)))
+    assert scored["py"].dtype == np.float64
+    py, pz = scored["py"].to_numpy(), np.stack([np.asarray(v) for v in scored["pz"]])
+    assert pz.shape == (sum(SIZES), 2)
+    ref_y, ref_z = _two_io_reference(parts)
+    np.testing.assert_allclose(py, ref_y, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(pz, ref_z, rtol=1e-4, atol=1e-5)
+    for kind, (seen_y, seen_z) in _TWO_IO_PREDICTIONS.items():  # bit for bit, engine to engine
+        assert np.array_equal(seen_y, py) and np.array_equal(seen_z, pz), f"{kind} predicted otherwise"
+    _TWO_IO_PREDICTIONS[engine.__class__.__name__] = (py, pz)
+
+    # the engine's scoring function, both outputs as columns: what the Keras model predicts
+    direct = engine.to_pandas(engine.score(df, engine.model_path(model), columns=["a", "b"],
+                                           output={"y": "y", "z": "z"}))
+    direct = direct.sort_values("id").reset_index(drop=True)
+    local_y, local_z = model.to_local().predict(_inputs([r for p in parts for r in p]), verbose=0)
+    np.testing.assert_allclose(direct["y"].to_numpy(), local_y[:, 0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.stack([np.asarray(v) for v in direct["z"]]), local_z, rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(direct["y"].to_numpy(), py, rtol=1e-6)
+
+@pytest.mark.engines("local")
+def test_a_failed_fit_group_stops_its_running_cluster_and_its_waiting_fit(backend, engine, tmp_path,
+                                                                          caplog):
+    """The mechanism under ``duotf.spark.TFEstimator.fitMultiple`` (tests/test_spark_estimator.py
+    runs it under a CrossValidator): two fits of one FitGroup, each needing all the engine's
+    slots. The first runs (its node waits until stopped), the second waits for slots; the group
+    fails: the first's cluster is shut down at once, the second never starts, and once
+    ``settle()`` returns no node of the group is left."""
+    import logging
+    import threading
+    import time
+
+    from duotf.testing import node_processes, poll_for
+
+    caplog.set_level(logging.INFO, logger="duotf._ml.estimator")
+    group = duotf._ml.estimator.FitGroup()
+    config = duotf._ml.estimator.FitConfig.from_params(dict(
+        trainFn=mains.started_train_fn, trainArgs={"started": str(tmp_path)},
+        modelDir=str(tmp_path / "models"), env=ENV))
+    feed_slots = backend.slots() - config.nodes  # one fit takes every slot
+    data = engine.rows(linear_parts())
+    outcomes = {}
+
+    def one(name):
+        try:
+            with group.member():
+                duotf._ml.estimator.fit(config, backend, id(backend), data, feed_slots, group)
+        except BaseException as exc:
+            outcomes[name] = exc
+
+    first = threading.Thread(target=one, args=("first",))
+    first.start()
+    poll_for(lambda: (tmp_path / "node-0").exists(), 60, what="the first fit's node")
+    # the node runs before duotf.run returns the cluster to the fit; a group failing in between
+    # is refused at once with the group's own error (FitGroup.running), not stopped under it
+    poll_for(lambda: group._live, 60, what="the first fit's cluster running in its group")
+    second = threading.Thread(target=one, args=("second",))
+    second.start()
+    poll_for(lambda: any("waiting for" in r.getMessage() for r in caplog.records), 10,
+             what="the second fit waiting for slots")
+    error = ValueError("another fit of the group failed")
+    t0 = time.monotonic()
+    group.fail(error)
+    group.settle()
+    assert time.monotonic() - t0 < 15
+    assert not node_processes()  # stopped, not being stopped
+    first.join(5), second.join(5)
+    assert outcomes["second"] is error  # woken in the line, never started
+    # its cluster stopped under it as it fed the node (the feed's error, or the node's)
+    assert isinstance(outcomes["first"], duotf.DuotfError)
+    assert duotf._ml.estimator.running_fits() == 0
+    assert sum("slot(s) booked" in r.getMessage() for r in caplog.records) == 1
+    with pytest.raises(ValueError, match="another fit of the group failed"):
+        group.raise_error()

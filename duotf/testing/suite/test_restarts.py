@@ -1,0 +1,198 @@
+"""Restarts from a checkpoint (``duotf.run(..., max_restarts=N)``), on every engine.
+
+A node is killed with SIGKILL from outside while it trains (the test waits for the node to say
+it has saved epoch 2, then kills it); the cluster restarts, every node resumes from the
+checkpoint the driver names, and the engine feed gives the restarted nodes the epochs after it,
+each once. Since the feed plan is deterministic and the checkpoint holds whole epochs, the
+result must equal an uninterrupted run's exactly (engine feed: bit for bit against the numpy
+reference of test_determinism; TF reading its files under MultiWorkerMirroredStrategy: the
+tolerance of test_lifecycle's reference test, 1e-5, float32 all-reduce sums).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import numpy as np
+import psutil
+import pytest
+
+import duotf
+from duotf.errors import NodeFailedError
+from duotf.testing import QUIET_TF
+from duotf.testing import poll_for
+from duotf.testing.suite import mains
+from duotf.testing.suite.test_determinism import (BATCH, EPOCHS, LR, WIDTH, one_process_reference,
+                                                  seeded_parts)
+
+
+def kill_when_ready(cluster_box, signal_dir, victim: str = "node"):
+    """A thread that waits for the node's "ready-to-die" file, then SIGKILLs the node process
+    (``victim="node"``), its Spark executor's JVM (``"executor"``) or its Dask worker process
+    (``"worker"``). Returns the thread and a list that receives what was killed."""
+    killed = []
+
+    def run():
+        path = os.path.join(signal_dir, "ready-to-die")
+        poll_for(lambda: os.path.exists(path), 120, what="the node to save epoch 2")
+        pid = int(open(path).read())
+        target = psutil.Process(pid)
+        if victim == "executor":  # node process -> agent (Python worker) -> daemon -> JVM
+            target = next(p for p in target.parents() if p.name() == "java")
+        elif victim == "worker":  # the Dask worker process runs the agent
+            target = psutil.Process(cluster_box[0].nodes[1].agent_pid)
+        killed.append((victim, target.pid))
+        os.kill(target.pid, signal.SIGSTOP if victim == "hang" else signal.SIGKILL)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, killed
+
+
+def _restarted_feed_run(backend, engine, tmp_path, victim="node", **run_options):
+    parts = seeded_parts()
+    expected = one_process_reference(parts)
+    args = {"width": WIDTH, "batch": BATCH, "lr": LR, "victim": 1, "kill_after": 2,
+            "signal_dir": str(tmp_path)}
+    box = []
+    with duotf.run(mains.sgd_resume_main, args, backend, duotf.ClusterSpec(workers=2),
+                   max_restarts=1, **run_options) as cluster:
+        box.append(cluster)
+        killer, killed = kill_when_ready(box, str(tmp_path), victim)
+        report = cluster.train(engine.rows(parts), epochs=EPOCHS)
+        got = cluster.wait(timeout=180)
+        killer.join(5)
+    assert killed and killed[0][0] == victim
+    [restart] = cluster.restarts
+    assert restart.attempt == 0 and restart.node == "worker:1", restart
+    assert restart.cause == {"node": "killed", "hang": "hung"}.get(victim, "lost"), restart
+    assert restart.seconds is not None and restart.seconds > 0
+    # bit for bit the uninterrupted run's weights
+    assert [{"w": g["w"], "b": g["b"]} for g in got] == expected
+    # the restarted attempt read each epoch after the checkpoint once, whole, and no other
+    per = report["rows_per_worker"]
+    for g in got:
+        assert g["attempt"] == 1
+        assert g["resumed_at"] == restart.resume_epoch
+        assert g["epochs_read"] == [per] * (EPOCHS - restart.resume_epoch), g
+    assert 1 <= restart.resume_epoch <= 2
+    return cluster
+
+
+def test_a_node_killed_mid_training_restarts_and_its_feed_resumes(backend, engine, tmp_path):
+    cluster = _restarted_feed_run(backend, engine, tmp_path)
+    # node 1 reported epoch 2 before it said it was ready to die: it resumes there
+    assert cluster.restarts[0].resume_epoch == 2
+    assert not os.path.exists(cluster.checkpoint_dir)  # duotf's own, removed at shutdown
+
+
+@pytest.mark.engines("local")
+def test_a_hung_node_is_killed_and_the_cluster_restarts(backend, engine, tmp_path):
+    """SIGSTOP: the node falls silent; after heartbeat_timeout it counts as hung, is killed,
+    and the gang restarts from its checkpoint."""
+    _restarted_feed_run(backend, engine, tmp_path, victim="hang", heartbeat_interval=0.5,
+                        heartbeat_timeout=3)
+
+
+@pytest.mark.engines("spark-standalone")
+def test_an_executor_jvm_killed_mid_training_restarts_on_a_replacement(backend, engine, tmp_path):
+    _restarted_feed_run(backend, engine, tmp_path, victim="executor")
+    # the standalone master replaced the executor: the suite's later tests have their slots
+    poll_for(lambda: backend.slots() >= engine.slots, 60, what="the replacement executor")
+
+
+@pytest.mark.engines("dask")
+def test_a_dask_worker_killed_mid_training_restarts_on_its_replacement(backend, engine, tmp_path):
+    _restarted_feed_run(backend, engine, tmp_path, victim="worker")
+
+
+# TensorFlow in every node of two attempts (CI time): the in-process engine, a standalone
+# executor and a Dask worker; the engine-fed restart above runs on every engine.
+@pytest.mark.engines("local", "spark-standalone", "dask")
+def test_tf_reading_files_resumes_from_the_chiefs_checkpoint(backend, tmp_path):
+    data = mains.make_regression(str(tmp_path / "data.npz"))
+    args = {"data": data, "batch": 32, "lr": 0.05, "epochs": 3, "steps_per_epoch": 5,
+            "victim": 1, "kill_after": 2, "signal_dir": str(tmp_path)}
+    box = []
+    with duotf.run(mains.mwms_resume_main, args, backend, duotf.ClusterSpec(workers=2),
+                   env=QUIET_TF, max_restarts=1) as cluster:
+        box.append(cluster)
+        killer, killed = kill_when_ready(box, str(tmp_path))
+        results = cluster.wait(timeout=240)
+        killer.join(5)
+    [restart] = cluster.restarts
+    assert restart.cause == "killed" and restart.node == "worker:1"
+    assert restart.resume_epoch in (1, 2)  # the chief's report of epoch 2 may come after the kill
+    assert [r["attempt"] for r in results] == [1, 1]
+    ref_w, ref_b = mains.reference_weights(data, 32, 15, 0.05)
+    assert results[0]["w"] == results[1]["w"]
+    np.testing.assert_allclose(results[0]["w"], ref_w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(results[0]["b"], ref_b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_node_that_always_fails_stops_after_max_restarts_with_its_own_error(backend, tmp_path):
+    args = {"victim": 1, "signal_dir": str(tmp_path)}
+    cluster = duotf.run(mains.always_exit_main, args, backend, duotf.ClusterSpec(workers=2),
+                        max_restarts=2)
+    (tmp_path / "go").write_text("")
+    with pytest.raises(NodeFailedError) as raised:
+        with cluster:
+            cluster.wait(timeout=120)
+    # the error a run without restarts raises: the node's own exit
+    assert raised.value.exitcode == 3 and raised.value.role == "worker:1"
+    assert "exited with code 3" in str(raised.value)
+    assert [(r.attempt, r.cause, r.node) for r in cluster.restarts] == [
+        (0, "exited", "worker:1"), (1, "exited", "worker:1")]
+    assert cluster.attempt == 2
+
+
+def test_an_exception_in_main_restarts_only_when_restart_on_names_it(backend, tmp_path):
+    spec = duotf.ClusterSpec(workers=2)
+    args = {"victim": 0, "signal_dir": str(tmp_path)}
+    cluster = duotf.run(mains.raise_main, args, backend, spec, max_restarts=3)
+    (tmp_path / "go").write_text("")
+    with pytest.raises(NodeFailedError) as raised:
+        with cluster:
+            cluster.wait(timeout=60)
+    assert raised.value.remote_type == "ValueError"
+    assert cluster.restarts == []  # a bug is not bad luck: no restart by default
+    with duotf.run(mains.raise_main, dict(args, raise_until=1), backend, spec,
+                   max_restarts=3, restart_on=["killed", ValueError]) as cluster:
+        assert cluster.wait(timeout=60) == [1, 1]
+    assert [(r.cause, r.node) for r in cluster.restarts] == [("exception", "worker:0")]
+
+
+@pytest.mark.engines("local")
+def test_keras_fit_resumes_from_its_checkpoint_callback(backend, engine, tmp_path):
+    """duotf.keras.CheckpointCallback + restore + initial_epoch=ctx.resume_epoch: the killed
+    and restarted fit ends with the weights of an uninterrupted fit (float32, 1e-6)."""
+    rng = np.random.default_rng(3)
+    blocks = []
+    for _ in range(3):
+        x = rng.normal(size=(32, 3)).astype(np.float32)
+        blocks.append({"x": x, "y": (x @ np.array([1.0, -2.0, 0.5], np.float32) + 0.25)})
+    data, mapping = engine.arrays(blocks)
+    args = {"width": 3, "lr": 0.05, "batch": 8, "epochs": 4, "mapping": mapping,
+            "victim": 1, "kill_after": 2, "signal_dir": str(tmp_path)}
+    results = []
+    for kill in (False, True):
+        box = []
+        run_args = dict(args, victim=1 if kill else -1)
+        with duotf.run(mains.keras_resume_main, run_args, backend, duotf.ClusterSpec(workers=2),
+                       env=QUIET_TF, max_restarts=1) as cluster:
+            box.append(cluster)
+            killer, killed = kill_when_ready(box, str(tmp_path)) if kill else (None, None)
+            cluster.train(data, epochs=4)
+            results.append(cluster.wait(timeout=240))
+            if killer is not None:
+                killer.join(5)
+        assert len(cluster.restarts) == int(kill)
+    plain, resumed = results
+    [restart] = cluster.restarts
+    assert [r["attempt"] for r in resumed] == [1, 1] and all(r["restored"] for r in resumed)
+    # the restarted fit ran the epochs after the checkpoint only
+    assert len(resumed[0]["steps"]) == 4 - restart.resume_epoch
+    np.testing.assert_allclose(resumed[0]["w"], plain[0]["w"], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(resumed[0]["b"], plain[0]["b"], rtol=1e-6, atol=1e-6)
