@@ -9,7 +9,7 @@ import time
 import pytest
 
 import duotf
-from duotf.testing import QUIET_TF, poll_for
+from duotf.testing import QUIET_TF, poll_for, shutdown_quietly
 from duotf.testing.suite import mains
 
 # Three engines of five (CI time): in-process, Dask workers and standalone executors; procpool
@@ -107,7 +107,7 @@ def test_kill_9_detected_within_10s(backend, tmp_path):
             cluster.wait()
         latency = time.monotonic() - t0
     finally:
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)
     assert latency <= 10, latency
     assert info.value.exitcode == -signal.SIGKILL
     assert "SIGKILL" in str(info.value) and "worker:1" in str(info.value)
@@ -124,7 +124,7 @@ def test_stopped_node_detected_by_heartbeat(backend, tmp_path):
             cluster.wait()
         assert time.monotonic() - t0 < 3 + 7
     finally:
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)
     assert info.value.role == "worker:0"
     assert "heartbeat_timeout" in str(info.value)
 
@@ -201,4 +201,4 @@ def test_a_second_copy_of_a_node_is_refused_loudly(backend, tmp_path):
         with pytest.raises(duotf.NodeFailedError, match="never runs two copies of a node"):
             cluster.wait(timeout=30)
     finally:
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)

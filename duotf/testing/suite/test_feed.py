@@ -7,6 +7,7 @@ import time
 import pytest
 
 import duotf
+from duotf.testing import shutdown_quietly
 from duotf.testing.suite import mains
 from duotf.testing.suite.data import (FED, SIZES, fed_every_epoch, frames, kept_frame_folders, row_parts,
                               tensor_blocks)
@@ -132,4 +133,4 @@ def test_node_dying_mid_feed_fails_train_fast(backend, engine):
         assert time.monotonic() - t0 < 10 + 5
         assert info.value.role == "worker:1" and info.value.exitcode == 3
     finally:
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)

@@ -15,7 +15,7 @@ import time
 import pytest
 
 import duotf
-from duotf.testing import QUIET_TF
+from duotf.testing import QUIET_TF, shutdown_quietly
 from duotf.testing.suite import mains
 
 # Four engines of five (CI time): procpool feeds through the local backend's task code.
@@ -35,7 +35,7 @@ def test_a_node_that_takes_no_data_gives_a_typed_feed_error(backend, engine, tmp
         assert time.monotonic() - t0 < 90
     finally:
         (tmp_path / "release").touch()
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)
     err = info.value
     first = str(err).splitlines()[0]
     # the task's own error, with its attributes, not an engine's traceback text
@@ -66,7 +66,7 @@ def test_inference_with_results_missing_fails_at_once(backend, engine, then):
             cluster.inference(data, feed_timeout=120)
         took = time.monotonic() - t0
     finally:
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)
     what = "should_stop() was called" if then == "read" else "main returned"
     assert f"{what} with 1 rows read but not answered" in str(info.value)
     assert info.value.remote_type.endswith("FeedError")
@@ -124,4 +124,4 @@ def test_a_failing_source_fails_the_feed_at_once_and_names_it(backend, engine, c
         print(f"\n[figures] source failing {case} ({engine.__class__.__name__.replace('Engine', '')}): "
               f"train() raised after {raised:.2f} s, wait() {waited:.2f} s\n{first}")
     finally:
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)

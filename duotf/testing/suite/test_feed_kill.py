@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 import duotf
-from duotf.testing import QUIET_TF, poll_for
+from duotf.testing import QUIET_TF, poll_for, shutdown_quietly
 from duotf.testing.suite import mains
 
 ROWS = 48_000  # 4 partitions of 12,000 rows of 2 KiB: a range is 6 frames of 4 MiB
@@ -127,5 +127,5 @@ def test_a_feeding_process_killed_mid_epoch_never_duplicates_rows(backend, engin
               f"{outcome.get('error') or outcome.get('report')}")
     finally:
         (tmp_path / "release").touch()
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)
         trainer.join(60)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import duotf
+from duotf.testing import shutdown_quietly
 from duotf.testing.suite import mains
 from duotf.testing.suite.data import kept_frame_folders
 
@@ -83,7 +84,7 @@ def test_refused_data_gives_a_feed_schema_error(backend, engine, tmp_path, case,
         assert not kept_frame_folders() - before
     finally:
         (tmp_path / "release").touch()
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)
     err = info.value
     assert isinstance(err, duotf.FeedError)
     # every partition holds an array of strings: whichever is converted first is named
@@ -135,7 +136,7 @@ def test_inference_refuses_a_null_and_names_it(backend, engine):
         with pytest.raises(duotf.FeedSchemaError) as info:
             cluster.inference(data, keep=["id"], feed_timeout=60)
     finally:
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)
     err = info.value
     assert (err.column, err.partition, err.row, err.problem) == ("x", PART, ROW, "null")
     assert str(err).splitlines()[0].startswith("column 'x': a null at row 2 of partition 1")

@@ -17,7 +17,7 @@ import pytest
 
 import duotf
 import duotf._driver.supervisor
-from duotf.testing import poll_for
+from duotf.testing import poll_for, shutdown_quietly
 from duotf.testing.suite import mains
 
 HEARTBEAT = dict(heartbeat_interval=0.5, heartbeat_timeout=3)
@@ -103,7 +103,7 @@ def test_a_stalled_engine_task_leaves_no_node_behind(backend, engine, tmp_path, 
                  "the stalled task's node process gone and its ports closed and free")
         gone = time.monotonic() - t0
         t1 = time.monotonic()
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)
         shutdown = time.monotonic() - t1
 
         try:
@@ -121,7 +121,7 @@ def test_a_stalled_engine_task_leaves_no_node_behind(backend, engine, tmp_path, 
                 agent.send_signal(signal.SIGCONT)
             except psutil.NoSuchProcess:
                 pass
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)
     kind = engine.__class__.__name__.replace("Engine", "")
     _figures(f"stalled task ({kind}, node ended by the {ender})", detected=detected, node_gone=gone,
              shutdown=shutdown)
@@ -145,10 +145,10 @@ def test_a_failure_closes_the_rendezvous_port_before_it_is_raised(backend, engin
             cluster.wait(timeout=60)
         assert _refused(port)
         t0 = time.monotonic()
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)
         shutdown = time.monotonic() - t0
     finally:
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)
     _figures(f"node killed ({engine.__class__.__name__.replace('Engine', '')})", shutdown=shutdown)
     assert shutdown < 5
 
@@ -172,12 +172,12 @@ def test_a_lost_dask_worker_closes_the_port_and_shutdown_is_quick(backend, engin
         assert _refused(port), "the rendezvous port is still open after the failure was raised"
         assert "worker:1" in str(info.value)
         t1 = time.monotonic()
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)
         shutdown = time.monotonic() - t1
         poll_for(lambda: not _node_processes(cluster.job_id, 1), 10, 0.1, "node 1 gone")
         gone = time.monotonic() - t0
     finally:
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)
         # the engine is whole again for the tests after this one
         poll_for(lambda: len(client.nthreads()) == workers, 60, 0.1, "the nanny's new worker")
     _figures("lost Dask worker", detected=detected, node_gone=gone, shutdown=shutdown)

@@ -21,8 +21,7 @@ import pytest
 
 import duotf
 from duotf.errors import NodeFailedError
-from duotf.testing import QUIET_TF
-from duotf.testing import poll_for
+from duotf.testing import QUIET_TF, poll_for
 from duotf.testing.suite import mains
 from duotf.testing.suite.test_determinism import (BATCH, EPOCHS, LR, WIDTH, one_process_reference,
                                                   seeded_parts)
