@@ -47,6 +47,13 @@ class Engine(abc.ABC):
 
     ``handle`` is what a program passes to ``duotf.run`` for this engine (``None`` for the
     embedded backend, a ``distributed.Client``, a ``SparkSession``).
+
+    To implement one, subclass it: ``start`` (a classmethod context manager that yields the
+    engine, ``cls(backend, handle)``, and stops it on exit), every abstract method, the class
+    attributes below where the engine differs, and the optional methods it has (the tests that
+    need them are kept to the engines that have them). Then declare it to
+    :mod:`duotf.testing.plugin` (the ``pytest_duotf_engines`` hook). An engine whose collection
+    is a list of partitions subclasses :class:`LocalEngine` and overrides ``start`` only.
     """
 
     #: how many engine processes run node tasks (duotf gives each node one of its own while it can)
