@@ -41,7 +41,6 @@ import os
 import time
 from typing import TYPE_CHECKING, List, Optional
 
-from duotf.errors import DuotfError
 from duotf.testing.engine import Engine, LocalEngine, Processes, TaskFailure, pandas_frames
 
 if TYPE_CHECKING:
@@ -137,7 +136,6 @@ def shutdown_quietly(cluster, grace_secs: float = 0.0) -> None:
     grace_secs : float
         Seconds each ``main`` is given to return before it is stopped.
     """
-    try:
-        cluster.shutdown(grace_secs=grace_secs)
-    except DuotfError:
-        pass
+    from duotf._driver.cluster import shutdown_quietly as quietly  # the atexit sweep's own
+
+    quietly(cluster, grace_secs)
