@@ -1,7 +1,8 @@
 """The engine-neutral half of duotf's ML stages: what :class:`duotf.spark.TFEstimator` and
 :class:`duotf.dask.TFEstimator` share.
 
-Both twins take the same parameters (:data:`FIT_PARAMS`), check them here into a
+Both twins take the same parameters (:data:`FIT_PARAMS`; the Dask twin spells them in snake_case
+and translates them at its boundary), check them here into a
 :class:`FitConfig`, and fit with :func:`fit`: one duotf cluster over the engine's data, either
 the node program duotf writes for a Keras model (:func:`keras_main`: ``modelFn()`` built in a
 ``MultiWorkerMirroredStrategy`` scope, ``fit`` on the engine feed, the chief saves

@@ -84,7 +84,7 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
     ``featuresCol``, ``labelCol``, ``epochs``, ``batchSize``, ``seed`` and your ``trainArgs``
     as ``args["args"]``; its chief's return value, when a dict, is the model's history.
 
-    Parameters (the same names in :class:`duotf.dask.TFEstimator`): ``featuresCol`` (a column,
+    Parameters (:class:`duotf.dask.TFEstimator` takes them in snake_case): ``featuresCol`` (a column,
     or a list of them, one per model input: numbers, ``array<number>``, ML vectors, packed tensor
     columns), ``labelCol`` (a column, or a list of them, one per model output), ``predictionCol``,
     ``argmaxCol``, ``outputCols`` (``{column: model output name}``: the fitted model's columns
