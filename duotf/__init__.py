@@ -9,7 +9,7 @@ import importlib
 
 from duotf._driver.doctor import DoctorReport, doctor  # light; and a function named as its module
 from duotf.errors import (BackendError, ClusterClosedError, ConfigError, DuotfError, FeedError, FeedSchemaError, InsufficientSlotsError, NodeError, NodeFailedError, NodesStoppedError, NodeUnresponsiveError, ReservationTimeoutError, SchemaMismatchError, TensorBoardError, TFRecordCorruptError, UnsupportedProtocolError)
-from duotf.spec import ClusterSpec, Role
+from duotf.spec import ClusterSpec, Job, Role
 from duotf._verbosity import set_verbose
 
 from duotf._version import __version__ as _package_version
@@ -29,7 +29,9 @@ __all__ = [
     "ClusterSpec",
     "NodeContext",
     "NodeInfo",
+    "NodeState",
     "Role",
+    "Job",
     "DuotfError",
     "ConfigError",
     "UnsupportedProtocolError",
@@ -56,6 +58,7 @@ _LAZY = {
     "Cluster": "duotf._driver.cluster",
     "ClusterStatus": "duotf._driver.cluster",
     "NodeInfo": "duotf._driver.cluster",
+    "NodeState": "duotf._driver.nodes",
     "NodeContext": "duotf.context",
     "RaggedColumn": "duotf._transport.columns",
     "Report": "duotf._driver.metrics",
