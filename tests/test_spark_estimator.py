@@ -32,7 +32,7 @@ def test_a_pipeline_and_a_cross_validator(backend, engine, tmp_path, caplog):
     from duotf.spark import TFEstimator, TFModel
 
     caplog.set_level(logging.INFO, logger="duotf._ml.estimator")
-    caplog.set_level(logging.INFO, logger="duotf._driver.cluster")
+    caplog.set_level(logging.INFO, logger="duotf.cluster")
     parts = [[(r[0], *r[1], r[2]) for r in p] for p in linear_parts()]
     df = engine.table(parts, {"id": "long", "x0": "double", "x1": "double", "x2": "double",
                               "label": "double"}).cache()
