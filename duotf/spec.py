@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import Dict, List, Tuple
 
+from duotf._enum import StrEnum
 from duotf.errors import ConfigError
 
 __all__ = ["ClusterSpec", "Job", "KNOWN_PROTOCOLS", "Role"]
@@ -15,18 +15,13 @@ __all__ = ["ClusterSpec", "Job", "KNOWN_PROTOCOLS", "Role"]
 KNOWN_PROTOCOLS = ("grpc", "grpc+verbs", "grpc+gdr", "grpc+mpi")
 
 
-class Job(str, enum.Enum):
+class Job(StrEnum):
     """A TensorFlow job: the ``type`` of a task in ``TF_CONFIG``."""
 
     CHIEF = "chief"
     WORKER = "worker"
     PS = "ps"
     EVALUATOR = "evaluator"
-
-    # the plain name in str(), f-strings and JSON on every Python (3.11 and 3.12 differ on
-    # how a str-mixin enum formats)
-    __str__ = str.__str__
-    __format__ = str.__format__
 
 
 @dataclasses.dataclass(frozen=True)

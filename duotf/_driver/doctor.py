@@ -11,7 +11,6 @@ each ``OK``, ``WARN`` (works, but slower or fragile) or ``FAIL`` (a job would fa
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import json
 import logging
@@ -23,6 +22,7 @@ import uuid
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from duotf._deadline import Deadline
+from duotf._enum import StrEnum
 from duotf.errors import ConfigError, DuotfError
 from duotf.spec import ClusterSpec, parse_address, seconds
 
@@ -35,16 +35,12 @@ __all__ = ["doctor", "DoctorReport", "Check", "CheckStatus"]
 SHM_WANTED = 256 << 20
 
 
-class CheckStatus(str, enum.Enum):
+class CheckStatus(StrEnum):
     """How a check went (a backend's ``engine_checks`` rows name it by its value)."""
 
     OK = "OK"
     WARN = "WARN"  # a job runs, but slower or more fragile than it could
     FAIL = "FAIL"  # a job would fail
-
-    # the plain value in str(), f-strings and the report's table, on every Python
-    __str__ = str.__str__
-    __format__ = str.__format__
 
 
 @dataclasses.dataclass(frozen=True)
