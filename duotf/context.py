@@ -235,7 +235,7 @@ def node_context(*, notify: Callable[[str], None], feed_server, reporter=None,
 
     ``fields`` are :class:`NodeContext`'s own arguments; ``notify(what)`` tells the node's
     agent of a change it reports to the driver (``"serving"``); ``feed_server`` is the node's
-    :class:`~duotf._transport.datafeed.FeedServer`, which ``get_data_feed`` reads from; ``reporter``
+    :class:`~duotf._transport.server.FeedServer`, which ``get_data_feed`` reads from; ``reporter``
     sends what ``ctx.report`` is given (:mod:`duotf._node.reports`).
     """
     ctx = NodeContext(**fields)
@@ -249,6 +249,8 @@ def node_context(*, notify: Callable[[str], None], feed_server, reporter=None,
 def check_feeds_answered(ctx: NodeContext, when: str = "main returned") -> None:
     """Once ``main`` returned: raise the :class:`~duotf.errors.FeedError` of an inference feed
     that ``ctx`` handed out with rows read but left without their results."""
+    from duotf._transport.datafeed import check_answered
+
     for feed in ctx._feeds:
         if not feed.train:
-            feed.check_answered(when)
+            check_answered(feed, when)

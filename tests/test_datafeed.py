@@ -10,7 +10,8 @@ import pytest
 from duotf.errors import ConfigError, FeedSchemaError
 from duotf._transport import wire
 from duotf._transport.columns import TENSOR_KEY, decode_tensor, from_arrow, tensor_specs
-from duotf._transport.datafeed import DataFeed, FeedServer
+from duotf._transport.datafeed import DataFeed
+from duotf._transport.server import FeedServer
 from duotf._driver.planner import balance
 
 SECRET = b"k" * 32

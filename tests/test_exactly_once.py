@@ -11,7 +11,8 @@ import pytest
 
 from duotf.errors import FeedError
 from duotf._transport import wire
-from duotf._transport.datafeed import DataFeed, FeedServer
+from duotf._transport.datafeed import DataFeed
+from duotf._transport.server import FeedServer
 from duotf._transport.feeder import FeedJob, feed_train
 from tests.conftest import poll_for
 

@@ -14,7 +14,7 @@ import pytest
 
 from duotf.errors import FeedError
 from duotf._transport import wire
-from duotf._transport.datafeed import FeedServer
+from duotf._transport.server import FeedServer
 from duotf._transport.feeder import FeedJob, feed_train
 from duotf._driver.planner import _cause, _lost_task
 from tests.conftest import poll_for

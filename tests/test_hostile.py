@@ -20,7 +20,7 @@ import pytest
 from duotf._transport import gate
 from duotf._transport import rendezvous
 from duotf._transport import wire
-from duotf._transport.datafeed import FeedServer
+from duotf._transport.server import FeedServer
 from tests.engines import poll_for
 
 EACH = 200  # hostile connections of each kind

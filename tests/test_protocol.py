@@ -10,7 +10,7 @@ import pytest
 
 from duotf._transport import rendezvous
 from duotf._transport import wire
-from duotf._transport.datafeed import FeedServer
+from duotf._transport.server import FeedServer
 from duotf._node.agent import OutcomeStatus
 from duotf._transport.rendezvous import Msg
 from tests.agents import AgentRun, FakeDriver

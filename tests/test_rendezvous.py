@@ -47,7 +47,7 @@ def test_wrong_secret_is_refused(server, caplog):
 
 
 def test_a_server_of_another_kind_is_not_retried():
-    from duotf._transport.datafeed import FeedServer
+    from duotf._transport.server import FeedServer
 
     feed = FeedServer(b"k" * 32)  # speaks the feed's handshake, not the rendezvous'
     try:

@@ -44,7 +44,7 @@ def balance(counts: List[int], targets: int, drop_remainder: bool = True):
 
     The plan maps each partition to its ranges ``(target, start, stop, seq)``: ``seq`` numbers
     the ranges of one target in partition order, and a node queues its ranges in that order,
-    whichever feeding task comes first (:class:`duotf._transport.datafeed.FeedServer`), so what a
+    whichever feeding task comes first (:class:`duotf._transport.server.FeedServer`), so what a
     worker reads, and in what order, follows from the data and the spec alone.
     """
     total = sum(counts)

@@ -161,7 +161,7 @@ def _start_threads(link: _Link, job: ChildJob, inbox: list, arrived: threading.C
 
         _tensorboard = TensorBoard(job.log_dir, lambda info: link.send(ChildMsg.TENSORBOARD, info))
         _tensorboard.start()
-    from duotf._transport.datafeed import FeedServer
+    from duotf._transport.server import FeedServer
 
     feed = FeedServer(job.secret, on_terminate=lambda: link.send(ChildMsg.FEED_TERMINATED),
                       on_failure=lambda info: link.send(ChildMsg.FEED_FAILED, info))
