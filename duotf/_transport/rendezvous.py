@@ -32,6 +32,7 @@ import threading
 import time
 from typing import Callable, Dict, Optional, Tuple
 
+from duotf._deadline import Deadline
 from duotf._transport import gate
 logger = logging.getLogger(__name__)
 
@@ -161,13 +162,13 @@ def connect(
     """Connect to a rendezvous server and authenticate, retrying with jittered backoff until
     ``timeout`` (a server that closes the connection during the handshake, crowded by other
     connections, is tried again; one that refuses the secret is not)."""
-    deadline = time.monotonic() + timeout
+    deadline = Deadline.after(timeout)
     delay = 0.05
     last_exc: Optional[BaseException] = None
     while True:
         sock = None
         try:
-            remaining = max(deadline - time.monotonic(), 0.1)
+            remaining = max(deadline.remaining, 0.1)
             sock = socket.create_connection(address, timeout=min(remaining, 10.0))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
@@ -186,7 +187,7 @@ def connect(
             if sock is not None:
                 sock.close()
             last_exc = exc
-            if time.monotonic() + delay > deadline:
+            if deadline.remaining < delay:  # no time left for another try
                 raise ConnectionError(
                     f"could not reach the duotf driver at {address[0]}:{address[1]} within "
                     f"{timeout:.0f} s; is the driver host reachable from the executors "

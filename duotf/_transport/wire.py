@@ -33,6 +33,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from duotf._deadline import Deadline
 from duotf._transport import gate
 from duotf._transport.columns import RaggedColumn
 
@@ -168,7 +169,7 @@ def connect(address: Tuple[str, int], secret: bytes, timeout: float) -> socket.s
     """An authenticated connection to a node's feed port. Where the node's gate closes it during
     the handshake (crowded by other connections), it is tried again with backoff within
     ``timeout``; a node that refuses the secret, or is not listening, raises at once."""
-    deadline = time.monotonic() + timeout
+    deadline = Deadline.after(timeout)
     delay = 0.05
     while True:
         sock = socket.create_connection(address, timeout=timeout)
@@ -183,7 +184,7 @@ def connect(address: Tuple[str, int], secret: bytes, timeout: float) -> socket.s
             raise
         except OSError:
             sock.close()
-            if time.monotonic() + delay > deadline:
+            if deadline.remaining < delay:  # no time left for another try
                 raise
         time.sleep(delay * (0.5 + random.random()))
         delay = min(delay * 2, 1.0)
