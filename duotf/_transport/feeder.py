@@ -300,32 +300,12 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
                 if lo >= hi:
                     continue
                 fed = target
-                conn = conn_for(target, seq)
-                if conn.delivered:  # by an earlier attempt of this task (the engine retried it)
-                    pass
-                elif isinstance(packed, wire.FileRef):  # the node reads it, or its rows lo..hi
-                    wire.send_file_ref(conn.sock, packed, lo - pos, hi - pos)
-                elif isinstance(packed, wire.FileFrame) and hi - lo == n:
-                    conn.send_file_frame(packed)  # whole, as cached
-                elif isinstance(packed, wire.Packed) and hi - lo == n:
-                    conn.send_frame([memoryview(packed.data)], n)
-                else:
-                    if packed:  # split between targets: only here is a cached frame decoded
-                        data = packed.read() if isinstance(packed, wire.FileFrame) else packed.data
-                        cols, packed = wire.unpack_frame(data)[1], None
-                    conn.send_frame(wire.frame_parts(Frame.BATCH, slice_cols(cols, lo - pos, hi - pos)),
-                                    hi - lo)
+                cols, packed = _send_rows(conn_for(target, seq), cols, packed, n, lo - pos, hi - pos)
                 sent += hi - lo
                 if hi == b:
                     end(target, seq)
             pos += n
-        planned = max((b for _, _, b, _ in ranges), default=0)
-        if pos < planned:
-            raise FeedError(
-                f"partition {pid} gave {pos} rows where {planned} were counted before feeding: the "
-                "data changed between the count and the feed (a non-deterministic source?); "
-                "cache() or persist() it first", epoch=job.epoch, partition=pid,
-                node=job.labels[ranges[0][0]])
+        _check_count(job, pid, ranges, pos)
         for target, conn in conns.items():
             if not conn.delivered:  # terminated: the node wants no more data
                 conn.reply(Frame.ACK, Frame.TERMINATED)
@@ -334,14 +314,7 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
     except FeedSchemaError:
         # Rows this partition refused are not sent, nor any after them. Its places in its
         # nodes' order are given up, so that the ranges after them are not held up waiting.
-        try:
-            for target, _, _, seq in ranges:
-                if (target, seq) not in ended:
-                    end(target, seq)
-            for conn in conns.values():
-                conn.reply(Frame.ACK, Frame.TERMINATED)
-        except (OSError, wire.FeedProtocolError) as exc:  # the node's own error tells why
-            logger.debug("partition %d: giving up its turns failed: %s", pid, exc)
+        _give_up_turns(pid, ranges, ended, end, conns)
         raise
     except _SourceFailed as exc:
         # Its connections close before their END: the node gives back the turn of a range that
@@ -352,6 +325,50 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
     finally:
         for conn in conns.values():
             conn.close(ok)
+
+
+def _send_rows(conn: _Target, cols, packed, n: int, start: int, stop: int):
+    """Send rows ``start..stop`` of a frame of ``n`` rows on ``conn``: ``packed`` as it came
+    (a cached file's frame, or one packed already) where it goes whole, else ``cols``. Returns
+    ``(cols, packed)``, decoded once where a packed frame is split between targets."""
+    if conn.delivered:  # by an earlier attempt of this task (the engine retried it)
+        pass
+    elif isinstance(packed, wire.FileRef):  # the node reads it, or its rows start..stop
+        wire.send_file_ref(conn.sock, packed, start, stop)
+    elif isinstance(packed, wire.FileFrame) and stop - start == n:
+        conn.send_file_frame(packed)  # whole, as cached
+    elif isinstance(packed, wire.Packed) and stop - start == n:
+        conn.send_frame([memoryview(packed.data)], n)
+    else:
+        if packed:  # split between targets: only here is a cached frame decoded
+            data = packed.read() if isinstance(packed, wire.FileFrame) else packed.data
+            cols, packed = wire.unpack_frame(data)[1], None
+        conn.send_frame(wire.frame_parts(Frame.BATCH, slice_cols(cols, start, stop)), stop - start)
+    return cols, packed
+
+
+def _check_count(job: FeedJob, pid: int, ranges: list, rows: int) -> None:
+    """Raise :class:`FeedError` where partition ``pid`` gave fewer ``rows`` than its plan."""
+    planned = max((b for _, _, b, _ in ranges), default=0)
+    if rows < planned:
+        raise FeedError(
+            f"partition {pid} gave {rows} rows where {planned} were counted before feeding: the "
+            "data changed between the count and the feed (a non-deterministic source?); "
+            "cache() or persist() it first", epoch=job.epoch, partition=pid,
+            node=job.labels[ranges[0][0]])
+
+
+def _give_up_turns(pid: int, ranges: list, ended: set, end, conns: Dict[int, _Target]) -> None:
+    """End partition ``pid``'s ranges not ``ended`` yet (with ``end(target, seq)``) and wait for
+    their nodes' answers; a failure is logged, as the node's own error tells why."""
+    try:
+        for target, _, _, seq in ranges:
+            if (target, seq) not in ended:
+                end(target, seq)
+        for conn in conns.values():
+            conn.reply(Frame.ACK, Frame.TERMINATED)
+    except (OSError, wire.FeedProtocolError) as exc:
+        logger.debug("partition %d: giving up its turns failed: %s", pid, exc)
 
 
 def pass_turn(job: FeedJob, pid: int) -> None:
@@ -383,32 +400,9 @@ def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns],
     except OSError as exc:
         raise _fail(job, pid, target, exc) from exc
     results: "queue.Queue" = queue.Queue()
-
-    def read():
-        try:
-            while True:
-                header, cols = wire.recv_frame(sock)
-                results.put((header["t"], cols))
-        except BaseException as exc:  # handed to the sending thread, as no kind of frame
-            results.put((None, exc))
-
-    reader = threading.Thread(target=read, name="duotf-feed-results", daemon=True)
-    reader.start()
+    reader = _start_reader(sock, results)
     pending: "collections.deque" = collections.deque()  # input frames awaiting results
     waiting = 0
-
-    def pair(res: Columns) -> Tuple[Columns, Columns]:
-        need, parts = num_rows(res), []
-        while need:
-            head = pending[0]
-            k = min(need, num_rows(head))
-            parts.append(slice_cols(head, 0, k))
-            if k == num_rows(head):
-                pending.popleft()
-            else:
-                pending[0] = slice_cols(head, k, num_rows(head))
-            need -= k
-        return concat_cols(parts), res
 
     def take(block: bool):
         nonlocal waiting
@@ -424,7 +418,7 @@ def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns],
                     raise FeedError(f"{job.labels[target]} sent more results than rows fed",
                                     partition=pid, node=job.labels[target])
                 waiting -= num_rows(payload)
-                yield pair(payload) if inputs else (None, payload)
+                yield _paired(pending, payload) if inputs else (None, payload)
             elif kind == Frame.TERMINATED:
                 raise FeedError(f"{job.labels[target]} terminated its feed with {waiting} rows of "
                                 f"partition {pid} unanswered: inference needs one result per row",
@@ -458,3 +452,35 @@ def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns],
             pass
         reader.join(job.timeout)
         sock.close()
+
+
+def _start_reader(sock: socket.socket, results: "queue.Queue") -> threading.Thread:
+    """A thread that queues the node's answers on ``sock`` as ``(kind, columns)``, and how the
+    connection ended as ``(None, exception)``."""
+    def read():
+        try:
+            while True:
+                header, cols = wire.recv_frame(sock)
+                results.put((header["t"], cols))
+        except BaseException as exc:  # handed to the sending thread, as no kind of frame
+            results.put((None, exc))
+
+    reader = threading.Thread(target=read, name="duotf-feed-results", daemon=True)
+    reader.start()
+    return reader
+
+
+def _paired(pending: "collections.deque", res: Columns) -> Tuple[Columns, Columns]:
+    """``(input rows, res)``: the first rows of the input frames ``pending`` answered by the
+    results ``res``, taken off ``pending``."""
+    need, parts = num_rows(res), []
+    while need:
+        head = pending[0]
+        k = min(need, num_rows(head))
+        parts.append(slice_cols(head, 0, k))
+        if k == num_rows(head):
+            pending.popleft()
+        else:
+            pending[0] = slice_cols(head, k, num_rows(head))
+        need -= k
+    return concat_cols(parts), res
