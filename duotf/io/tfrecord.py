@@ -22,7 +22,7 @@ import logging
 import os
 import struct
 import zlib
-from typing import BinaryIO, Iterable, Iterator, List, Optional
+from typing import BinaryIO, Iterable, Iterator, List, Optional, Tuple
 
 import crc32c as _crc32c
 
@@ -333,16 +333,10 @@ class TFRecordReader:
         need = 0
         while True:
             if not final:
-                try:
-                    chunk = stream.read(max(max_bytes, need))
-                except _StreamDamage as exc:
-                    chunk, damage = b"", exc
-                if chunk:
-                    buf = buf[pos:] + chunk if pos < len(buf) else chunk
-                    base += pos
-                    pos = 0
-                else:
-                    final = True
+                chunk, damage = _read_more(stream, max(max_bytes, need))
+                final = not chunk
+                if chunk:  # the rest of buf, then the chunk; base stays buf[0]'s offset
+                    buf, base, pos = (buf[pos:] + chunk if pos < len(buf) else chunk), base + pos, 0
             out: List[bytes] = []
             end = len(buf)
             need = 0
@@ -400,13 +394,29 @@ class TFRecordReader:
             if out:
                 yield out
             if final:
-                if gap is not None:
-                    self._damaged(gap[0], gap[1], nbytes=base + end - gap[0])
-                if damage is not None:
-                    self._damaged(base + end, damage.reason, record_offset=base + pos,
-                                  compressed_offset=damage.compressed_offset,
-                                  nbytes=0 if gap is not None else end - pos)
+                self._stream_ended(gap, damage, base, end, pos)
                 return
+
+    def _stream_ended(self, gap: Optional[tuple], damage: Optional["_StreamDamage"], base: int,
+                      end: int, pos: int) -> None:
+        """Raise (or count) what the stream's end left at ``base + end``: a damaged region
+        ``gap`` (``(offset, reason)``) never re-framed, and the ``damage`` that ended a compressed
+        stream, the rest of whose record from ``base + pos`` is lost."""
+        if gap is not None:
+            self._damaged(gap[0], gap[1], nbytes=base + end - gap[0])
+        if damage is not None:
+            self._damaged(base + end, damage.reason, record_offset=base + pos,
+                          compressed_offset=damage.compressed_offset,
+                          nbytes=0 if gap is not None else end - pos)
+
+
+def _read_more(stream, want: int) -> Tuple[bytes, Optional["_StreamDamage"]]:
+    """The next chunk of ``stream`` (``b""`` at its end), and the damage that ended a compressed
+    stream there (None if it did not)."""
+    try:
+        return stream.read(want), None
+    except _StreamDamage as exc:
+        return b"", exc
 
 
 def read_records(url: str, compression: Optional[str] = None, **kwargs) -> Iterator[bytes]:
