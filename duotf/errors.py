@@ -25,6 +25,8 @@ arrives whole on the driver.
 
 from __future__ import annotations
 
+import enum
+
 __all__ = [
     "DuotfError",
     "ConfigError",
@@ -134,6 +136,32 @@ class FeedError(DuotfError):
     epoch = partition = node = rows = cause = None  # where an error does not know them
 
 
+class FeedProblem(str, enum.Enum):
+    """What a :class:`FeedSchemaError` found wrong: its ``problem``.
+
+    A member is the string it names (``FeedProblem.NULL == "null"``), and prints as it.
+
+    Attributes
+    ----------
+    NULL:
+        A null in a column, or inside a row's array.
+    RAGGED:
+        Rows of different lengths (or shapes) in an array column not declared ragged.
+    TYPE:
+        An array column of anything but numbers (strings, bytes, nested arrays), or a row that
+        is no array where the rows before it are.
+    """
+
+    NULL = "null"
+    RAGGED = "ragged"
+    TYPE = "type"
+
+    # The plain value in messages and f-strings on every Python: a str-mixin enum's str() is
+    # "FeedProblem.NULL", and from Python 3.12 its format() too.
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
 class FeedSchemaError(FeedError):
     """A partition holds data the feed refuses rather than change silently: a null in a column,
     rows of different lengths in an array column that was not declared ragged, or an array
@@ -141,16 +169,26 @@ class FeedSchemaError(FeedError):
 
     Raised by the feeding task, before the rows are sent. Attributes: ``column``,
     ``partition``, ``row`` (the first offending row, counted from 0 within the partition),
-    ``problem`` (``"null"``, ``"ragged"`` or ``"type"``), ``hint`` (what to change: fill or drop
+    ``problem`` (a :class:`FeedProblem`: ``"null"``, ``"ragged"`` or ``"type"``), ``hint`` (what to change: fill or drop
     nulls, filter or pad rows, declare the column with ``ragged=[...]``, or encode the values as
     numbers), ``node`` (None). The message is one line: what is wrong, where, and the hint.
     """
+
+    def __init__(self, message: str, **attrs):
+        # A problem named by its string (an error rebuilt from JSON: the JVM feed's records)
+        # becomes its member, so that ``problem`` is a FeedProblem wherever it was raised.
+        if isinstance(attrs.get("problem"), str) and attrs["problem"] in _PROBLEMS:
+            attrs["problem"] = FeedProblem(attrs["problem"])
+        super().__init__(message, **attrs)
 
     def located(self, partition, offset: int) -> "FeedSchemaError":
         """The same error, for the rows of ``partition`` that start at row ``offset``."""
         attrs = self.attributes
         attrs.update(partition=partition, row=attrs["row"] + offset)
         return type(self)(schema_message(**attrs), **attrs)
+
+
+_PROBLEMS = frozenset(problem.value for problem in FeedProblem)
 
 
 def cause_of(exc: BaseException) -> str:
@@ -166,7 +204,8 @@ def schema_message(column, partition, row, problem, what, hint, node=None) -> st
     return f"column {column!r}: {what.format(where=where)}; {hint}"
 
 
-def feed_schema_error(column: str, row: int, problem: str, what: str, hint: str) -> FeedSchemaError:
+def feed_schema_error(column: str, row: int, problem: FeedProblem, what: str,
+                      hint: str) -> FeedSchemaError:
     """A :class:`FeedSchemaError` for ``row`` of a chunk whose partition is not known yet (the
     feeding task places it with :meth:`FeedSchemaError.located`). ``what`` may name the place
     as ``{where}``."""

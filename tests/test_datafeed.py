@@ -644,6 +644,22 @@ def test_a_refusal_is_placed_in_its_partition_and_widths_hold_across_chunks():
         list(validated(widths(), 2))
 
 
+def test_a_refusals_problem_is_a_feed_problem_that_prints_and_pickles_as_its_string():
+    import pickle
+
+    from duotf.errors import FeedProblem
+    from duotf._transport.columns import from_rows
+
+    with pytest.raises(FeedSchemaError) as info:
+        from_rows([(0, [1.0, 2.0]), (1, [1.0])])
+    err = pickle.loads(pickle.dumps(info.value.located(4, 10)))
+    assert err.problem is FeedProblem.RAGGED and err.problem == "ragged"
+    assert (str(err.problem), f"{err.problem}", "%s" % err.problem) == ("ragged",) * 3
+    # rebuilt from its attributes (the JVM feed's JSON records): the string becomes the member
+    again = FeedSchemaError(err.message, **{**err.attributes, "problem": "ragged"})
+    assert again.problem is FeedProblem.RAGGED and again.row == 11 and again.partition == 4
+
+
 def test_pandas_nulls_are_what_pandas_calls_missing():
     import pandas as pd
 

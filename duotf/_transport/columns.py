@@ -10,7 +10,7 @@ from typing import Collection, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from duotf.errors import ConfigError, FeedSchemaError, feed_schema_error
+from duotf.errors import ConfigError, FeedProblem, FeedSchemaError, feed_schema_error
 
 Columns = Dict[str, object]
 
@@ -140,7 +140,8 @@ VALIDATE = os.environ.get("DUOTF_FEED_VALIDATE", "1").strip() != "0"
 def _null(name: str, row: int, inside: bool = False) -> FeedSchemaError:
     what = ("a null value inside the array at {where}" if inside else "a null at {where}")
     return feed_schema_error(
-        name, row, "null", what + ": nulls are refused rather than converted (to NaN, or an "
+        name, row, FeedProblem.NULL,
+        what + ": nulls are refused rather than converted (to NaN, or an "
         "integer column to float)",
         f"fill or drop them before feeding: df.fillna({{{name!r}: ...}}) or "
         f"df.dropna(subset=[{name!r}]) (Spark, pandas, Dask), or a filter")
@@ -148,7 +149,8 @@ def _null(name: str, row: int, inside: bool = False) -> FeedSchemaError:
 
 def _ragged(name: str, row: int, length: int, expected: int) -> FeedSchemaError:
     return feed_schema_error(
-        name, row, "ragged", f"rows of different lengths: {{where}} holds {length} values where "
+        name, row, FeedProblem.RAGGED,
+        f"rows of different lengths: {{where}} holds {length} values where "
         f"the rows before it hold {expected}",
         "a fixed-shape column needs one length in every row: filter or pad the rows to one "
         "length (duotf.spark.pack_tensors then feeds it fastest), or declare the column "
@@ -157,7 +159,8 @@ def _ragged(name: str, row: int, length: int, expected: int) -> FeedSchemaError:
 
 def _not_numbers(name: str, row: int, kind: str) -> FeedSchemaError:
     return feed_schema_error(
-        name, row, "type", f"{{where}} holds an array of {kind}: arrays of strings, bytes or "
+        name, row, FeedProblem.TYPE,
+        f"{{where}} holds an array of {kind}: arrays of strings, bytes or "
         "other non-numbers, and nested arrays, cannot be fed (an array column must hold numbers)",
         "encode the values as numbers (e.g. ids from a vocabulary or StringIndexer), or join "
         "each row's values into one string or binary column (which feeds as str/bytes), or "
@@ -199,7 +202,8 @@ def _inner_ragged(name: str, values: list) -> FeedSchemaError:
     shapes = [np.shape(np.asarray(v, dtype=object)) for v in values]
     row = next((i for i, shape in enumerate(shapes) if shape != shapes[0]), 0)
     return feed_schema_error(
-        name, row, "ragged", f"arrays of different shapes: {{where}} holds an array of shape "
+        name, row, FeedProblem.RAGGED,
+        f"arrays of different shapes: {{where}} holds an array of shape "
         f"{list(shapes[row])} where the rows before it hold {list(shapes[0])}",
         "every row of an array column needs one shape: filter or pad the rows, or flatten each "
         "row into one array of numbers and declare the column ragged: "
@@ -213,7 +217,8 @@ def _uneven(name: str, values: list) -> FeedSchemaError:
     for row, length in enumerate(lengths):
         if length is None:
             return feed_schema_error(
-                name, row, "type", f"{{where}} holds a {type(values[row]).__name__} value where "
+                name, row, FeedProblem.TYPE,
+                f"{{where}} holds a {type(values[row]).__name__} value where "
                 "the rows before it hold arrays", "give every row of an array column an array of "
                 "numbers (a missing value: drop or fill it)")
         if length != lengths[0]:
@@ -397,7 +402,8 @@ def decode_tensor(column, name: str, dtype: str, shape: Optional[tuple],
     if bad.size:
         row = int(bad[0])
         raise feed_schema_error(
-            name, row, "ragged", f"{{where}} holds {int(sizes[row])} bytes where {dtype}{list(shape)} "
+            name, row, FeedProblem.RAGGED,
+            f"{{where}} holds {int(sizes[row])} bytes where {dtype}{list(shape)} "
             f"needs {width}", "pack the column with duotf.spark.pack_tensors")
     return _binary_values(column, offsets[0], offsets[0] + n * width, dt).reshape(n, *shape)
 

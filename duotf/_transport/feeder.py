@@ -21,7 +21,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from duotf.errors import FeedError, FeedSchemaError, cause_of, feed_schema_error
+from duotf.errors import FeedError, FeedProblem, FeedSchemaError, cause_of, feed_schema_error
 from duotf._transport import shm
 from duotf._transport import wire
 from duotf._transport.wire import Frame
@@ -128,7 +128,8 @@ def same_shapes(cols: Columns, shapes: Dict[str, tuple], pid: int, pos: int) -> 
             if values.shape[1:] != shape:
                 size, expected = int(np.prod(values.shape[1:])), int(np.prod(shape))
                 raise feed_schema_error(
-                    name, 0, "ragged", f"rows of different lengths: {{where}} holds {size} "
+                    name, 0, FeedProblem.RAGGED,
+                    f"rows of different lengths: {{where}} holds {size} "
                     f"values where the rows before it hold {expected}",
                     "a fixed-shape column needs one length in every row: filter or pad the "
                     "rows to one length, or declare the column ragged: "
