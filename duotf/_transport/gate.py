@@ -34,6 +34,8 @@ import threading
 import time
 from typing import Callable, Optional
 
+from duotf._deadline import Deadline
+
 logger = logging.getLogger(__name__)
 
 #: seconds a new connection has to authenticate, from its accept to its last hello byte
@@ -102,7 +104,7 @@ class _Pending:
 
     __slots__ = ("sock", "nonce", "deadline", "hello")
 
-    def __init__(self, sock: socket.socket, nonce: bytes, deadline: float):
+    def __init__(self, sock: socket.socket, nonce: bytes, deadline: Deadline):
         self.sock = sock
         self.nonce = nonce
         self.deadline = deadline
@@ -232,7 +234,7 @@ class Gate:
     def _timeout(self) -> Optional[float]:
         wakeups = [self._log.due(), self._paused_until]
         if self._pending:
-            wakeups.append(next(iter(self._pending.values())).deadline)
+            wakeups.append(next(iter(self._pending.values())).deadline.expires_at)
         wakeups = [w for w in wakeups if w is not None]
         return max(min(wakeups) - time.monotonic(), 0.0) if wakeups else None
 
@@ -283,7 +285,7 @@ class Gate:
             sock.close()
             self._log.note(Refusal.CLOSED, now)
             return
-        pending = _Pending(sock, nonce, now + self.handshake_timeout)
+        pending = _Pending(sock, nonce, Deadline.after(self.handshake_timeout))
         self._pending[sock.fileno()] = pending
         self._selector.register(sock, selectors.EVENT_READ, pending)
 
@@ -322,7 +324,7 @@ class Gate:
     def _expire(self, now: float) -> None:
         while self._pending:
             oldest = next(iter(self._pending.values()))
-            if oldest.deadline > now:
+            if oldest.deadline.expires_at > now:
                 return
             self._refuse(oldest, Refusal.TIMED_OUT)
 
