@@ -25,7 +25,7 @@ arrives whole on the driver.
 
 from __future__ import annotations
 
-import enum
+from duotf._enum import StrEnum
 
 __all__ = [
     "DuotfError",
@@ -136,7 +136,7 @@ class FeedError(DuotfError):
     epoch = partition = node = rows = cause = None  # where an error does not know them
 
 
-class FeedProblem(str, enum.Enum):
+class FeedProblem(StrEnum):
     """What a :class:`FeedSchemaError` found wrong: its ``problem``.
 
     A member is the string it names (``FeedProblem.NULL == "null"``), and prints as it.
@@ -155,11 +155,6 @@ class FeedProblem(str, enum.Enum):
     NULL = "null"
     RAGGED = "ragged"
     TYPE = "type"
-
-    # The plain value in messages and f-strings on every Python: a str-mixin enum's str() is
-    # "FeedProblem.NULL", and from Python 3.12 its format() too.
-    __str__ = str.__str__
-    __format__ = str.__format__
 
 
 class FeedSchemaError(FeedError):
