@@ -48,7 +48,7 @@ inference >= 0.5x its training feed and >= 30x TFoS.
 ``duotf/feed/malloc.py``), on Dask, in alternating rounds.
 
 ``--arrow-batches ROUNDS`` only compares, on Spark, the Arrow batches of duotf's own jobs (at
-most 4 MiB: ``duotf.backends.spark.feed.ARROW_BATCH_BYTES``) with Spark's default (10,000
+most 4 MiB: ``duotf.backends.spark.tasks.ARROW_BATCH_BYTES``) with Spark's default (10,000
 records, which duotf keeps where the session sets it, as here), in alternating rounds: the
 default ``train(df, epochs)`` and ``inference(df)``.
 

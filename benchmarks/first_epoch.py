@@ -74,7 +74,7 @@ def main():
     opts = parser.parse_args()
     from pyspark.sql import SparkSession
 
-    from duotf.backends.spark.feed import arrow_source
+    from duotf.backends.spark.frames import arrow_source
 
     session = checkout_on_executors(
         SparkSession.builder.master(opts.spark_master).config("spark.ui.enabled", "false")

@@ -677,7 +677,7 @@ def test_pandas_nulls_are_what_pandas_calls_missing():
 
 
 def test_a_feed_schema_error_record_comes_back_typed():
-    from duotf.backends.spark.feed import _error_json, _guarded, _raise_first
+    from duotf.backends.spark.tasks import error_json as _error_json, guarded as _guarded, raise_first as _raise_first
     from duotf.errors import feed_schema_error
 
     def refuse():

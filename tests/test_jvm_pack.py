@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from duotf.backends.spark import jvm
-from duotf.backends.spark.feed import arrow_source
+from duotf.backends.spark.frames import arrow_source
 from duotf.errors import FeedSchemaError
 from duotf._transport.columns import from_arrow
 
@@ -109,7 +109,8 @@ def test_the_jvm_writes_each_partition_as_the_frames_the_feed_would_send(backend
     import pyarrow.compute as pc
     from pyspark.sql import functions as F
 
-    from duotf.backends.spark.feed import _ERROR, CachedPartition
+    from duotf.backends.spark.frames import CachedPartition
+    from duotf.backends.spark.tasks import ERROR_COLUMN as _ERROR
     from duotf._transport import wire
     from duotf._transport.columns import split
 
@@ -168,7 +169,8 @@ def test_the_jvm_writes_each_partition_as_the_frames_the_feed_would_send(backend
 def test_the_jvm_leaves_a_partition_the_feed_refuses_to_the_dataframe_and_counts_it(backend, engine, value):
     import uuid
 
-    from duotf.backends.spark.feed import _ERROR, CachedPartition
+    from duotf.backends.spark.frames import CachedPartition
+    from duotf.backends.spark.tasks import ERROR_COLUMN as _ERROR
 
     rows = [[(i, [float(i), i + 0.5]) for i in range(p * 4, p * 4 + 4)] for p in range(3)]
     rows[1][2] = (6, value)

@@ -119,7 +119,7 @@ def test_train_with_every_slot_taken_raises_before_any_spark_job(backend, engine
 def test_duotf_jobs_cut_arrow_batches_at_4_mib_and_leave_the_session_as_it_was(backend, engine):
     from pyspark.sql import functions as F
 
-    from duotf.backends.spark.feed import ARROW_BATCH_BYTES, arrow_batches
+    from duotf.backends.spark.tasks import ARROW_BATCH_BYTES, arrow_batches
 
     def batch_rows(batches):  # (local functions: pickled by value, for standalone's workers)
         import pyarrow as pa

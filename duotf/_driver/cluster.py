@@ -476,7 +476,7 @@ class Cluster:
         ``convert_once``: a Spark DataFrame fed ``epochs > 1`` times is converted into feed
         frames once, in the first epoch, which keeps them in files in its executors' local dirs
         (as :func:`duotf.spark.feed_cache` does: about the DataFrame's size, never filling a
-        disk past ``duotf.backends.spark.feed.MIN_FREE_BYTES``/``MIN_FREE_FRACTION``; a
+        disk past ``duotf.backends.spark.frames.MIN_FREE_BYTES``/``MIN_FREE_FRACTION``; a
         partition not kept is read from the DataFrame again); the later epochs are fed from the
         files, which are deleted when ``train`` returns. ``False`` reads the DataFrame every
         epoch. Other data is fed as it is (Dask's is in its workers' memory already).

@@ -4,7 +4,7 @@ saved model in Spark's own tasks; the Spark ML stages :class:`TFEstimator` and :
 ``import duotf.spark`` does not import pyspark; the functions do when called.
 """
 
-from duotf.backends.spark.feed import CachedPartition, FeedCache, feed_cache, pack_tensors
+from duotf.backends.spark.frames import CachedPartition, FeedCache, feed_cache, pack_tensors
 from duotf.spark._scoring import PredictUDF, predict, predict_udf
 from duotf.spark._stream import SparkStream, feed_stream
 from duotf._verbosity import quiet_known_notices
