@@ -30,7 +30,7 @@ from typing import List, Optional
 
 import cloudpickle
 
-from duotf.backends import Backend, EngineJob, FeedAdapter, ThreadJob, count_error
+from duotf.backends import Backend, EngineJob, FeedAdapter, FeedOptions, ThreadJob, count_error
 from duotf.errors import InsufficientSlotsError
 
 __all__ = ["ProcessPool", "ProcessPoolBackend", "ProcessPoolFeed"]
@@ -209,10 +209,10 @@ class ProcessPoolBackend(Backend):
                 "of columns, or picklable callables that return an iterator of rows or of column "
                 "dicts.")
 
-    def feed_adapter(self, data, nodes: int) -> FeedAdapter:
+    def feed_adapter(self, data, nodes: int, options: Optional[FeedOptions] = None) -> FeedAdapter:
         if not isinstance(data, (list, tuple)):
-            return super().feed_adapter(data, nodes)
-        return ProcessPoolFeed(self, list(data))
+            return super().feed_adapter(data, nodes, options)
+        return ProcessPoolFeed(self, list(data), options)
 
     def close(self) -> None:
         if self._owns_pool:
@@ -222,7 +222,8 @@ class ProcessPoolBackend(Backend):
 class ProcessPoolFeed(FeedAdapter):
     """A list of partitions, counted and fed by tasks in the pool's free workers."""
 
-    def __init__(self, backend: ProcessPoolBackend, parts: list):
+    def __init__(self, backend: ProcessPoolBackend, parts: list, options: Optional[FeedOptions] = None):
+        super().__init__(options)
         self.backend = backend
         self.parts = [_ByValue(p) for p in parts]
 

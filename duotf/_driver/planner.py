@@ -18,6 +18,7 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from duotf._deadline import Deadline
+from duotf.backends.base import FeedOptions
 from duotf.errors import ConfigError, DuotfError, FeedError, cause_of
 from duotf._transport import wire
 from duotf._transport.columns import ragged_columns
@@ -343,9 +344,11 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
     if epochs < 1:
         raise ConfigError(f"epochs={epochs}: must be >= 1")
     ragged = ragged_columns(ragged)
-    adapter = backend.feed_adapter(data, len(sup.nodes))  # a ConfigError for bad data comes first
-    adapter.convert_once = convert_once  # (Spark converts in epoch 1: a resumed feed reads)
-    adapter.feed_epochs, adapter.ragged = epochs - first_epoch, tuple(ragged)
+    progress = progress if progress is not None else FeedProgress(False)
+    options = FeedOptions(job_id=sup.job_id or "", epochs=epochs - first_epoch, ragged=tuple(ragged),
+                          convert_once=convert_once,  # (Spark converts in epoch 1: a resumed feed reads)
+                          on_partition=progress.partition_done)
+    adapter = backend.feed_adapter(data, len(sup.nodes), options)  # a ConfigError for bad data first
     try:
         return _train(sup, adapter, epochs, feed_timeout, balanced, ragged, progress, first_epoch)
     finally:
@@ -353,11 +356,10 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
 
 
 def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced: bool, ragged,
-           progress: Optional[FeedProgress], first_epoch: int = 0) -> dict:
+           progress: FeedProgress, first_epoch: int = 0) -> dict:
     sup.check_running("train")
     targets = sup.feed_targets()
     adapter.check_capacity(len(sup.nodes))
-    adapter.job_id = sup.job_id or ""
     t0 = time.monotonic()
     counts = _count(sup, adapter, targets)
     count_seconds = time.monotonic() - t0
@@ -366,8 +368,6 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
         logger.warning("duotf: %d rows left over after giving each of %d workers %d rows are not "
                        "fed (balance=False feeds everything, unevenly)", dropped, len(targets), per)
     job = _job(sup, targets, "train", feed_timeout, plan, ragged)
-    progress = progress if progress is not None else FeedProgress(False)
-    adapter.on_partition = progress.partition_done
     epoch_rows = sum(counts) if per is None else per * len(targets)
     fed, done, epoch_seconds = 0, 0, []
     try:
@@ -403,13 +403,14 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
 def inference(sup: Supervisor, backend, data, keep, result_columns, feed_timeout: float,
               ragged=(), progress: Optional[FeedProgress] = None):
     ragged = ragged_columns(ragged)
-    adapter = backend.feed_adapter(data, len(sup.nodes))
+    progress = progress if progress is not None else FeedProgress(False)
+    options = FeedOptions(job_id=sup.job_id or "", ragged=tuple(ragged),
+                          on_partition=progress.partition_done)
+    adapter = backend.feed_adapter(data, len(sup.nodes), options)
     sup.check_running("run inference")
     targets = sup.feed_targets()
     adapter.check_capacity(len(sup.nodes))
     job = _job(sup, targets, "infer", feed_timeout, ragged=ragged)
-    progress = progress if progress is not None else FeedProgress(False)
-    adapter.on_partition = progress.partition_done
     try:
         progress.start("inference", None)  # rows answered, where the engine says
         output = _run(sup, adapter.infer(job, keep, result_columns), job.what, False, targets, job)
@@ -476,8 +477,8 @@ class Stream:
         with self._lock:
             self._check_open()
             t0 = time.monotonic()
-            adapter = self._backend.feed_adapter(data, len(self._sup.nodes))
-            adapter.convert_once = False  # each chunk is fed once
+            options = FeedOptions(job_id=self._sup.job_id or "", convert_once=False)  # fed once
+            adapter = self._backend.feed_adapter(data, len(self._sup.nodes), options)
             try:
                 return self._feed(adapter)
             except BaseException as exc:
@@ -493,7 +494,6 @@ class Stream:
         self.chunks += 1
         sup.check_running("feed a stream")
         adapter.check_capacity(len(sup.nodes))
-        adapter.job_id = sup.job_id or ""
         counts = _count(sup, adapter, targets)
         total = sum(counts)
         if sup.feed_terminated() or total < (len(targets) if self._balanced else 1):

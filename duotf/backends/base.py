@@ -19,6 +19,7 @@ value. Reservation, roles, TF_CONFIG, supervision and shutdown are written once 
 from __future__ import annotations
 
 import abc
+import dataclasses
 import logging
 import socket
 import threading
@@ -132,6 +133,39 @@ class ThreadJob(EngineJob):
         self._thread.join(timeout)
 
 
+@dataclasses.dataclass(frozen=True)
+class FeedOptions:
+    """What the feed planner decided for one feed, handed to :meth:`Backend.feed_adapter` when
+    the adapter is made (never set on it afterwards).
+
+    Attributes
+    ----------
+    job_id : str
+        The duotf job whose feed this is: an engine that names its work names the count by it
+        (a Spark job description "duotf <job id>: count rows", Dask keys
+        "duotf-count-<job id>-part-<i>-<token>").
+    epochs : int
+        The epochs this ``train`` feeds (an adapter that converts once may do it while counting).
+    ragged : tuple
+        The feed's ragged columns.
+    convert_once : bool or None
+        Whether data the engine converts again every epoch may be converted once, in the first
+        of several epochs, and fed from what was kept for the later ones
+        (``cluster.train(convert_once=...)``; None: where the adapter can, False: never). What
+        is kept goes with :meth:`FeedAdapter.close`.
+    on_partition : callable or None
+        ``fn(pid, rows)``, the progress bar: an adapter that learns a partition's result as its
+        task ends passes it to :meth:`FeedAdapter.partition_done`; one that learns every result
+        with the job's own need not.
+    """
+
+    job_id: str = ""
+    epochs: int = 1
+    ragged: tuple = ()
+    convert_once: Optional[bool] = None
+    on_partition: Optional[Callable[[int, int], None]] = None
+
+
 class FeedAdapter(abc.ABC):
     """A collection of the engine, as the feed planner on the driver sees it.
 
@@ -139,26 +173,30 @@ class FeedAdapter(abc.ABC):
     in the collection's own order; every method keeps that order.
     """
 
-    #: ``fn(pid, rows)``, set by the feed planner before it starts a job (the progress bar):
-    #: an adapter that learns a partition's result as its task ends passes it to
-    #: :meth:`partition_done`; one that learns every result with the job's own need not.
-    on_partition: Optional[Callable[[int, int], None]] = None
+    def __init__(self, options: Optional["FeedOptions"] = None):
+        self.options = options if options is not None else FeedOptions()
 
-    #: the duotf job whose feed this is, set by the feed planner before it counts: an engine
-    #: that names its work names the count by it (a Spark job description "duotf <job id>:
-    #: count rows", Dask keys "duotf-count-<job id>-part-<i>-<token>").
-    job_id: str = ""
+    # What the planner decided, read from the options the adapter was made with (read-only:
+    # nothing is set on an adapter after it is made).
+    @property
+    def on_partition(self) -> Optional[Callable[[int, int], None]]:
+        return self.options.on_partition
 
-    #: whether data the engine converts again every epoch may be converted once, in the first
-    #: of several epochs, and fed from what was kept for the later ones; set by the feed
-    #: planner from ``cluster.train(convert_once=...)`` (None: where the adapter can, False:
-    #: never). What is kept goes with :meth:`close`.
-    convert_once: Optional[bool] = None
+    @property
+    def job_id(self) -> str:
+        return self.options.job_id
 
-    #: the epochs this ``train`` feeds, and its ragged columns; set by the feed planner before
-    #: it counts (an adapter that converts once may do it while counting)
-    feed_epochs: int = 1
-    ragged: tuple = ()
+    @property
+    def convert_once(self) -> Optional[bool]:
+        return self.options.convert_once
+
+    @property
+    def feed_epochs(self) -> int:
+        return self.options.epochs
+
+    @property
+    def ragged(self) -> tuple:
+        return self.options.ragged
 
     def report(self) -> dict:
         """What the adapter adds to ``cluster.train``'s counts (e.g. what it kept)."""
@@ -276,8 +314,9 @@ class Backend(abc.ABC):
         rows ``(name, "OK" | "WARN" | "FAIL", what was seen, the fix)``."""
         return []
 
-    def feed_adapter(self, data, nodes: int) -> FeedAdapter:
-        """The engine's view of ``data`` to feed while ``nodes`` node tasks run."""
+    def feed_adapter(self, data, nodes: int, options: Optional[FeedOptions] = None) -> FeedAdapter:
+        """The engine's view of ``data`` to feed while ``nodes`` node tasks run, made with what
+        the planner decided for this feed (``options``)."""
         raise ConfigError(
             f"the {self.name} backend cannot feed a {type(data).__name__}; " + self.feed_hint()
         )

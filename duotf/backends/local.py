@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence, Union
 
 from duotf.errors import ConfigError, InsufficientSlotsError
 from duotf._node.agent import NodeOutcome
-from duotf.backends.base import (Backend, EngineJob, FeedAdapter, NodeFunction, ThreadJob, count_error)
+from duotf.backends.base import (Backend, EngineJob, FeedAdapter, FeedOptions, NodeFunction, ThreadJob, count_error)
 
 
 class LocalBackend(Backend):
@@ -136,10 +136,10 @@ class LocalBackend(Backend):
         return ("pass a list of partitions: lists of rows, pandas DataFrames, numpy arrays, or "
                 "callables that return an iterator of rows or of column dicts.")
 
-    def feed_adapter(self, data, nodes: int) -> FeedAdapter:
+    def feed_adapter(self, data, nodes: int, options: Optional[FeedOptions] = None) -> FeedAdapter:
         if not isinstance(data, (list, tuple)):
-            return super().feed_adapter(data, nodes)
-        return LocalFeed(list(data))
+            return super().feed_adapter(data, nodes, options)
+        return LocalFeed(list(data), options)
 
 
 def _parallel(calls, width: int = 4) -> list:
@@ -153,7 +153,8 @@ def _parallel(calls, width: int = 4) -> list:
 class LocalFeed(FeedAdapter):
     """A list of partitions, fed from threads of the driver (up to 4 at once)."""
 
-    def __init__(self, parts: list):
+    def __init__(self, parts: list, options: Optional[FeedOptions] = None):
+        super().__init__(options)
         self.parts = parts
 
     def counts(self) -> List[int]:

@@ -268,12 +268,12 @@ class DaskBackend(Backend):
     def feed_hint(self) -> str:
         return "pass a Dask DataFrame, Bag or Array."
 
-    def feed_adapter(self, data, nodes: int):
+    def feed_adapter(self, data, nodes: int, options=None):
         from duotf.backends.dask.feed import DaskFeed, kind_of
 
         if kind_of(data) is None:
-            return super().feed_adapter(data, nodes)
-        return DaskFeed(self.client, data)
+            return super().feed_adapter(data, nodes, options)
+        return DaskFeed(self.client, data, options)
 
     def driver_host(self) -> str:
         host = urlparse(self.client.scheduler.address).hostname or "127.0.0.1"

@@ -45,7 +45,8 @@ def _empty_like(part):
 class DaskFeed(FeedAdapter):
     """Feeds a Dask DataFrame, Bag or Array: one feeding task per partition (row block)."""
 
-    def __init__(self, client, data):
+    def __init__(self, client, data, options=None):
+        super().__init__(options)
         import dask
 
         self.client = client

@@ -237,12 +237,12 @@ class SparkBackend(Backend):
     def feed_hint(self) -> str:
         return "pass a Spark DataFrame or RDD."
 
-    def feed_adapter(self, data, nodes: int):
+    def feed_adapter(self, data, nodes: int, options=None):
         from duotf.backends.spark.feed import SparkFeed
 
         if not SparkFeed.accepts(data):
-            return super().feed_adapter(data, nodes)
-        return SparkFeed(self, data)
+            return super().feed_adapter(data, nodes, options)
+        return SparkFeed(self, data, options)
 
     def driver_host(self) -> str:
         host = self._conf("spark.driver.host") or socket.gethostname()

@@ -41,7 +41,8 @@ class SparkFeed(FeedAdapter):
         return (hasattr(data, "mapInArrow") or hasattr(data, "mapPartitionsWithIndex")
                 or isinstance(data, FeedCache))
 
-    def __init__(self, backend, data):
+    def __init__(self, backend, data, options=None):
+        super().__init__(options)
         self.backend = backend
         self.sc = backend.sc
         self.kept = None  # the FeedCache of a DataFrame converted once, in its first epoch
