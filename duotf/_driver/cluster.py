@@ -26,7 +26,7 @@ from duotf._driver.progress import FeedProgress, check_progress
 from duotf._transport.rendezvous import Msg
 from duotf._driver.restarts import Restart, check_restart_on, failure_cause, restartable, resume_point
 from duotf.spec import ClusterSpec, seconds
-from duotf._driver.nodes import TERMINAL, ClusterStatus, NodeInfo, NodeState
+from duotf._driver.nodes import ENDED, TERMINAL, ClusterStatus, NodeInfo, NodeState
 from duotf._driver.supervisor import Supervisor
 
 logger = logging.getLogger("duotf.cluster")  # with the supervisor's and the metrics'
@@ -369,8 +369,7 @@ class Cluster:
         while True:
             sup = self.supervisor
             if not sup.wait_for(lambda: sup.status not in live, deadline):
-                running = [x.describe() for x in self.nodes if x.state not in TERMINAL]
-                raise TimeoutError(f"after {timeout:g} s these nodes still run: {', '.join(running)}")
+                raise TimeoutError(self._still_running(timeout))
             if sup.error is None:
                 return self._collect()
             if not self._restart():
@@ -378,6 +377,18 @@ class Cluster:
             if self._feed_call is not None:
                 # the restarted nodes are fed the epochs of the latest train() not yet saved
                 self._feed(self._resume_epoch)
+
+    def _still_running(self, timeout: float) -> str:
+        """What :meth:`wait` says at its timeout: the nodes whose main has not ended (a node
+        that returned only waits to be released with its peers), and why that may be."""
+        running = [x.describe() for x in self.nodes if x.state not in ENDED]
+        returned = sum(1 for x in self.nodes if x.state is NodeState.RETURNED)
+        text = f"after {timeout:g} s these nodes still run: {', '.join(running)}"
+        if returned:
+            text += (f" ({returned} other node{'s' if returned > 1 else ''} returned: a node blocked "
+                     "in a collective, such as model.evaluate or another tf.distribute call, that "
+                     "not every worker made waits for ever; make it on every worker)")
+        return text
 
     # -- restarts -----------------------------------------------------------------------------
     def _restart(self) -> bool:

@@ -32,7 +32,7 @@ from duotf.spec import ClusterSpec, Job
 
 logger = logging.getLogger("duotf.cluster")
 
-__all__ = ["JobStopped", "Supervisor", "WAIT_NOTE_AFTER"]
+__all__ = ["JobStopped", "Supervisor", "WAIT_NOTE_AFTER", "STALLED_AFTER"]
 
 
 def _tensorboard_report(node: NodeInfo, message: dict) -> dict:
@@ -50,6 +50,12 @@ def _tensorboard_report(node: NodeInfo, message: dict) -> dict:
 
 #: seconds of waiting for the nodes at start after which the wait is logged
 WAIT_NOTE_AFTER = 2.0
+#: seconds a chief or worker may run on after another one's main returned before the driver
+#: warns (once) that it may be blocked in a collective its returned peers will never join: a
+#: chief saving its model runs on too, so this is generous
+STALLED_AFTER = 120.0
+#: the jobs whose nodes take part in a MultiWorkerMirroredStrategy's collectives
+_COLLECTIVE = (Job.CHIEF, Job.WORKER)
 
 
 class JobStopped(Exception):
@@ -106,6 +112,10 @@ class Supervisor:
         self._gang = None
         self._disconnected: set = set()  # node ids whose agent's connection has ended
         self._released: set = set()  # node ids sent RELEASE, or STOP as a server with no peers
+        #: seconds after the first chief or worker returned at which those still running are
+        #: named (a WARNING, once); read when the watch starts
+        self.stalled_after = STALLED_AFTER
+        self._first_return: Optional[float] = None  # time.monotonic() of it
         self._threads: List[threading.Thread] = []
         self.server = rendezvous.RendezvousServer(self.secret, self._on_message, self._on_close,
                                                   host=driver_host)
@@ -299,6 +309,9 @@ class Supervisor:
                 elif kind in REPORTED:
                     if node.state not in TERMINAL:
                         node.state = REPORTED[kind]
+                    if (kind is Msg.RETURNED and self._first_return is None
+                            and node.role.job in _COLLECTIVE):
+                        self._first_return = node.last_seen
                     if kind is Msg.READY:
                         node.feed_port = message.get("feed_port")
                 elif kind is Msg.FAILED:
@@ -388,10 +401,33 @@ class Supervisor:
         """Supervise the engine job running the nodes: its end, and every node's heartbeats."""
         self._gang = gang
         gang.add_done_callback(self.notify)
+        stalled_after = self.stalled_after
         watchdog = Watchdog(self._cond, self.nodes, lambda: self.status, gang, self.heartbeat_timeout,
                             on_stale=self._give_up, on_job_failed=self._job_failed,
-                            on_job_ended=self._finish)
+                            on_job_ended=self._finish,
+                            stall_due=lambda: (None if self._first_return is None
+                                               else self._first_return + stalled_after),
+                            on_stall=self._note_stalled)
         self._threads.append(watchdog.start())
+
+    def _note_stalled(self) -> None:
+        """``stalled_after`` seconds after a chief or worker returned: name those still running.
+        A node blocked in a collective (``model.evaluate`` or another ``tf.distribute`` call
+        made on the chief alone) waits for peers that have returned, silently and for ever."""
+        with self._cond:
+            if self.status not in LIVE:
+                return
+            nodes = [x for x in self.nodes if x.role.job in _COLLECTIVE]
+            running = [x.describe() for x in nodes if x.state not in ENDED and not x.is_server]
+            returned = [x.describe() for x in nodes if x.state in ENDED]
+        if running and returned:
+            logger.warning(
+                "duotf: %s still running %g s after %s returned. If %s blocked in a "
+                "collective (model.fit, model.evaluate or another tf.distribute call under "
+                "MultiWorkerMirroredStrategy) that only some workers made, it waits for ever: "
+                "make the same calls on every worker, or end them on every worker together",
+                ", ".join(running), self.stalled_after, ", ".join(returned),
+                "it is" if len(running) == 1 else "they are")
 
     def _give_up(self, node: NodeInfo) -> None:
         """The watchdog found ``node`` silent for ``heartbeat_timeout``: the cluster fails."""

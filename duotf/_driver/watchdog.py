@@ -4,7 +4,9 @@ Heartbeats notify nobody (a thousand nodes' heartbeats would wake every waiter a
 a second): they only move a node's ``last_seen``. The :class:`Watchdog` alone reads it, at its
 own deadline, the earliest moment at which some node could have been silent for
 ``heartbeat_timeout``; between deadlines it sleeps on the supervisor's condition. It decides;
-the supervisor acts (``on_stale``, ``on_job_failed``, ``on_job_ended``).
+the supervisor acts (``on_stale``, ``on_job_failed``, ``on_job_ended``). It also keeps one
+deadline for the supervisor's note on nodes that run on long after their peers returned
+(``stall_due``, ``on_stall``): a look at one number, not at every node.
 """
 
 from __future__ import annotations
@@ -41,11 +43,17 @@ class Watchdog:
     on_stale, on_job_failed, on_job_ended:
         Called (without the lock) with the first node found silent, with the engine job's
         error, or with nothing when the job ended without one; exactly one of them, once.
+    stall_due, on_stall:
+        ``stall_due()`` (called under ``cond``) gives the ``time.monotonic()`` at which to call
+        ``on_stall()`` (without the lock), or None while there is nothing to check; it is
+        called once at most.
     """
 
     def __init__(self, cond: threading.Condition, nodes: List[NodeInfo], status: Callable, gang,
                  heartbeat_timeout: float, *, on_stale: Callable[[NodeInfo], None],
-                 on_job_failed: Callable[[BaseException], None], on_job_ended: Callable[[], None]):
+                 on_job_failed: Callable[[BaseException], None], on_job_ended: Callable[[], None],
+                 stall_due: Callable[[], Optional[float]] = lambda: None,
+                 on_stall: Callable[[], None] = lambda: None):
         self._cond = cond
         self._nodes = nodes
         self._status = status
@@ -54,6 +62,8 @@ class Watchdog:
         self._on_stale = on_stale
         self._on_job_failed = on_job_failed
         self._on_job_ended = on_job_ended
+        self._stall_due = stall_due
+        self._on_stall = on_stall
 
     def start(self) -> threading.Thread:
         """Start watching on a daemon thread of its own (``duotf-monitor``); return it."""
@@ -64,7 +74,9 @@ class Watchdog:
     def _run(self) -> None:
         unwatched = (NodeState.PENDING,) + tuple(TERMINAL)
         due: Optional[float] = None  # no node can be stale before then (None: not known)
+        stall_checked = False
         while True:
+            stalled = False
             with self._cond:
                 if self._status() not in LIVE:
                     return  # finished, failed (the stop sequence takes over), stopping or closed
@@ -73,23 +85,37 @@ class Watchdog:
                 done = self._gang.done()
                 gang_exc = self._gang.exception() if done else None
                 now = time.monotonic()
-                if not done and due is not None and now < due:
+                stall = None if stall_checked else self._stall_due()
+                if stall is not None and now >= stall:
+                    stall_checked = stalled = True
+                elif not done and due is not None and now < due:
                     # Woken by a change before the deadline: no node can be stale yet (a
                     # heartbeat only moves a deadline later, and a node that registers now is
                     # due later than every other), so the nodes need no look.
-                    self._cond.wait(due - now + _SLACK)
+                    self._cond.wait(_until(now, due, stall))
                     continue
-                watched = [x for x in self._nodes if x.state not in unwatched]
-                stale = [x for x in watched if now - x.last_seen > self._timeout]
-                if not done and not stale:
-                    # sleep until the next heartbeat deadline, or until something changes
-                    due = min((x.last_seen + self._timeout for x in watched), default=None)
-                    self._cond.wait(None if due is None else max(due - now, 0) + _SLACK)
-                    continue
-            if stale:
+                else:
+                    watched = [x for x in self._nodes if x.state not in unwatched]
+                    stale = [x for x in watched if now - x.last_seen > self._timeout]
+                    if not done and not stale:
+                        # sleep until the next heartbeat deadline, or until something changes
+                        due = min((x.last_seen + self._timeout for x in watched), default=None)
+                        self._cond.wait(_until(now, due, stall))
+                        continue
+            if stalled:
+                self._on_stall()
+            elif stale:
                 self._on_stale(stale[0])
+                return
             elif gang_exc is not None:
                 self._on_job_failed(gang_exc)
+                return
             else:
                 self._on_job_ended()
-            return
+                return
+
+
+def _until(now: float, *deadlines: Optional[float]) -> Optional[float]:
+    """Seconds from ``now`` to just past the earliest of ``deadlines`` (None: none is set)."""
+    due = min((d for d in deadlines if d is not None), default=None)
+    return None if due is None else max(due - now, 0) + _SLACK

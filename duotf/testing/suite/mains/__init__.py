@@ -6,7 +6,7 @@ them by name here.
 """
 
 from duotf.testing.suite.mains.training import (  # noqa: F401
-    block_main, describe_main, make_regression, mwms_linear, mwms_main, N_FEATURES,
+    block_main, chief_blocks_main, describe_main, make_regression, mwms_linear, mwms_main, N_FEATURES,
     ps_between_graph_main, ps_chief_main, raise_on_main, read_shard_main, reference_weights,
     slow_save_main, wait_for_file,
 )

@@ -144,6 +144,14 @@ def block_main(args, ctx):
     return ctx.node_id
 
 
+def chief_blocks_main(args, ctx):
+    """The chief waits for the file args['release'] (as a chief waits in a collective that its
+    peers never make); every other node returns at once."""
+    if ctx.node_id == 0:
+        wait_for_file(args["release"], args.get("timeout", 120.0))
+    return ctx.node_id
+
+
 def raise_on_main(args, ctx):
     if ctx.node_id == args["bad"]:
         raise ValueError(f"boom-{ctx.node_id}: bad input in node program")
