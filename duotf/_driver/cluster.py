@@ -143,6 +143,7 @@ class Cluster:
             weakref.finalize(self, self._logs.remove)
         check_progress(progress)
         self._progress = progress
+        self._shown: Optional[FeedProgress] = None  # the bar still open (see _end_bar)
         self._metrics = NodeMetrics(spec.roles())
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
             raise ConfigError(f"max_restarts={max_restarts!r}: give a whole number, 0 or more")
@@ -258,11 +259,20 @@ class Cluster:
         next report. :meth:`shutdown` waits for the callbacks of the reports that arrived."""
         self._metrics.on_report(callback)
 
-    def _bar(self) -> FeedProgress:
-        bar = FeedProgress(self._progress, self._metrics.latest)
+    def _bar(self, linger: bool = False) -> FeedProgress:
+        self._end_bar()
+        bar = FeedProgress(self._progress, self._metrics.latest_steps, linger=linger)
         if bar.enabled:
             self._metrics.listener = bar.metrics_changed
+            self._shown = bar
         return bar
+
+    def _end_bar(self) -> None:
+        """Close the bar still shown (the last of a train() call), with the latest reports."""
+        bar, self._shown = self._shown, None
+        self._metrics.listener = None
+        if bar is not None:
+            bar.end()
 
     def __repr__(self) -> str:
         return (
@@ -370,6 +380,7 @@ class Cluster:
             sup = self.supervisor
             if not sup.wait_for(lambda: sup.status not in live, deadline):
                 raise TimeoutError(self._still_running(timeout))
+            self._end_bar()  # every main has ended: the last bar shows their last reports
             if sup.error is None:
                 return self._collect()
             if not self._restart():
@@ -505,20 +516,23 @@ class Cluster:
         from duotf._driver import planner
         call = self._feed_call
         while True:
-            bar = self._bar()
+            # The last epoch's bar stays open after the feed (training goes on behind it), showing
+            # the reports as they come, until wait() or shutdown has them all (_end_bar).
+            bar = self._bar(linger=True)
             try:
                 report = planner.train(self.supervisor, self.backend, call["data"], call["epochs"],
                                        call["feed_timeout"], call["balance"], call["ragged"], bar,
                                        call["convert_once"], first_epoch=first_epoch)
-                if first_epoch:
-                    report["resumed_at_epoch"] = first_epoch
-                return report
-            except DuotfError:
-                if self.supervisor.error is None or not self._restart():
+            except BaseException as exc:
+                self._end_bar()
+                if (not isinstance(exc, DuotfError) or self.supervisor.error is None
+                        or not self._restart()):
                     raise
                 first_epoch = self._resume_epoch
-            finally:
-                self._metrics.listener = None
+                continue
+            if first_epoch:
+                report["resumed_at_epoch"] = first_epoch
+            return report
 
     def open_stream(self, *, feed_timeout: float = 600.0, balance: bool = True,
                     ragged: Sequence[str] = ()):
@@ -562,7 +576,7 @@ class Cluster:
                     raise
                 # the restarted nodes answer every row again (a result is all or nothing)
             finally:
-                self._metrics.listener = None
+                self._end_bar()
 
     def _collect(self) -> List[Any]:
         if self._results is None:
@@ -601,6 +615,7 @@ class Cluster:
         sup.stop_nodes()
         unraised = sup.close()
         self._metrics.close()  # every report has arrived: the callbacks get the last ones
+        self._end_bar()
         if self._logs is not None:
             self._logs.close()
         if self._owns_checkpoint_dir:

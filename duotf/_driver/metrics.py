@@ -5,7 +5,7 @@ A node's ``ctx.report(step=..., **metrics)`` arrives over the authenticated rend
 made its reports. :class:`NodeMetrics`
 
 * keeps every report as a row (node, step, time, metrics) for ``cluster.metrics``;
-* keeps the latest value of each metric (the progress bar shows them);
+* keeps the latest value of each metric, with its report's step (the progress bar shows them);
 * calls the user's ``on_report`` callbacks with each :class:`Report`, in arrival order, on a
   thread of its own (``duotf-on-report``): a slow callback never holds up a node's connection,
   and one that raises is logged (``duotf._driver.cluster``, with its traceback) and called again for
@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from duotf._node.reports import BURST, RATE
 
@@ -66,6 +66,7 @@ class NodeMetrics:
         self.roles = [str(r) for r in roles]
         self._reports: List[Report] = []
         self._latest: Dict[str, float] = {}
+        self._latest_step: Dict[str, int] = {}  # the step of the report each latest value came from
         self._callbacks: List[Callable[[Report], None]] = []
         self._pending: "collections.deque" = collections.deque()
         self._lost = 0  # reports not given to the callbacks (too many waiting)
@@ -100,6 +101,7 @@ class NodeMetrics:
             self._reports.extend(got)
             for report in got:
                 self._latest.update(report.metrics)
+                self._latest_step.update(dict.fromkeys(report.metrics, report.step))
             if self._callbacks and not self._closed:
                 room = PENDING - len(self._pending)
                 self._pending.extend(got[:max(room, 0)])
@@ -143,6 +145,13 @@ class NodeMetrics:
         """The latest value of every metric reported so far (by any node)."""
         with self._cond:
             return dict(self._latest)
+
+    def latest_steps(self) -> Dict[str, Tuple[float, int]]:
+        """``{name: (value, step)}``: the latest value of every metric and the step of the
+        report it came from (the progress bar tags each value with it: the feed runs ahead of
+        training, so the latest report may be epochs behind the epoch being fed)."""
+        with self._cond:
+            return {k: (v, self._latest_step[k]) for k, v in self._latest.items()}
 
     def reports(self) -> List[Report]:
         with self._cond:

@@ -373,7 +373,8 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
     try:
         for epoch in range(first_epoch + 1, epochs + 1):
             t1 = time.monotonic()
-            progress.start(f"feed epoch {epoch}/{epochs}", epoch_rows)
+            # the rows handed to the nodes, which queue them ahead of training (see progress)
+            progress.start(f"feed epoch {epoch}/{epochs} (rows queued)", epoch_rows)
             feed = dataclasses.replace(job, epoch=epoch, epochs=epochs)  # names its tasks too
             sent = _run(sup, adapter.train(feed), feed.what, True, targets, feed)
             if sent is None:

@@ -1,7 +1,14 @@
 """The progress bars of ``cluster.train`` and ``cluster.inference`` (tqdm).
 
-One bar per feeding epoch: ``epoch 2/5``, rows fed of the epoch's rows, rows/s, and the latest
-value of each metric the nodes reported (``ctx.report``). The rows come from the feed's own
+One bar per feeding epoch: ``feed epoch 2/5 (rows queued)``, rows fed of the epoch's rows, rows/s,
+and the latest value of each metric the nodes reported (``ctx.report``), each tagged with the step
+of the report it came from: ``reported: loss=0.31 (step 4)``. The feed runs ahead of training (the
+nodes queue what they have not read yet), so the bar counts rows handed to the nodes, not rows
+trained on, and the metrics beside it may come from an epoch before the one being fed; the
+step says which (``duotf.keras.ReportCallback`` reports each epoch at ``step=`` that epoch).
+The last bar of ``cluster.train`` stays open after the feed has ended, showing the reports as
+they arrive, until ``cluster.wait()`` (or ``shutdown``, or the next feed) closes it with the
+last values reported. The rows come from the feed's own
 count, the rows each partition's feeding task sent (what ``train()`` adds up for its
 ``rows_fed``): an engine whose feed adapter hands over each partition's count as its task ends
 (the local backend, Dask) moves the bar partition by partition; one that hands them over with
@@ -20,11 +27,11 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from duotf.errors import ConfigError
 
-__all__ = ["FeedProgress", "check_progress"]
+__all__ = ["FeedProgress", "check_progress", "describe_metrics"]
 
 logger = logging.getLogger("duotf.feed")
 
@@ -49,16 +56,53 @@ def _interactive() -> bool:
         return False
 
 
+def describe_metrics(latest: Dict[str, Tuple[float, int]]) -> str:
+    """``{name: (value, step)}`` as a bar shows it: ``reported: loss=0.31, rows=44 (step 4)``,
+    the values of one step together, each group tagged with its step."""
+    shown = list(latest.items())[:SHOWN_METRICS]
+    groups: List[Tuple[int, List[str]]] = []
+    for name, (value, step) in shown:
+        text = f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}"
+        if groups and groups[-1][0] == step:
+            groups[-1][1].append(text)
+        else:
+            groups.append((step, [text]))
+    return "reported: " + "; ".join(f"{', '.join(texts)} (step {step})" for step, texts in groups)
+
+
+def _freeze_rate(bar) -> None:
+    """Show the time and rate of the feed as it ended: a bar that stays open while training
+    goes on would otherwise show its rate falling (rows over the time it has been open)."""
+    elapsed = bar.format_dict["elapsed"]
+    rate = f", {bar.n / elapsed:.4g} {bar.unit}/s" if elapsed > 0 else ""
+    bar.bar_format = ("{l_bar}{bar}| {n_fmt}/{total_fmt} [fed in " + f"{elapsed:.1f} s{rate}"
+                      + "{postfix}]")
+
+
 class FeedProgress:
     """The bars of one cluster. Thread-safe: feeding tasks and reports update it from their
-    own threads. Every method is a no-op when bars are off, and none raises."""
+    own threads. Every method is a no-op when bars are off, and none raises.
 
-    def __init__(self, progress, latest: Callable[[], Dict[str, float]] = dict):
+    Parameters
+    ----------
+    progress:
+        What ``duotf.run(progress=...)`` was given.
+    latest:
+        Returns ``{name: (value, step)}``, the latest reports (``NodeMetrics.latest_steps``).
+    linger:
+        Keep the last bar open once its epoch is fed (:meth:`finish` and :meth:`close` leave it
+        open), so that it shows the reports still to come, until :meth:`end`.
+    """
+
+    def __init__(self, progress, latest: Callable[[], Dict[str, Tuple[float, int]]] = dict,
+                 linger: bool = False):
         check_progress(progress)
         given = progress is not None and not isinstance(progress, bool)
         self._file = progress if given else None  # a file-like object
         self.enabled = given or progress is True or (progress is None and _interactive())
         self._latest = latest
+        self._linger = linger
+        self._finished = False  # the open bar's epoch was fed to its end
         self._lock = threading.Lock()
         self._bar = None
         self._parts: Dict[int, int] = {}
@@ -85,9 +129,10 @@ class FeedProgress:
         """Open a bar (closing one still open)."""
         if not self.enabled:
             return
-        self.close()
+        self.end()
         with self._lock:
             self._parts = {}
+            self._finished = False
             try:
                 self._bar = self._new_bar(desc, total, unit)
                 self._postfix()
@@ -106,7 +151,7 @@ class FeedProgress:
 
     def finish(self, rows: Optional[int] = None) -> None:
         """The job ended: the bar shows ``rows`` (the job's own count; default: the partitions
-        counted so far) and is closed."""
+        counted so far) and is closed (a lingering bar stays open until the next or :meth:`end`)."""
         with self._lock:
             bar = self._bar
             if bar is None:
@@ -115,9 +160,12 @@ class FeedProgress:
             try:
                 self._postfix()
                 bar.update(n - bar.n)
+                if self._linger:
+                    _freeze_rate(bar)
                 bar.refresh()
             except Exception as exc:
                 logger.debug("duotf: progress bar: %s", exc)
+            self._finished = True
         self.close()
 
     def metrics_changed(self) -> None:
@@ -128,12 +176,21 @@ class FeedProgress:
                 self._move_to(self._bar.n)
 
     def close(self) -> None:
+        """Close the bar, but a lingering one whose epoch was fed to its end (see ``linger``)."""
+        if self._linger and self._finished:
+            return
+        self.end()
+
+    def end(self) -> None:
+        """Close the bar, lingering or not, showing the latest reports."""
         with self._lock:
             bar, self._bar = self._bar, None
             if bar is None:
                 return
+            self._postfix(bar)
             self.closed.append((bar.desc, bar.n, bar.total))
             try:
+                bar.refresh()
                 bar.close()
             except Exception as exc:
                 logger.debug("duotf: progress bar: %s", exc)
@@ -149,11 +206,10 @@ class FeedProgress:
         except Exception as exc:
             logger.debug("duotf: progress bar: %s", exc)
 
-    def _postfix(self) -> None:
+    def _postfix(self, bar=None) -> None:
         latest = self._latest()
         if latest:
-            shown = dict(list(latest.items())[:SHOWN_METRICS])
             try:
-                self._bar.set_postfix(shown, refresh=False)
+                (bar or self._bar).set_postfix_str(describe_metrics(latest), refresh=False)
             except Exception as exc:
                 logger.debug("duotf: progress bar: %s", exc)

@@ -83,3 +83,28 @@ def test_reports_arrive_in_order_in_metrics_and_callbacks_and_bars_end_at_the_ep
         assert states, text
         assert re.search(r"\b44/44\b", states[-1]), states[-1]
         assert "rows/s" in states[-1]
+
+
+def test_bars_count_rows_queued_and_tag_each_metric_with_its_step(backend, engine, tmp_path):
+    data = engine.rows(row_parts())  # 44 rows an epoch
+    bars = io.StringIO()
+    release = tmp_path / "release"
+    args = {"batch": 4, "release": str(release)}
+    with duotf.run(mains.epoch_report_main, args, backend, duotf.ClusterSpec(workers=2),
+                   progress=bars) as cluster:
+        cluster.train(data, epochs=3)
+        when_fed = bars.getvalue()
+        release.touch()  # the nodes' training goes on after the feed: its last report comes now
+        assert cluster.wait(timeout=120) == [2, 2]
+    text = bars.getvalue()
+    states = [s for s in re.split(r"[\r\n]", text) if s.strip()]
+    # the bars count the rows handed to the nodes, and say so
+    assert all("(rows queued)" in s for s in states if "feed epoch" in s), text
+    # every value shown is tagged with the step (here: the epoch) of the report it came from
+    tagged = re.findall(r"loss=([0-9.e-]+) \(step (\d+)\)", text)
+    assert tagged, text
+    assert all(float(value) == 0.5 ** int(step) for value, step in tagged), tagged
+    # the last bar stayed open after the feed, and shows the last report of training
+    assert "loss=0.25 (step 2)" not in when_fed
+    assert "feed epoch 3/3 (rows queued)" in states[-1] and re.search(r"\b44/44\b", states[-1])
+    assert states[-1].rstrip().endswith("reported: loss=0.25 (step 2)]"), states[-1]

@@ -294,6 +294,23 @@ def report_main(args, ctx):
     return {"batches": batches, "rows": rows, "refused": refused, "admitted": admitted}
 
 
+def epoch_report_main(args, ctx):
+    """Reads the feed and reports each epoch's ``loss`` (``0.5 ** epoch``) at ``step=`` that
+    epoch (0-based), as ``duotf.keras.ReportCallback`` does, once its rows are read; the last
+    epoch's only once the file args['release'] appears (training that goes on after the feed)."""
+    feed = ctx.get_data_feed(train=True)
+    epoch = None
+    while not feed.should_stop():
+        now = feed.epoch
+        if feed.next_batch(args["batch"]):
+            if epoch is not None and now != epoch:
+                ctx.report(step=epoch, loss=0.5 ** epoch)
+            epoch = now
+    wait_for_file(args["release"])
+    ctx.report(step=epoch, loss=0.5 ** epoch)
+    return epoch
+
+
 class _Poison(tuple):
     """A row that raises when the feed reads its values (a source failing on this row)."""
 
