@@ -14,6 +14,7 @@ import signal
 import statistics
 import time
 
+from duotf._driver.cluster import shutdown_quietly
 import duotf
 from benchmarks.startup import add_backend_options, backends
 
@@ -34,7 +35,7 @@ def once(backend) -> float:
             return time.perf_counter() - t0
         raise AssertionError("a killed node went unnoticed")
     finally:
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)
 
 
 def cli():

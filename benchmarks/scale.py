@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.simnodes import SimBackend  # noqa: E402
 import duotf._driver.planner as planner  # noqa: E402
 from duotf._driver.api import check_run_arguments  # noqa: E402
-from duotf._driver.cluster import Cluster  # noqa: E402
+from duotf._driver.cluster import Cluster, shutdown_quietly, start  # noqa: E402
 from duotf.spec import ClusterSpec  # noqa: E402
 from duotf._driver.nodes import NodeState  # noqa: E402
 from duotf._verbosity import node_env  # noqa: E402
@@ -100,7 +100,7 @@ def run_once(nodes: int, agents_per_process: int, steady_seconds: float,
                       env=node_env({}), default_fs=None, driver_host=None, owns_backend=False)
     watcher = _Watcher(cluster, t0)
     try:
-        cluster.start()
+        start(cluster)
         started = time.perf_counter() - t0
         cpu_started = proc.cpu_times()
     finally:
@@ -126,10 +126,13 @@ def run_once(nodes: int, agents_per_process: int, steady_seconds: float,
             failure = f"{type(exc).__name__}: {str(exc)[:160]}"
         end = time.perf_counter() - t1
     except BaseException:
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)
         raise
     t2 = time.perf_counter()
-    cluster.shutdown(_raise=failure is None)
+    if failure is None:
+        cluster.shutdown()
+    else:
+        shutdown_quietly(cluster, grace_secs=60.0)
     shutdown = time.perf_counter() - t2
     # the feed planner's share of a training epoch at this size: which rows each worker gets
     t3 = time.perf_counter()

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from duotf._driver.cluster import shutdown_quietly
 import duotf
 from duotf.spark import feed_cache
 from tests.suite import mains
@@ -202,7 +203,7 @@ def test_a_dataframe_of_numbers_written_by_the_jvm_still_names_a_refused_row(bac
         assert not kept_frame_folders() - before
     finally:
         (tmp_path / "release").touch()
-        cluster.shutdown(grace_secs=0, _raise=False)
+        shutdown_quietly(cluster)
     err = info.value
     assert (err.column, err.partition, err.row, err.problem) == (column, 1, 2, problem)
 
@@ -307,4 +308,4 @@ def test_inference_keeping_a_column_the_dataframe_lacks_is_refused_by_name(backe
             with pytest.raises(duotf.ConfigError, match=r"\['nope'\]"):
                 cluster.inference(_plain_frame(engine), keep=["y", "nope"])
         finally:
-            cluster.shutdown(grace_secs=0, _raise=False)
+            shutdown_quietly(cluster)

@@ -22,7 +22,7 @@ import uuid
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from duotf._deadline import Deadline
-from duotf._enum import StrEnum
+from duotf.backends.base import CheckStatus
 from duotf.errors import ConfigError, DuotfError
 from duotf.spec import ClusterSpec, parse_address, seconds
 
@@ -33,14 +33,6 @@ __all__ = ["doctor", "DoctorReport", "Check", "CheckStatus"]
 #: below this much free ``/dev/shm`` the feed's shared memory rings may not fit (Docker gives
 #: 64 MiB), and feeding falls back to TCP
 SHM_WANTED = 256 << 20
-
-
-class CheckStatus(StrEnum):
-    """How a check went (a backend's ``engine_checks`` rows name it by its value)."""
-
-    OK = "OK"
-    WARN = "WARN"  # a job runs, but slower or more fragile than it could
-    FAIL = "FAIL"  # a job would fail
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ from duotf.backends.base import FeedOptions
 from duotf.errors import ConfigError, DuotfError, FeedError, cause_of
 from duotf._transport import wire
 from duotf._transport.columns import ragged_columns
-from duotf._transport.feeder import FeedJob
+from duotf._transport.feeder import FeedJob, FeedMode
 from duotf._driver.progress import FeedProgress
 from duotf._driver.supervisor import FeedTarget, JobStopped, Supervisor
 
@@ -367,7 +367,7 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
     if dropped:
         logger.warning("duotf: %d rows left over after giving each of %d workers %d rows are not "
                        "fed (balance=False feeds everything, unevenly)", dropped, len(targets), per)
-    job = _job(sup, targets, "train", feed_timeout, plan, ragged)
+    job = _job(sup, targets, FeedMode.TRAIN, feed_timeout, plan, ragged)
     epoch_rows = sum(counts) if per is None else per * len(targets)
     fed, done, epoch_seconds = 0, 0, []
     try:
@@ -411,7 +411,7 @@ def inference(sup: Supervisor, backend, data, keep, result_columns, feed_timeout
     sup.check_running("run inference")
     targets = sup.feed_targets()
     adapter.check_capacity(len(sup.nodes))
-    job = _job(sup, targets, "infer", feed_timeout, ragged=ragged)
+    job = _job(sup, targets, FeedMode.INFER, feed_timeout, ragged=ragged)
     try:
         progress.start("inference", None)  # rows answered, where the engine says
         output = _run(sup, adapter.infer(job, keep, result_columns), job.what, False, targets, job)
@@ -448,7 +448,7 @@ class Stream:
         self._backend = backend
         self._targets = sup.feed_targets()
         self._job = dataclasses.replace(
-            _job(sup, self._targets, "train", feed_timeout, ragged=ragged_columns(ragged)),
+            _job(sup, self._targets, FeedMode.TRAIN, feed_timeout, ragged=ragged_columns(ragged)),
             stream=True)
         self._balanced = balanced
         self._seqs = [0] * len(self._targets)  # each target's next range number

@@ -21,6 +21,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from duotf._enum import StrEnum
 from duotf.errors import FeedError, FeedProblem, FeedSchemaError, cause_of, feed_schema_error
 from duotf._transport import shm
 from duotf._transport import wire
@@ -32,12 +33,19 @@ FRAME_BYTES = 4 << 20
 logger = logging.getLogger(__name__)
 
 
+class FeedMode(StrEnum):
+    """What a feed job does: feed training rows, or rows to answer (inference)."""
+
+    TRAIN = "train"
+    INFER = "infer"
+
+
 @dataclasses.dataclass(frozen=True)
 class FeedJob:
     secret: bytes
     addresses: List[Tuple[str, int]]  # feed address of each target node, by feed rank
     labels: List[str]  # "worker:1 on host" per target, for errors
-    mode: str  # "train" or "infer"
+    mode: FeedMode
     timeout: float
     plan: Optional[Dict[int, List[Tuple[int, int, int]]]] = None  # train: partition -> ranges
     ragged: Tuple[str, ...] = ()  # columns declared ragged: delivered as RaggedColumn
@@ -48,13 +56,16 @@ class FeedJob:
     #: 1), not an epoch (:class:`duotf._driver.planner.Stream`)
     stream: bool = False
 
+    def __post_init__(self):
+        object.__setattr__(self, "mode", FeedMode(self.mode))  # "train" -> FeedMode.TRAIN; a typo fails
+
     @property
     def work(self) -> str:
         """What this engine job does, as the engine's UI names it: ``"feed epoch 3/10"``,
         ``"feed stream chunk 3"`` or ``"inference"``."""
-        if self.mode == "train" and self.stream:
+        if self.mode is FeedMode.TRAIN and self.stream:
             return f"feed stream chunk {self.epoch}"
-        if self.mode == "train":
+        if self.mode is FeedMode.TRAIN:
             return f"feed epoch {self.epoch}/{self.epochs}" if self.epoch else "feed"
         return "inference"
 
@@ -62,9 +73,9 @@ class FeedJob:
     def key_prefix(self) -> str:
         """The start of this job's task names where an engine names tasks (Dask keys):
         ``"duotf-feed-<job id>-epoch-3"``, ``"duotf-infer-<job id>"``."""
-        if self.mode == "train" and self.stream:
+        if self.mode is FeedMode.TRAIN and self.stream:
             return f"duotf-feed-{self.job_id}-chunk-{self.epoch}"
-        if self.mode == "train":
+        if self.mode is FeedMode.TRAIN:
             return f"duotf-feed-{self.job_id}" + (f"-epoch-{self.epoch}" if self.epoch else "")
         return f"duotf-infer-{self.job_id}"
 
@@ -285,7 +296,7 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
     def end(target: int, seq: int) -> None:
         conn = conn_for(target, seq)
         if not conn.delivered:
-            conn.send(Frame.END, mode="train", partition=pid)
+            conn.send(Frame.END, mode=FeedMode.TRAIN, partition=pid)
         ended.add((target, seq))
 
     sent = 0
@@ -381,7 +392,7 @@ def pass_turn(job: FeedJob, pid: int) -> None:
         try:
             conn = _Target(job, target, seq, pid)
             if not conn.delivered:  # "passed": the range's rows are still to come
-                conn.send(Frame.END, mode="train", partition=pid, passed=True)
+                conn.send(Frame.END, mode=FeedMode.TRAIN, partition=pid, passed=True)
                 conn.reply(Frame.ACK, Frame.TERMINATED)
         except (OSError, wire.FeedProtocolError) as exc:
             raise _fail(job, pid, target, exc) from exc
@@ -437,7 +448,7 @@ def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns],
                 pending.append(cols)
             waiting += num_rows(cols)
             yield from take(block=False)
-        wire.send_frame(sock, Frame.END, mode="infer", partition=pid)
+        wire.send_frame(sock, Frame.END, mode=FeedMode.INFER, partition=pid)
         yield from take(block=True)
     except _SourceFailed as exc:
         raise _source_error(job, pid, target, sent, exc.error) from exc.error

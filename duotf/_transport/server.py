@@ -26,6 +26,7 @@ import numpy as np
 from duotf._deadline import Deadline
 from duotf._transport import gate
 from duotf._transport import wire
+from duotf._transport.feeder import FeedMode
 from duotf._transport.wire import Frame, Marker
 from duotf._transport.columns import slice_cols
 
@@ -308,7 +309,7 @@ class FeedServer:
                         seq = None
                     if self.terminated.is_set():
                         conn.send(Frame.TERMINATED)
-                    elif header.get("mode") == "train":
+                    elif header.get("mode") == FeedMode.TRAIN:
                         conn.send(Frame.ACK, rows=rows)
                     rows = 0
                 else:  # a known kind, but one that only a node sends

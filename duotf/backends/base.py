@@ -25,6 +25,7 @@ import socket
 import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from duotf._enum import StrEnum
 from duotf.errors import ConfigError, FeedError, InsufficientSlotsError, cause_of
 from duotf._node.agent import NodeOutcome
 
@@ -131,6 +132,15 @@ class ThreadJob(EngineJob):
 
     def join(self, timeout: Optional[float] = None) -> None:
         self._thread.join(timeout)
+
+
+class CheckStatus(StrEnum):
+    """How a check of :func:`duotf.doctor` went (a backend's :meth:`Backend.engine_checks` rows
+    say it too)."""
+
+    OK = "OK"
+    WARN = "WARN"  # a job runs, but slower or more fragile than it could
+    FAIL = "FAIL"  # a job would fail
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,9 +319,9 @@ class Backend(abc.ABC):
         passed: each node then holds ``k`` GPUs of the engine's and its function gets their
         addresses as ``gpus=[...]``."""
 
-    def engine_checks(self, nodes: int) -> List[Tuple[str, str, str, str]]:
+    def engine_checks(self, nodes: int) -> List[Tuple[str, "CheckStatus", str, str]]:
         """What :func:`duotf.doctor` should check of this engine itself, for ``nodes`` nodes:
-        rows ``(name, "OK" | "WARN" | "FAIL", what was seen, the fix)``."""
+        rows ``(name, CheckStatus, what was seen, the fix)``."""
         return []
 
     def feed_adapter(self, data, nodes: int, options: Optional[FeedOptions] = None) -> FeedAdapter:

@@ -23,7 +23,7 @@ from typing import List, Tuple
 from duotf.errors import BackendError, ConfigError, InsufficientSlotsError
 from duotf._node.agent import NodeOutcome
 from duotf._verbosity import quiet_known_notices
-from duotf.backends.base import Backend, EngineJob, NodeFunction, ThreadJob, work_name
+from duotf.backends.base import Backend, CheckStatus, EngineJob, NodeFunction, ThreadJob, work_name
 
 logger = logging.getLogger(__name__)
 
@@ -202,11 +202,11 @@ class SparkBackend(Backend):
         needed = 17 if int(pyspark.__version__.split(".")[0]) >= 4 else 8
         major = java.split(".")[0] if not java.startswith("1.") else java.split(".")[1]
         ok = major.isdigit() and int(major) >= needed
-        rows.append(("java", "OK" if ok else "FAIL", f"the driver's JVM runs Java {java}",
+        rows.append(("java", CheckStatus.OK if ok else CheckStatus.FAIL, f"the driver's JVM runs Java {java}",
                      f"pyspark {pyspark.__version__} needs Java {needed} or later (JAVA_HOME)"))
         slots = self.slots()
         if slots <= nodes:
-            rows.append(("feed slots", "WARN", f"{slots} task slots for {nodes} nodes: none left "
+            rows.append(("feed slots", CheckStatus.WARN, f"{slots} task slots for {nodes} nodes: none left "
                          "for the tasks of train() and inference()",
                          "give each executor one core more than its nodes use, or "
                          "local[N] with N > nodes, if you feed through the engine"))
