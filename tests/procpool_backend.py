@@ -25,11 +25,11 @@ import multiprocessing
 import os
 import socket
 import threading
-import time
 from typing import List, Optional
 
 import cloudpickle
 
+from duotf._deadline import Deadline
 from duotf.backends import Backend, EngineJob, FeedAdapter, FeedOptions, ThreadJob, count_error
 from duotf.errors import InsufficientSlotsError
 
@@ -118,9 +118,9 @@ class ProcessPool:
         if executor is None:
             return
         executor.shutdown(wait=False, cancel_futures=True)
-        deadline = time.monotonic() + timeout
+        deadline = Deadline.after(timeout)
         for proc in self._context.started:
-            proc.join(max(deadline - time.monotonic(), 0))
+            proc.join(deadline.remaining)
             if proc.exitcode is None:
                 proc.kill()
         executor.shutdown(wait=True)

@@ -32,6 +32,7 @@ from urllib.parse import urlparse
 
 from duotf.errors import BackendError, ConfigError, InsufficientSlotsError
 from duotf._node.agent import NodeOutcome
+from duotf._deadline import Deadline
 from duotf.backends.base import Backend, EngineJob, NodeFunction, ThreadJob, routable_ip
 
 logger = logging.getLogger(__name__)
@@ -99,10 +100,10 @@ class DaskBackend(Backend):
     def _enough_workers(self, nodes: int) -> List[str]:
         """One list of at least ``nodes`` workers, waiting up to ``slot_wait`` for them; raise
         :class:`InsufficientSlotsError` with the last list seen."""
-        deadline = time.monotonic() + self.slot_wait
+        deadline = Deadline.after(self.slot_wait)
         while True:
             workers = self._workers()
-            if len(workers) >= nodes or time.monotonic() >= deadline:
+            if len(workers) >= nodes or deadline.expired:
                 break
             logger.debug("dask: %d workers for %d nodes; waiting", len(workers), nodes)
             time.sleep(0.1)  # a worker restarting or joining

@@ -23,6 +23,7 @@ from typing import List, Tuple
 from duotf.errors import BackendError, ConfigError, InsufficientSlotsError
 from duotf._node.agent import NodeOutcome
 from duotf._verbosity import quiet_known_notices
+from duotf._deadline import Deadline
 from duotf.backends.base import Backend, CheckStatus, EngineJob, NodeFunction, ThreadJob, work_name
 
 logger = logging.getLogger(__name__)
@@ -132,10 +133,10 @@ class SparkBackend(Backend):
                 "duotf runs nodes as a barrier stage, which needs a fixed set of executors: set "
                 "spark.dynamicAllocation.enabled=false (and spark.executor.instances)."
             )
-        deadline = time.monotonic() + (0 if self._local else self.slot_wait)
+        deadline = Deadline.after(0 if self._local else self.slot_wait)
         while True:
             available = self.slots()
-            if available >= nodes or time.monotonic() >= deadline:
+            if available >= nodes or deadline.expired:
                 break
             time.sleep(0.25)  # executors still registering with the driver
         if available < nodes:
