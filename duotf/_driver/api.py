@@ -137,7 +137,8 @@ def run(
         all causes but ``"exception"``, usually a bug that a restart would repeat.
     checkpoint_dir:
         ``ctx.checkpoint_dir`` is ``<checkpoint_dir>/<job id>``, kept: a path (made absolute here)
-        or a URL every node can write. Default: on the driver's host, removed at shutdown.
+        or a URL every node can write; each node makes the folder before ``main`` runs (a URL's
+        through fsspec). Default: on the driver's host, removed at shutdown.
 
     Returns
     -------

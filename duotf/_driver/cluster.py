@@ -343,6 +343,7 @@ class Cluster:
             resume_epoch=self._resume_epoch,
             checkpoint_dir=self.checkpoint_dir,
             checkpoints=dict(self._resume_paths),
+            owns_checkpoint_dir=self._owns_checkpoint_dir,
         )
         logger.info("duotf: starting %d nodes on %s (job %s)", n, self.backend.name, self.job_id)
         names = [str(node.role).replace(":", "-") for node in self.nodes]  # "worker-1"

@@ -99,6 +99,7 @@ class ChildJob:
     resume_epoch: int = 0
     checkpoint_dir: str = ""
     checkpoint: Optional[str] = None  # the checkpoint this node restores
+    make_checkpoint_dir: bool = False  # the user's checkpoint_dir: made on the node's host
 
 
 # What the node process says that the agent passes on to the driver as it is.
@@ -146,6 +147,9 @@ class NodeJob:
     resume_epoch: int = 0
     checkpoint_dir: str = ""
     checkpoints: Dict[int, Optional[str]] = dataclasses.field(default_factory=dict)
+    #: ``checkpoint_dir`` is duotf's own, made and removed by the driver on its host; a
+    #: ``checkpoint_dir`` the user gave is made by each node before its main runs
+    owns_checkpoint_dir: bool = False
 
 
 class OutcomeStatus(str, enum.Enum):
@@ -324,6 +328,7 @@ class _Agent:
             resume_epoch=job.resume_epoch,
             checkpoint_dir=job.checkpoint_dir,
             checkpoint=job.checkpoints.get(self.node_id),
+            make_checkpoint_dir=not job.owns_checkpoint_dir,
         ))
         self.child_reader = self._thread(
             lambda: self._read_child(Connection(a_rx, readable=True, writable=False)), "child")

@@ -20,6 +20,7 @@ stalled), so no node outlives its supervision. The messages on the pipe are the
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import select
@@ -225,7 +226,35 @@ def _node_context(link: _Link, job: ChildJob, start: dict, feed, reporter):
     )
 
 
-def _run_main(link: _Link, reporter, user_main, user_args, ctx) -> ChildExit:
+def make_checkpoint_dir(where: str) -> None:
+    """Make the user's ``ctx.checkpoint_dir`` (``<checkpoint_dir>/<job id>``) before main runs,
+    so main can save into it at once. Every node makes it: a path names a folder of each node's
+    own host (a shared mount, or a local one that serves restarts on that host). A URL's folder
+    is made through fsspec where the filesystem has folders (hdfs://, file://); object stores
+    (s3://, gs://) have none to make, and a URL whose folder cannot be made is left to main."""
+    if "://" in where:
+        try:
+            from duotf.io.files import filesystem
+
+            fs, path = filesystem(where)
+            fs.makedirs(path, exist_ok=True)
+        except Exception as exc:  # best effort: main's own writes say what is wrong, if anything
+            logging.getLogger(__name__).warning(
+                "duotf: could not make checkpoint_dir %s (%s); main writes into it as it is",
+                where, exc)
+        return
+    try:
+        os.makedirs(where, exist_ok=True)
+    except OSError as exc:
+        from duotf.errors import ConfigError
+
+        raise ConfigError(
+            f"checkpoint_dir: cannot make {where} on this node: {exc}. Give duotf.run("
+            "checkpoint_dir=...) a folder that every node can write (a shared path or a URL)"
+        ) from exc
+
+
+def _run_main(link: _Link, job: ChildJob, reporter, user_main, user_args, ctx) -> ChildExit:
     """Run ``main(args, ctx)`` and send what came of it: its pickled value (``OK``), or the
     error that ended it (``FAILED``)."""
     from duotf.context import check_feeds_answered
@@ -233,6 +262,8 @@ def _run_main(link: _Link, reporter, user_main, user_args, ctx) -> ChildExit:
     link.send(ChildMsg.RUNNING)
     try:
         try:
+            if job.make_checkpoint_dir and job.checkpoint_dir:
+                make_checkpoint_dir(job.checkpoint_dir)
             value = user_main(user_args, ctx)
             check_feeds_answered(ctx)
         finally:
@@ -297,7 +328,7 @@ def main(argv) -> ChildExit:
     if start["job"] == "ps":  # the driver's message is JSON: the role is its plain string
         ctx.serve()  # a ps node only serves, until it is stopped
         return ChildExit.OK
-    code = _run_main(link, reporter, user_main, user_args, ctx)
+    code = _run_main(link, job, reporter, user_main, user_args, ctx)
     if code is not ChildExit.OK:
         return code
     # Stay up (and so keep this node's TF server up) until every node's main has returned, for

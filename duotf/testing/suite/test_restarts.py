@@ -163,6 +163,32 @@ def test_an_exception_in_main_restarts_only_when_restart_on_names_it(backend, tm
     assert [(r.cause, r.node) for r in cluster.restarts] == [("exception", "worker:0")]
 
 
+def test_a_checkpoint_dir_given_to_run_is_made_for_the_job(backend, tmp_path):
+    """duotf.run(..., checkpoint_dir=D): ctx.checkpoint_dir is D/<job id>, made by duotf on the
+    nodes, so the README's restart example saves into it on its first attempt, fails, restarts
+    and finds its file there."""
+    where = tmp_path / "ck"  # does not exist: duotf makes it, and the job's folder in it
+    with duotf.run(mains.save_then_fail_main, {}, backend, duotf.ClusterSpec(workers=2),
+                   checkpoint_dir=str(where), max_restarts=1, restart_on=[ValueError]) as cluster:
+        results = cluster.wait(timeout=120)
+    job_dir = str(where / cluster.job_id)
+    assert cluster.checkpoint_dir == job_dir
+    assert [(r.cause, r.attempt) for r in cluster.restarts] == [("exception", 0)]
+    assert results == [{"attempt": 1, "w": [0.0, 1.0, 2.0], "dir": job_dir}] * 2
+    assert any(name.endswith(".npz") for name in os.listdir(job_dir))  # the user's: kept
+
+
+def test_a_checkpoint_dir_that_cannot_be_made_fails_the_node_saying_so(backend, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(NodeFailedError) as raised:
+        with duotf.run(mains.save_then_fail_main, {}, backend, duotf.ClusterSpec(workers=1),
+                       checkpoint_dir=str(tmp_path / "a-file")) as cluster:
+            cluster.wait(timeout=60)
+    assert raised.value.remote_type == "ConfigError"
+    assert "checkpoint_dir: cannot make" in str(raised.value)
+    assert "a folder that every node can write" in str(raised.value)
+
+
 @pytest.mark.engines("local")
 def test_keras_fit_resumes_from_its_checkpoint_callback(backend, engine, tmp_path):
     """duotf.keras.CheckpointCallback + restore + initial_epoch=ctx.resume_epoch: the killed

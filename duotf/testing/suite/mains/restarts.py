@@ -98,6 +98,18 @@ def raise_main(args, ctx):
     return ctx.attempt
 
 
+def save_then_fail_main(args, ctx):
+    """The README's restart example: the first attempt saves a file into ctx.checkpoint_dir
+    (a folder duotf made, never the user), reports it, and fails; the next finds it."""
+    if ctx.attempt == 0:
+        path = os.path.join(ctx.checkpoint_dir, f"node{ctx.node_id}.npz")
+        np.savez(path, w=np.arange(3.0))
+        ctx.report_checkpoint(1, path)
+        raise ValueError("fails after its checkpoint")
+    saved = np.load(ctx.latest_checkpoint())
+    return {"attempt": ctx.attempt, "w": saved["w"].tolist(), "dir": ctx.checkpoint_dir}
+
+
 def keras_resume_main(args, ctx):
     """Keras 3 fit under MultiWorkerMirroredStrategy on the engine feed, resumable:
     CheckpointCallback saves and reports every epoch, restore + initial_epoch resume."""
