@@ -290,10 +290,11 @@ def test_the_run_command_runs_under_spark_submit(spark_standalone_master, spark_
 
 # -- the scoring blocks -----------------------------------------------------------------------
 def _scoring_model(tmp_path, width: int = 6):
-    """A tiny model of one input named "features" saved as .keras; its path and the model."""
+    """A tiny model of one input saved as .keras; its path and the model. Its input is not named
+    after the blocks' column ("features"), as a user's model's need not be: the blocks name it."""
     import keras
 
-    inputs = keras.Input((width,), name="features")
+    inputs = keras.Input((width,), name="pixels")
     model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Dense(4, activation="relu")(inputs)))
     path = str(tmp_path / "model.keras")
     model.save(path)
