@@ -23,14 +23,22 @@ import os
 import tempfile
 import time
 
+if __package__ in (None, ""):  # run as a script: make the examples package importable
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import cloudpickle
 import numpy as np
 
 import duotf
+from examples.digits import train as digits_train
+from examples.digits.train import main, make_backend, prepare_data
 
-try:
-    from examples.digits.train import main, make_backend, prepare_data
-except ImportError:  # run as a script from the examples folder
-    from digits.train import main, make_backend, prepare_data
+# main is the digits program's: sent to the nodes by value, so that the executors (a standalone
+# cluster's, a Dask worker's node processes) need not import the examples package. A main of
+# this file travels by value anyway: cloudpickle sends what __main__ defines by value.
+cloudpickle.register_pickle_by_value(digits_train)
 
 
 def shuffled_pass(data_path: str, seed: int):

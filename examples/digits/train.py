@@ -34,6 +34,7 @@ def prepare_data(path: str, seed: int = 0) -> str:
     order = np.random.default_rng(seed).permutation(len(x))
     x, y = x[order], y[order]
     n_test = len(x) // 5
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # --data-dir NEW
     np.savez(path, x_train=x[n_test:], y_train=y[n_test:], x_test=x[:n_test], y_test=y[:n_test])
     return path
 

@@ -3,6 +3,10 @@ fits and scores on Spark and Dask."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import cloudpickle
 
 import duotf
@@ -61,3 +65,36 @@ def test_pipeline_example_fits_transforms_and_is_accurate(backend, engine, tmp_p
     accuracy = pipeline.pipeline(engine.handle, workers=2, epochs=5, model_dir=str(tmp_path), env=QUIET_TF)
     assert accuracy > 0.9, accuracy
     assert len(list(tmp_path.glob("fit-*/model.keras"))) == 1
+
+
+
+# -- the examples run as a user runs them: as scripts, their mains pickled from there ----------
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run_script(command, tmp_path) -> str:
+    """Run ``command`` as a user's shell would: duotf importable, the examples package not (no
+    PYTHONPATH to this checkout: a folder holding only a link to the package)."""
+    only_duotf = tmp_path / "site"
+    only_duotf.mkdir()
+    (only_duotf / "duotf").symlink_to(os.path.dirname(duotf.__file__))
+    env = dict(os.environ, PYTHONPATH=str(only_duotf), PYSPARK_PYTHON=sys.executable,
+               PYSPARK_DRIVER_PYTHON=sys.executable, TF_CPP_MIN_LOG_LEVEL="2")
+    out = subprocess.run(command, cwd=str(tmp_path), capture_output=True, text=True, env=env,
+                         timeout=300)
+    problems = [line for line in out.stderr.splitlines() if " INFO " not in line]
+    assert out.returncode == 0, "\n".join(problems[-60:] + out.stdout.splitlines()[-20:])
+    return out.stdout
+
+
+def test_the_streaming_script_runs_on_a_standalone_cluster(spark_standalone_master, tmp_path):
+    """``spark-submit examples/streaming.py --backend spark`` on a standalone master, into a
+    --data-dir that does not exist yet: the digits program it imports reaches the executors
+    (1 node: the second application on the suite's master has 2 slots, one to feed from)."""
+    data_dir = tmp_path / "new" / "data"
+    out = _run_script(["spark-submit", "--master", spark_standalone_master,
+                       os.path.join(ROOT, "examples", "streaming.py"), "--backend", "spark",
+                       "--workers", "1", "--passes", "2", "--data-dir", str(data_dir), "--quiet"],
+                      tmp_path)
+    assert "backend=spark workers=1 test accuracy=" in out, out
+    assert (data_dir / "digits.npz").exists()
