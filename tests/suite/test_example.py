@@ -87,6 +87,7 @@ def _run_script(command, tmp_path) -> str:
     return out.stdout
 
 
+@pytest.mark.slow  # a second Spark application and TF: 50 to 140 s here
 def test_the_streaming_script_runs_on_a_standalone_cluster(spark_standalone_master, tmp_path):
     """``spark-submit examples/streaming.py --backend spark`` on a standalone master, into a
     --data-dir that does not exist yet: the digits program it imports reaches the executors
