@@ -136,9 +136,8 @@ def run(
         and ``"exception"`` (main raised), and main's exception classes (or names). Default:
         all causes but ``"exception"``, usually a bug that a restart would repeat.
     checkpoint_dir:
-        ``ctx.checkpoint_dir`` is ``<checkpoint_dir>/<job id>``, kept: a path (made absolute here)
-        or a URL every node can write; each node makes the folder before ``main`` runs (a URL's
-        through fsspec). Default: on the driver's host, removed at shutdown.
+        ``ctx.checkpoint_dir``: ``<checkpoint_dir>/<job id>``, made by each node, kept; a path (made
+        absolute here) or URL every node can write. Default: the driver's host, removed at shutdown.
 
     Returns
     -------
