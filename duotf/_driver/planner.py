@@ -10,6 +10,7 @@ but the cluster.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import re
@@ -336,6 +337,19 @@ def _markers(sup: Supervisor, targets: List[FeedTarget], kind: wire.Marker, time
                             epoch=epoch, node=target.label) from exc
 
 
+@contextlib.contextmanager
+def _feeding(sup: Supervisor, targets, progress: FeedProgress):
+    """A feed's epochs or inference: on any error every node's feed ends with it (their reads
+    raise, so cluster.wait() never hangs) before it is raised; the bar closes however it ends."""
+    try:
+        yield
+    except BaseException as exc:
+        _end_feeds_for(sup, targets, exc)
+        raise
+    finally:
+        progress.close()
+
+
 def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, balanced: bool,
           ragged=(), progress: Optional[FeedProgress] = None,
           convert_once: Optional[bool] = None, first_epoch: int = 0) -> dict:
@@ -370,7 +384,7 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
     job = _job(sup, targets, FeedMode.TRAIN, feed_timeout, plan, ragged)
     epoch_rows = sum(counts) if per is None else per * len(targets)
     fed, done, epoch_seconds = 0, 0, []
-    try:
+    with _feeding(sup, targets, progress):
         for epoch in range(first_epoch + 1, epochs + 1):
             t1 = time.monotonic()
             # the rows handed to the nodes, which queue them ahead of training (see progress)
@@ -389,12 +403,6 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
             logger.debug("duotf: epoch %d fed in %.3f s, its markers acknowledged in %.3f s",
                          epoch, t2 - t1, time.monotonic() - t2)
         _markers(sup, targets, wire.Marker.END, feed_timeout)
-    except BaseException as exc:
-        # every node's feed ends with the error: its reads raise, cluster.wait() never hangs
-        _end_feeds_for(sup, targets, exc)
-        raise
-    finally:
-        progress.close()
     return {"epochs": done, "rows": sum(counts), "rows_fed": fed, "rows_per_worker": per,
             "rows_dropped_per_epoch": dropped, "terminated": sup.feed_terminated(),
             "seconds": time.monotonic() - t0, "count_seconds": count_seconds,
@@ -412,16 +420,11 @@ def inference(sup: Supervisor, backend, data, keep, result_columns, feed_timeout
     targets = sup.feed_targets()
     adapter.check_capacity(len(sup.nodes))
     job = _job(sup, targets, FeedMode.INFER, feed_timeout, ragged=ragged)
-    try:
+    with _feeding(sup, targets, progress):
         progress.start("inference", None)  # rows answered, where the engine says
         output = _run(sup, adapter.infer(job, keep, result_columns), job.what, False, targets, job)
         progress.finish()
         _markers(sup, targets, wire.Marker.END, feed_timeout)
-    except BaseException as exc:
-        _end_feeds_for(sup, targets, exc)
-        raise
-    finally:
-        progress.close()
     return output
 
 

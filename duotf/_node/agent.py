@@ -75,6 +75,11 @@ class ChildExit(enum.IntEnum):
     GPUS = 5  # the engine's GPU addresses name no device this task sees
 
 
+#: the fields of :class:`ChildJob` the agent passes on from the driver's :class:`NodeJob` as they are
+_FROM_NODE_JOB = ("payload", "protocol", "heartbeat_interval", "heartbeat_timeout", "job_id",
+                  "default_fs", "secret", "log_dir", "resume_epoch", "checkpoint_dir")
+
+
 @dataclasses.dataclass(frozen=True)
 class ChildJob:
     """What the agent tells its node process first (``ChildMsg.INIT``): the job, and this node's
@@ -308,25 +313,11 @@ class _Agent:
             self.output = OutputRelay(out_r, self._send_output)
         self.child_tx = Connection(a_tx, readable=False, writable=True)
         workdir = node_workdir(job.workdir_root, self.node_id)
+        same = {name: getattr(job, name) for name in _FROM_NODE_JOB}  # as the driver sent them
         self._to_child(ChildMsg.INIT, ChildJob(
-            payload=job.payload,
-            protocol=job.protocol,
-            heartbeat_interval=job.heartbeat_interval,
-            heartbeat_timeout=job.heartbeat_timeout,
-            node_id=self.node_id,
-            job_id=job.job_id,
-            working_dir=workdir,
-            default_fs=job.default_fs,
-            secret=job.secret,
-            executor_id=self.executor_id,
-            output_captured=captured,
-            gpus=self.gpus,
-            gpu_error=gpu_error,
-            log_dir=job.log_dir,
-            tensorboard=self.node_id == job.tensorboard_node,
-            attempt=job.restart,
-            resume_epoch=job.resume_epoch,
-            checkpoint_dir=job.checkpoint_dir,
+            **same, node_id=self.node_id, working_dir=workdir, executor_id=self.executor_id,
+            output_captured=captured, gpus=self.gpus, gpu_error=gpu_error,
+            tensorboard=self.node_id == job.tensorboard_node, attempt=job.restart,
             checkpoint=job.checkpoints.get(self.node_id),
             make_checkpoint_dir=not job.owns_checkpoint_dir,
         ))

@@ -184,29 +184,8 @@ class FeedAdapter(abc.ABC):
     """
 
     def __init__(self, options: Optional["FeedOptions"] = None):
+        #: what the planner decided for this feed; read, never set after the adapter is made
         self.options = options if options is not None else FeedOptions()
-
-    # What the planner decided, read from the options the adapter was made with (read-only:
-    # nothing is set on an adapter after it is made).
-    @property
-    def on_partition(self) -> Optional[Callable[[int, int], None]]:
-        return self.options.on_partition
-
-    @property
-    def job_id(self) -> str:
-        return self.options.job_id
-
-    @property
-    def convert_once(self) -> Optional[bool]:
-        return self.options.convert_once
-
-    @property
-    def feed_epochs(self) -> int:
-        return self.options.epochs
-
-    @property
-    def ragged(self) -> tuple:
-        return self.options.ragged
 
     def report(self) -> dict:
         """What the adapter adds to ``cluster.train``'s counts (e.g. what it kept)."""
@@ -219,7 +198,7 @@ class FeedAdapter(abc.ABC):
     def partition_done(self, pid: int, rows: int) -> None:
         """Partition ``pid``'s task ended, having sent ``rows`` rows (training: its value in
         the job's result; inference: the rows answered). Never raises."""
-        fn = self.on_partition
+        fn = self.options.on_partition
         if fn is not None:
             try:
                 fn(pid, rows)

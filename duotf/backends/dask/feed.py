@@ -68,8 +68,9 @@ class DaskFeed(FeedAdapter):
         if self.kind in ("array", "arrays"):
             return [int(c) for c in self.data.chunks[0]]
         token = uuid.uuid4().hex[:8]  # a key of its own per count, as the feed's own keys
+        job_id = self.options.job_id
         futures = self.client.compute([
-            dask.delayed(len)(p, dask_key_name=f"duotf-count-{self.job_id}-part-{i}-{token}")
+            dask.delayed(len)(p, dask_key_name=f"duotf-count-{job_id}-part-{i}-{token}")
             for i, p in enumerate(self.parts)])
         try:
             return list(self.client.gather(futures))

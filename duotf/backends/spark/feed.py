@@ -94,8 +94,8 @@ class SparkFeed(FeedAdapter):
     def counts(self) -> List[int]:
         if self.cache is not None:
             return list(self.cache.counts)
-        if self.df is not None and self.feed_epochs > 1 and self.convert_once is not False \
-                and not self.ragged:
+        opts = self.options
+        if self.df is not None and opts.epochs > 1 and opts.convert_once is not False and not opts.ragged:
             counts = self._convert_in_jvm()
             if counts is not None:
                 return counts
@@ -110,8 +110,8 @@ class SparkFeed(FeedAdapter):
             counts = [0] * self.rdd.getNumPartitions()
         # the Spark UI names it: "duotf <job id>: count rows"
         with arrow_batches(self._session()):
-            rows = in_group(self.sc, f"duotf-count-{self.job_id}-{time.monotonic_ns()}",
-                             work_name(self.job_id, "count rows"), collect)
+            rows = in_group(self.sc, f"duotf-count-{self.options.job_id}-{time.monotonic_ns()}",
+                             work_name(self.options.job_id, "count rows"), collect)
         raise_first(n for _, n in rows if isinstance(n, str))
         for p, n in rows:
             counts[p] = n
@@ -140,9 +140,10 @@ class SparkFeed(FeedAdapter):
             index, kept = spilled[0], JvmKept(spilled[1])
             self._converting = cache_id  # close() sweeps the files of a pass that failed
             try:
-                rows = in_group(self.sc, f"duotf-convert-{self.job_id}-{time.monotonic_ns()}",
-                                 work_name(self.job_id, "convert once (count rows, keep feed frames)"),
-                                 index.collect)
+                job_id = self.options.job_id
+                rows = in_group(self.sc, f"duotf-convert-{job_id}-{time.monotonic_ns()}",
+                                work_name(job_id, "convert once (count rows, keep feed frames)"),
+                                index.collect)
             except BaseException:
                 kept.unpersist()
                 raise
@@ -169,7 +170,7 @@ class SparkFeed(FeedAdapter):
                 return ThreadJob(self._train_by_reference(job), cancel=lambda: None,
                                  name="feed-by-reference")
             return self._job(job, *self._train_cached(job))
-        if job.epoch == 1 and job.epochs > 1 and self.convert_once is not False:
+        if job.epoch == 1 and job.epochs > 1 and self.options.convert_once is not False:
             return self._job(job, self._train_converting(job))
         if self.df is not None:
             def run_df():
