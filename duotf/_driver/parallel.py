@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, List, Optional, Set
 from duotf._driver.api import check_run_arguments, run
 from duotf.backends import resolve_backend
 from duotf._driver.cluster import Cluster
+from duotf._driver.supervisor import FAILURES_REPORTED
 from duotf.errors import ConfigError, DuotfError
 from duotf.spec import ClusterSpec, seconds
 
@@ -209,6 +210,8 @@ class _Runs:
         t0 = time.monotonic()
         cluster = None
         value = error = None
+        # a run's failure is its outcome, in its RunResult: its cluster does not log it as an error
+        reported = FAILURES_REPORTED.set(True)
         try:
             with self._lock:
                 if self._stopping:  # taken from the queue as the driver was interrupted
@@ -234,6 +237,7 @@ class _Runs:
         except Exception as exc:  # the run's outcome; the other runs go on
             error = exc
         finally:
+            FAILURES_REPORTED.reset(reported)
             if cluster is not None:
                 with self._lock:
                     self._live.discard(cluster)

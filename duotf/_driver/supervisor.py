@@ -15,6 +15,7 @@ its heartbeat watchdog :mod:`duotf._driver.watchdog`, and the wording of a node'
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -32,7 +33,12 @@ from duotf.spec import ClusterSpec, Job
 
 logger = logging.getLogger("duotf.cluster")
 
-__all__ = ["JobStopped", "Supervisor", "WAIT_NOTE_AFTER", "STALLED_AFTER"]
+__all__ = ["JobStopped", "Supervisor", "WAIT_NOTE_AFTER", "STALLED_AFTER", "FAILURES_REPORTED"]
+
+#: True where the caller hands every failure back itself (run_parallel: a run's error is its
+#: outcome): a cluster made in that context logs its failure at DEBUG, not ERROR
+FAILURES_REPORTED: "contextvars.ContextVar[bool]" = contextvars.ContextVar(
+    "duotf_failures_reported", default=False)
 
 
 def _tensorboard_report(node: NodeInfo, message: dict) -> dict:
@@ -102,6 +108,7 @@ class Supervisor:
         #: cluster that restarts from a checkpoint keeps nothing of the failed attempt
         self.failure_stop_timeout = stop_timeout if failure_stop_timeout is None else failure_stop_timeout
         self.status = ClusterStatus.STARTING
+        self._failure_level = logging.DEBUG if FAILURES_REPORTED.get() else logging.ERROR
         self.nodes: List[NodeInfo] = [NodeInfo(i, r) for i, r in enumerate(spec.roles())]
         #: the job's secret: authenticates the rendezvous and the feed connections
         self.secret = rendezvous.new_secret()
@@ -485,7 +492,7 @@ class Supervisor:
             self.failed_at = time.monotonic()
             self.status = ClusterStatus.FAILED
             self._cond.notify_all()
-        logger.error("duotf: %s", str(error).splitlines()[0])
+        logger.log(self._failure_level, "duotf: %s", str(error).splitlines()[0])
         thread = threading.Thread(target=self.stop_nodes, args=(self.failure_stop_timeout,),
                                   name="duotf-stopper", daemon=True)
         self._threads.append(thread)

@@ -3,6 +3,7 @@ slot, a failure kept to its run, and nothing left behind when the driver is inte
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -53,6 +54,25 @@ def test_a_failed_run_keeps_to_its_slot(backend, tmp_path):
     assert runs[2].value is None
     with pytest.raises(duotf.NodeFailedError):
         runs[2].result()
+
+
+def test_a_failed_run_is_its_outcome_not_an_error_in_the_log(backend, caplog):
+    """A run that raises is handed back in its RunResult: its cluster does not log an ERROR
+    ("worker:0 main raised ...") on top, while a plain duotf.run's failure still does."""
+    caplog.set_level(logging.DEBUG, logger="duotf")
+    runs = duotf.run_parallel(mains.trial_main, [{"trial": 0, "mode": "raise"}, {"trial": 1}],
+                              backend)
+    assert [r.ok for r in runs] == [False, True]
+    raised = [r for r in caplog.records
+              if r.name == "duotf.cluster" and "main raised" in r.getMessage()]
+    assert raised and all(r.levelno == logging.DEBUG for r in raised), caplog.text
+    caplog.clear()
+    with pytest.raises(duotf.NodeFailedError):
+        with duotf.run(mains.trial_main, {"trial": 2, "mode": "raise"}, backend) as cluster:
+            cluster.wait()
+    raised = [r for r in caplog.records
+              if r.name == "duotf.cluster" and "main raised" in r.getMessage()]
+    assert [r.levelno for r in raised] == [logging.ERROR], caplog.text
 
 
 def test_a_two_node_run_in_parallel(backend):
