@@ -60,15 +60,17 @@ def quiet_known_notices() -> None:
 
 
 class _Stderr(logging.Handler):
-    """duotf's records on the ``sys.stderr`` of the moment; a node's line is left to a handler
-    the user or :mod:`duotf._driver.nodelogs` put on ``duotf.node`` already."""
+    """duotf's records on the ``sys.stderr`` of the moment; a node's line is left to
+    :mod:`duotf._driver.nodelogs`, which writes it where no handler of the user's shows it."""
+
+    duotf_own = True  # not a handler of the user's (nodelogs asks)
 
     def __init__(self):
         super().__init__(logging.INFO)
         self.setFormatter(logging.Formatter("%(message)s"))
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name.startswith("duotf.node") and logging.getLogger("duotf.node").handlers:
+        if hasattr(record, "duotf_node"):
             return False
         return super().filter(record)
 
@@ -102,8 +104,10 @@ def set_verbose(on: bool = True) -> None:
 
 
 def node_env(env: dict) -> dict:
-    """The job's ``env`` for the nodes: with the TensorFlow C++ INFO notes shown when verbose
-    (``TF_CPP_MIN_LOG_LEVEL=0``), unless ``env`` sets it."""
-    if _verbose and "TF_CPP_MIN_LOG_LEVEL" not in env:
-        return {**env, "TF_CPP_MIN_LOG_LEVEL": "0"}
-    return env
+    """The job's ``env`` for the nodes: when verbose, told so (``DUOTF_VERBOSE=1``: nothing of
+    theirs hidden, see :mod:`duotf._node.output`) and with the TensorFlow C++ INFO notes shown
+    (``TF_CPP_MIN_LOG_LEVEL=0``, unless ``env`` sets it)."""
+    if not _verbose:
+        return env
+    # the name is duotf._node.output.VERBOSE_ENV (a layer above this one)
+    return {"TF_CPP_MIN_LOG_LEVEL": "0", **env, "DUOTF_VERBOSE": "1"}

@@ -9,6 +9,8 @@ import sys
 import textwrap
 import warnings
 
+import pytest
+
 import duotf
 import duotf._verbosity as verbosity
 
@@ -65,13 +67,14 @@ def _script(tmp_path, verbose: bool):
 
 
 def test_a_script_is_quiet_by_default_and_shows_everything_when_verbose(tmp_path):
-    """A plain script (no logging configured): by default nothing of duotf's on stderr and the
-    nodes' TF INFO notes hidden; ``verbose=True``: the lifecycle and the node's lines on stderr,
-    and the nodes told to show TF's INFO notes."""
+    """A plain script (no logging configured): by default nothing of duotf's own on stderr, the
+    node's own line only (issue 32: shown, prefixed), and the nodes' TF INFO notes hidden;
+    ``verbose=True``: the lifecycle too, and the nodes told to show TF's INFO notes."""
     quiet = _script(tmp_path, False)
     assert quiet.returncode == 0, quiet.stderr
     assert quiet.stdout.splitlines() == ["RESULT ['1']"]
-    assert "duotf" not in quiet.stderr and "hello from the node" not in quiet.stderr
+    assert "duotf" not in quiet.stderr
+    assert quiet.stderr.splitlines() == ["[worker:0] hello from the node"]
 
     loud = _script(tmp_path, True)
     assert loud.returncode == 0, loud.stderr
@@ -80,3 +83,126 @@ def test_a_script_is_quiet_by_default_and_shows_everything_when_verbose(tmp_path
     assert any(line.startswith("duotf: starting 1 nodes on local") for line in lines), lines
     assert "[worker:0] hello from the node" in lines, lines
     assert any(line.startswith("duotf: cluster") and "shut down" in line for line in lines), lines
+
+
+# -- a script's view: the nodes' own output shown, duotf's and the libraries' noise not --------
+
+NODES_SCRIPT = textwrap.dedent("""
+    import logging, sys
+    import duotf
+
+    def main(args, ctx):
+        print("hello from", ctx.node_id)
+        return ctx.node_id
+
+    if __name__ == "__main__":
+        engine, log_to_driver, configured = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
+        if configured:
+            logging.basicConfig(level=logging.INFO, format="USER %(message)s")
+        with duotf.run(main, None, engine, duotf.ClusterSpec(workers=2),
+                       log_to_driver=log_to_driver) as c:
+            print("RESULT", c.wait(timeout=120))
+""")
+
+
+def _driver(tmp_path, script: str, *argv, env=None):
+    """Run ``script`` as a plain ``python`` driver; its CompletedProcess (text)."""
+    path = tmp_path / "driver.py"
+    path.write_text(script)
+    full = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(duotf.__file__)))
+    full["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [full.get("PYTHONPATH")] if p])
+    full.update(env or {})
+    done = subprocess.run([sys.executable, str(path), *map(str, argv)], capture_output=True,
+                          text=True, env=full, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+@pytest.mark.parametrize("engine", ["local", "dask"])
+def test_a_scripts_nodes_print_on_its_stderr_prefixed(tmp_path, engine):
+    """Issue 32, item 11: what main prints reaches the driver's stderr, prefixed by node, with no
+    logging configured (as Ray Train and TorchDistributor show it); duotf's lifecycle stays
+    quiet; log_to_driver=False shows nothing."""
+    shown = _driver(tmp_path, NODES_SCRIPT, engine, 1, 0)
+    assert shown.stdout.splitlines() == ["RESULT [0, 1]"]
+    lines = shown.stderr.splitlines()
+    assert "[worker:0] hello from 0" in lines and "[worker:1] hello from 1" in lines, lines
+    assert not [line for line in lines if line.startswith("duotf:")], lines
+
+    # nothing relayed: the lines stay where the engine task's output goes (for these engines'
+    # task processes, started by the driver, its stdout, unprefixed)
+    hidden = _driver(tmp_path, NODES_SCRIPT, engine, 0, 0)
+    assert "RESULT [0, 1]" in hidden.stdout.splitlines()
+    assert "[worker:" not in hidden.stderr + hidden.stdout
+
+
+def test_a_scripts_own_logging_shows_the_nodes_lines_once(tmp_path):
+    """With a handler of the user's (here the root's), the lines go through it only."""
+    done = _driver(tmp_path, NODES_SCRIPT, "local", 1, 1)
+    lines = done.stderr.splitlines()
+    assert lines.count("USER [worker:0] hello from 0") == 1, lines
+    assert not [line for line in lines if line.startswith("[worker:")], lines
+
+
+FIT_SCRIPT = textwrap.dedent("""
+    import sys
+    import duotf
+
+    def fit_main(args, ctx):
+        import tensorflow as tf
+        print("fitting on", ctx.node_id)
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        ds = ctx.get_data_feed(train=True).dataset(16, features="x", label="y")
+        with strategy.scope():
+            model = tf.keras.Sequential([tf.keras.Input(()), tf.keras.layers.Reshape((1,)),
+                                         tf.keras.layers.Dense(1)])
+            model.compile(tf.keras.optimizers.SGD(0.001), "mse")
+        return len(model.fit(ds, epochs=2, verbose=0).history["loss"])
+
+    def data(engine):
+        import pandas as pd
+        frame = pd.DataFrame({"x": [float(i) for i in range(101)],
+                              "y": [float(i) for i in range(101)]})  # 101 rows: 1 left over
+        if engine == "local":
+            return [frame[:51], frame[51:]]
+        if engine == "dask":
+            import dask.dataframe as dd
+            return dd.from_pandas(frame, npartitions=2)
+        from pyspark.sql import SparkSession
+        return SparkSession.getActiveSession().createDataFrame(frame).repartition(2)
+
+    if __name__ == "__main__":
+        engine, verbose = sys.argv[1], sys.argv[2] == "1"
+        with duotf.run(fit_main, None, engine, duotf.ClusterSpec(workers=2),
+                       verbose=verbose) as c:
+            c.train(data(engine), epochs=2)
+            print("RESULT", c.wait(timeout=240))
+""")
+
+#: what a Keras fit on the feed made every script show before issue 32 (item 4)
+NOISE = ["All log messages before absl::InitializeLog() is called",
+         "oneDNN custom operations are on",
+         "`shuffle=True` was passed, but will be ignored",
+         "Your input ran out of data; interrupting training",
+         "1 rows left over after giving each of 2 workers 50 rows are not fed"]
+
+
+@pytest.mark.parametrize("engine", ["local", "dask", "spark"])
+def test_a_keras_fit_on_the_feed_is_quiet_unless_verbose(tmp_path, engine):
+    """Issue 32, item 4: TensorFlow's start-up notes, Keras's warnings about the feed's dataset,
+    the balanced plan's left-over rows and Spark's console progress bar are hidden by default;
+    ``verbose=True`` shows them. The nodes' own lines show either way."""
+    # this machine's cores are the two nodes' slots: local[3] leaves one for the feed
+    env = {"PYSPARK_SUBMIT_ARGS": "--master local[3] pyspark-shell"}
+    quiet = _driver(tmp_path, FIT_SCRIPT, engine, 0, env=env)
+    assert quiet.stdout.splitlines() == ["RESULT [2, 2]"]
+    assert "[worker:1] fitting on 1" in quiet.stderr.splitlines()
+    assert [text for text in NOISE + ["[Stage "] if text in quiet.stderr] == [], quiet.stderr
+
+    loud = _driver(tmp_path, FIT_SCRIPT, engine, 1, env=env)
+    assert loud.stdout.splitlines() == ["RESULT [2, 2]"]
+    assert "[worker:1] fitting on 1" in loud.stderr.splitlines()
+    assert [text for text in NOISE if text not in loud.stderr] == [], loud.stderr
+    if engine == "spark":  # the session duotf made: Spark's default for a pyspark driver
+        assert "[Stage " in loud.stderr

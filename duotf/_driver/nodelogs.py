@@ -13,10 +13,13 @@ node's end, its line cut and rate limit). The :class:`NodeLogs` of a cluster
   (a record's ``duotf_node`` and ``duotf_role`` attributes say whose), and the count of lines a
   node's rate limit dropped at WARNING.
 
-Printing: a library should not print, and in a script the driver's stdout may be data. So the
-lines are printed (to ``sys.stdout``) only in an interactive session - a REPL or a Jupyter
-kernel - and only while the user configured no logging handler that would show them; everywhere
-else configure logging (``logging.basicConfig(level=logging.INFO)``) to see them.
+Shown by default, as Ray Train and TorchDistributor show a worker's output: where no logging
+handler of the user's would show the ``duotf.node`` records (none on ``duotf.node``, ``duotf``
+or the root logger), NodeLogs writes each line, prefixed, itself: to ``sys.stderr`` in a script
+(its stdout may be data), to ``sys.stdout`` in an interactive session (a REPL or a Jupyter
+kernel). Where the user configured a handler, the records go only through logging, which then
+decides (``logging.basicConfig(level=logging.INFO)`` shows them), so nothing is shown twice.
+``log_to_driver=False`` sends nothing here at all.
 """
 
 from __future__ import annotations
@@ -60,26 +63,26 @@ def _interactive() -> bool:
     return hasattr(sys, "ps1") or bool(sys.flags.interactive) or "ipykernel" in sys.modules
 
 
-class _Console(logging.Handler):
-    """Writes a line to the ``sys.stdout`` of the moment (a notebook swaps it per cell)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            sys.stdout.write(record.getMessage() + "\n")
-        except Exception:
-            self.handleError(record)
-
-
-_console_lock = threading.Lock()
+def _user_handlers() -> bool:
+    """Whether a logging handler of the user's is on the way of a ``duotf.node`` record (duotf's
+    own, flagged ``duotf_own``, as :mod:`duotf._verbosity`'s, do not count)."""
+    log: Optional[logging.Logger] = logger
+    while log is not None:
+        if any(not getattr(h, "duotf_own", False) for h in log.handlers):
+            return True
+        log = log.parent if log.propagate else None
+    return False
 
 
-def _print_when_interactive() -> None:
-    with _console_lock:
-        if not _interactive() or logger.hasHandlers():
-            return
-        logger.addHandler(_Console())
-        if logger.getEffectiveLevel() > logging.INFO:
-            logger.setLevel(logging.INFO)
+def _echo(lines: List[str]) -> None:
+    """Write ``lines`` where the person who started the job sees them (the stream of the
+    moment: a notebook swaps it per cell)."""
+    stream = sys.stdout if _interactive() else sys.stderr
+    try:
+        stream.write("".join(line + "\n" for line in lines))
+        stream.flush()
+    except (OSError, ValueError, AttributeError):
+        pass  # a closed or missing stream: the lines are still in the node's file
 
 
 class NodeLogs:
@@ -109,7 +112,6 @@ class NodeLogs:
         self._tails = [collections.deque(maxlen=TAIL_LINES) for _ in self.roles]
         self._lock = threading.Lock()
         self._closed = False
-        _print_when_interactive()
 
     def path(self, node_id: int) -> str:
         return os.path.join(self.directory, self.roles[node_id].replace(":", "-") + ".log")
@@ -136,6 +138,10 @@ class NodeLogs:
             f.flush()
             self._tails[node_id].extend(lines)
         # Outside the lock: a handler may be slow, and only this node's connection waits on it.
+        if not _user_handlers():
+            _echo(([f"[{role}] {note}"] if note is not None else [])
+                  + [f"[{role}] {line}" for line in lines])
+            return
         extra = {"duotf_node": node_id, "duotf_role": role}
         if note is not None:
             logger.warning("[%s] %s", role, note, extra=extra)

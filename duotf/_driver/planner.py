@@ -19,6 +19,7 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from duotf._deadline import Deadline
+from duotf._verbosity import is_verbose
 from duotf.backends.base import FeedOptions
 from duotf.errors import ConfigError, DuotfError, FeedError, cause_of
 from duotf._transport import wire
@@ -379,8 +380,10 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
     count_seconds = time.monotonic() - t0
     plan, per, dropped = balance(counts, len(targets), drop_remainder=balanced)
     if dropped:
-        logger.warning("duotf: %d rows left over after giving each of %d workers %d rows are not "
-                       "fed (balance=False feeds everything, unevenly)", dropped, len(targets), per)
+        # what balance=True does by design, on every fit: a warning only when asked for
+        logger.log(logging.WARNING if is_verbose() else logging.DEBUG,
+                   "duotf: %d rows left over after giving each of %d workers %d rows are not "
+                   "fed (balance=False feeds everything, unevenly)", dropped, len(targets), per)
     job = _job(sup, targets, FeedMode.TRAIN, feed_timeout, plan, ragged)
     epoch_rows = sum(counts) if per is None else per * len(targets)
     fed, done, epoch_seconds = 0, 0, []

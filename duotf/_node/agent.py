@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from duotf._transport import rendezvous
 from duotf._node.gpus import visible_devices
-from duotf._node.output import OutputRelay
+from duotf._node.output import OutputRelay, tf_noise
 from duotf.errors import ConfigError
 from duotf._transport.rendezvous import Msg
 
@@ -310,7 +310,7 @@ class _Agent:
         os.close(c_rx)
         os.close(c_tx)
         if captured:
-            self.output = OutputRelay(out_r, self._send_output)
+            self.output = OutputRelay(out_r, self._send_output, hide=tf_noise(env))
         self.child_tx = Connection(a_tx, readable=False, writable=True)
         workdir = node_workdir(job.workdir_root, self.node_id)
         same = {name: getattr(job, name) for name in _FROM_NODE_JOB}  # as the driver sent them

@@ -34,6 +34,7 @@ from typing import Optional
 
 # already imported with the package: costs nothing here
 from duotf._node.agent import ChildExit, ChildJob, ChildMsg
+from duotf._node.output import quiet_keras_notices
 
 
 class _Link:
@@ -296,6 +297,7 @@ def main(argv) -> ChildExit:
     from duotf import keras as keras_fix  # no Keras import: a hook for when main imports it
 
     keras_fix.install()
+    quiet_keras_notices()
     link = _Link(int(argv[1]), int(argv[2]))
     job: ChildJob = link.rx.recv()[1]  # (ChildMsg.INIT, ChildJob(...))
     if job.output_captured:

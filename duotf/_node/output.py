@@ -17,15 +17,23 @@ carry it on:
 
 :meth:`OutputRelay.drain` returns once every line written before the pipe closed was sent: the
 agent reports a node's failure only after its output.
+
+Noise that says nothing about the user's job is hidden unless the job is verbose
+(:data:`VERBOSE_ENV` in the node's environment, which ``duotf.set_verbose`` gives it): the reader
+drops TensorFlow's lines that :func:`tf_noise` matches before they count against the rate, and
+the node process filters Keras's warnings about duotf's own datasets
+(:func:`quiet_keras_notices`).
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import re
 import threading
 import time
-from typing import Callable, List
+import warnings
+from typing import Callable, List, Mapping, Optional
 
 #: bytes of one line kept; the rest is cut and the cut said
 MAX_LINE = 8 * 1024
@@ -42,6 +50,47 @@ QUEUE_LINES = 20000
 BATCH_LINES, BATCH_BYTES = 2000, 1 << 20
 _READ = 64 * 1024
 
+#: the node environment's variable that says the job is verbose (``"1"``): nothing is hidden
+VERBOSE_ENV = "DUOTF_VERBOSE"
+
+# TensorFlow writes a few C++ log lines before it reads TF_CPP_MIN_LOG_LEVEL (absl's preamble and
+# the oneDNN note, at every import), and one warning for every dataset made from a generator, as
+# each of duotf's feed datasets is. TF_ENABLE_ONEDNN_OPTS is left alone: it changes numerics.
+_TF_NOISE = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"
+    r"|I\d{4} [\d:.]+ +\d+ \S+:\d+\] "  # a C++ INFO line: the level asks for none
+    r"|W\d{4} [\d:.]+ +\d+ dataset\.cc:\d+\] Input of GeneratorDatasetOp::Dataset will not be "
+    r"optimized because the dataset does not implement the AsGraphDefInternal\(\) method")
+
+#: (category, start of the message) of Keras's warnings on every ``fit`` of a feed's dataset:
+#: it is shuffled by the feed already, and one iteration of it is one epoch by design
+KERAS_NOTICES = (
+    (UserWarning, "`shuffle=True` was passed, but will be ignored since the data `x` was "
+                  "provided as a tf.data.Dataset"),
+    (UserWarning, "Your input ran out of data; interrupting training."),
+)
+
+
+def verbose(env: Mapping[str, str]) -> bool:
+    """Whether a node with the environment ``env`` shows everything (see :data:`VERBOSE_ENV`)."""
+    return env.get(VERBOSE_ENV) == "1"
+
+
+def tf_noise(env: Mapping[str, str]) -> Optional[Callable[[str], bool]]:
+    """What the relay of a node with the environment ``env`` hides: TensorFlow's start-up notes
+    and generator-dataset warning, unless verbose or ``TF_CPP_MIN_LOG_LEVEL=0`` asks for them."""
+    if verbose(env) or env.get("TF_CPP_MIN_LOG_LEVEL") == "0":
+        return None
+    return lambda line: _TF_NOISE.match(line) is not None
+
+
+def quiet_keras_notices() -> None:
+    """Filter :data:`KERAS_NOTICES` in this node process, unless its job is verbose."""
+    if verbose(os.environ):
+        return
+    for category, text in KERAS_NOTICES:
+        warnings.filterwarnings("ignore", message=re.escape(text), category=category)
+
 
 class TokenBucket:
     """A token bucket: ``take(n)`` is true when ``n`` tokens were there."""
@@ -57,11 +106,14 @@ class TokenBucket:
 
 
 class OutputRelay:
-    """Reads the node's output pipe ``fd`` and hands batches to ``send(lines, dropped)``."""
+    """Reads the node's output pipe ``fd`` and hands batches to ``send(lines, dropped)``; a
+    line that ``hide`` (:func:`tf_noise`) matches is dropped uncounted."""
 
-    def __init__(self, fd: int, send: Callable[[List[str], int], None], name: str = "output"):
+    def __init__(self, fd: int, send: Callable[[List[str], int], None], name: str = "output",
+                 hide: Optional[Callable[[str], bool]] = None):
         self._fd = fd
         self._send = send
+        self._hide = hide
         self._queue: "collections.deque" = collections.deque()
         self._dropped = 0  # lines dropped since the last batch went out
         self._cond = threading.Condition()
@@ -87,6 +139,8 @@ class OutputRelay:
             if len(raw) > MAX_LINE:
                 raw = raw[:MAX_LINE] + f" [... {len(raw) - MAX_LINE} bytes cut]".encode()
             size = len(raw) + 1
+            if self._hide is not None and self._hide(raw.decode("utf-8", "replace")):
+                continue
             if now < self._dropping_until:
                 dropped += 1
             elif self._lines.tokens >= 1 and self._bytes.tokens >= size:

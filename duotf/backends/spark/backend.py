@@ -17,12 +17,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import time
 from typing import List, Tuple
 
 from duotf.errors import BackendError, ConfigError, InsufficientSlotsError
 from duotf._node.agent import NodeOutcome
-from duotf._verbosity import quiet_known_notices
+from duotf._verbosity import is_verbose, quiet_known_notices
 from duotf._deadline import Deadline
 from duotf.backends.base import Backend, CheckStatus, EngineJob, NodeFunction, ThreadJob, work_name
 
@@ -88,10 +89,16 @@ class SparkBackend(Backend):
 
     @classmethod
     def from_name(cls) -> "SparkBackend":
+        quiet_known_notices()  # pyspark raises the pandas notice as the session is made already
         from pyspark.sql import SparkSession
 
         existed = SparkSession.getActiveSession() is not None
-        session = SparkSession.builder.appName("duotf").getOrCreate()
+        builder = SparkSession.builder.appName("duotf")
+        if not is_verbose() and not (sys.stderr is not None and sys.stderr.isatty()):
+            # Spark's console progress bar, redrawn for every stage, is decided only here, as a
+            # session starts: quiet in a script whose stderr is a file (duotf._verbosity)
+            builder = builder.config("spark.ui.showConsoleProgress", "false")
+        session = builder.getOrCreate()
         backend = cls(session)
         if not existed:
             backend._created_session = session
