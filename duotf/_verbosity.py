@@ -7,14 +7,19 @@ By default (``verbose`` off):
 * the known notices of the engines that say nothing about the user's job are filtered on the
   driver when duotf first uses that engine (:data:`KNOWN_NOTICES`: pyspark 4's FutureWarning
   about pandas 3, which Spark's pandas and Arrow functions raise on every DataFrame feed);
-* duotf's own log records (``duotf.*``: the lifecycle at INFO, the nodes' lines under
-  ``duotf.node``) go only where the user's logging configuration sends them (the nodes' lines
-  are printed in an interactive session, see :mod:`duotf._driver.nodelogs`).
+* on the nodes, TensorFlow's lines written before it reads that level (absl's preamble, the
+  oneDNN note), its warning on every generator dataset and Keras's warnings on every ``fit`` of
+  a feed's dataset are hidden (see :mod:`duotf._node.output`); the balanced plan's left-over
+  rows are logged at DEBUG; a Spark session duotf makes draws no console progress bar when
+  stderr is not a terminal;
+* duotf's own log records (``duotf.*``: the lifecycle at INFO) go only where the user's logging
+  configuration sends them. The nodes' own output is not duotf's: it is shown, prefixed, where
+  no handler of the user's shows the ``duotf.node`` records (see :mod:`duotf._driver.nodelogs`).
 
-:func:`set_verbose` (or ``duotf.run(..., verbose=True)``) turns all three on for the rest of
+:func:`set_verbose` (or ``duotf.run(..., verbose=True)``) turns all of it on for the rest of
 the process: the filters are taken out, ``duotf.run`` gives the nodes
-``TF_CPP_MIN_LOG_LEVEL=0``, and duotf's records at INFO and above are written to stderr where
-no handler of the user's would show them.
+``TF_CPP_MIN_LOG_LEVEL=0`` and ``DUOTF_VERBOSE=1``, and duotf's records at INFO and above are
+written to stderr where no handler of the user's would show them.
 """
 
 from __future__ import annotations

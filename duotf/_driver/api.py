@@ -102,10 +102,12 @@ def run(
     log_to_driver:
         Whose stdout and stderr (C/C++ output and ``logging`` included) go to the driver as
         written: ``True`` every node's, ``"chief"`` the chief's (else ``worker:0``'s), ``False``
-        none (it stays in the task logs). Each line goes to the ``duotf.node`` logger at INFO as
-        ``[worker:1] line``, to a file per node (:meth:`Cluster.logs`), and into a failed node's
-        :class:`~duotf.errors.NodeFailedError`. TensorFlow's C++ INFO notes are hidden unless
-        ``env={"TF_CPP_MIN_LOG_LEVEL": "0"}``.
+        none (it stays in the task logs). Each line is shown as ``[worker:1] line``: on stderr
+        (stdout in a REPL or notebook) unless a logging handler of yours shows the
+        ``duotf.node`` logger's records (INFO); it also goes to a file per node
+        (:meth:`Cluster.logs`) and into a failed node's :class:`~duotf.errors.NodeFailedError`.
+        TensorFlow's C++ INFO notes are hidden unless ``env={"TF_CPP_MIN_LOG_LEVEL": "0"}``
+        or ``verbose``.
     log_dir:
         Keep the nodes' output files in ``<log_dir>/<job id>/``; by default in a temporary
         directory removed with the :class:`Cluster` object.
@@ -122,7 +124,7 @@ def run(
         or in a notebook, ``True`` always (stderr), ``False`` never; a file object gets them.
     verbose:
         ``True`` shows from now on what duotf hides (:func:`duotf.set_verbose`): the nodes'
-        TensorFlow C++ INFO notes, the engines' known notices, duotf's INFO records on stderr.
+        TensorFlow and Keras notes, the engines' known notices, duotf's INFO records on stderr.
     max_restarts:
         How many times the whole cluster restarts after a node fails (Ray Train's
         ``FailureConfig(max_failures=...)``): a new engine job, ports and ``TF_CONFIG`` (lost

@@ -9,9 +9,10 @@ node's end, its line cut and rate limit). The :class:`NodeLogs` of a cluster
   the interpreter exits, or ``<log_dir>/<job id>/`` when ``run(log_dir=...)`` names one, which
   is never removed;
 * keeps each node's last :data:`TAIL_LINES` lines for :class:`~duotf.errors.NodeFailedError`;
-* emits every line through ``logging.getLogger("duotf.node")`` at INFO as ``[worker:1] line``
-  (a record's ``duotf_node`` and ``duotf_role`` attributes say whose), and the count of lines a
-  node's rate limit dropped at WARNING.
+* shows every line as ``[worker:1] line``, and the count of lines a node's rate limit dropped:
+  through ``logging.getLogger("duotf.node")`` (at INFO, the count at WARNING; a record's
+  ``duotf_node`` and ``duotf_role`` attributes say whose) where the user configured logging,
+  else on the console (below).
 
 Shown by default, as Ray Train and TorchDistributor show a worker's output: where no logging
 handler of the user's would show the ``duotf.node`` records (none on ``duotf.node``, ``duotf``
