@@ -102,12 +102,10 @@ def run(
     log_to_driver:
         Whose stdout and stderr (C/C++ output and ``logging`` included) go to the driver as
         written: ``True`` every node's, ``"chief"`` the chief's (else ``worker:0``'s), ``False``
-        none (it stays in the task logs). Each line is shown as ``[worker:1] line``: on stderr
-        (stdout in a REPL or notebook) unless a logging handler of yours shows the
-        ``duotf.node`` logger's records (INFO); it also goes to a file per node
-        (:meth:`Cluster.logs`) and into a failed node's :class:`~duotf.errors.NodeFailedError`.
-        TensorFlow's C++ INFO notes are hidden unless ``env={"TF_CPP_MIN_LOG_LEVEL": "0"}``
-        or ``verbose``.
+        none (it stays in the task logs). Each line is shown as ``[worker:1] line`` on stderr
+        (stdout in a notebook), or only by your logging handler if one shows ``duotf.node``
+        (INFO); kept in a file per node (:meth:`Cluster.logs`) and a failed node's error.
+        TensorFlow's C++ INFO notes are hidden unless ``TF_CPP_MIN_LOG_LEVEL=0`` or ``verbose``.
     log_dir:
         Keep the nodes' output files in ``<log_dir>/<job id>/``; by default in a temporary
         directory removed with the :class:`Cluster` object.
