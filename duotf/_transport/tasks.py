@@ -4,7 +4,7 @@ A backend's feeding task calls :func:`train_partition` or :func:`infer_partition
 :class:`~duotf._transport.feeder.FeedJob` the driver planned and the partition as the engine gives it
 (rows, a pandas frame, numpy arrays, column dicts, or a callable for the local backend); the
 rows go out in columnar frames (:mod:`.feeder`). Spark's DataFrame tasks do the same from Arrow
-batches (:mod:`duotf.backends.spark.feed`).
+batches (:mod:`duotf.backends.spark.tasks`).
 """
 
 from __future__ import annotations

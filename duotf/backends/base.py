@@ -183,8 +183,11 @@ class FeedAdapter(abc.ABC):
     in the collection's own order; every method keeps that order.
     """
 
-    def __init__(self, options: Optional["FeedOptions"] = None):
-        #: what the planner decided for this feed; read, never set after the adapter is made
+    #: what the planner decided for this feed; read, never set after the adapter is made (the
+    #: class default serves an adapter of an older backend that never calls this __init__)
+    options: FeedOptions = FeedOptions()
+
+    def __init__(self, options: Optional[FeedOptions] = None):
         self.options = options if options is not None else FeedOptions()
 
     def report(self) -> dict:
