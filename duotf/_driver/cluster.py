@@ -298,6 +298,10 @@ class Cluster:
             self._shutdown(grace_secs=0)
             raise
 
+    def _attempt_id(self, attempt: int) -> str:
+        """The name of an attempt's engine job and working directories."""
+        return self.job_id if not attempt else f"{self.job_id}-{attempt}"
+
     def _start(self, deadline: Deadline) -> "Cluster":
         """Start one attempt: every node ready and running by ``deadline`` (the attempt's
         ``reservation_timeout``)."""
@@ -318,7 +322,7 @@ class Cluster:
         _live.add(self)
         # each attempt its own working directories and engine job: an old attempt's task that
         # ends late removes or cancels nothing of the new one's
-        attempt_id = self.job_id if not self.attempt else f"{self.job_id}-{self.attempt}"
+        attempt_id = self._attempt_id(self.attempt)
         workdir_root = default_workdir_root(attempt_id)
         log_dir = default_log_dir(workdir_root) if self._owns_log_dir else self._node_log_dir
         job = NodeJob(
@@ -619,10 +623,15 @@ class Cluster:
         self._end_bar()
         if self._logs is not None:
             self._logs.close()
-        if self._owns_checkpoint_dir:
-            import shutil
+        import shutil
 
+        if self._owns_checkpoint_dir:
             shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+        if not self._keep_workdir:
+            # Every node is stopped or given up: what a node killed with its agent (or a node
+            # process and its agent both) left on this host goes (other hosts' nodes remove theirs)
+            for attempt in range(self.attempt + 1):
+                shutil.rmtree(default_workdir_root(self._attempt_id(attempt)), ignore_errors=True)
         _live.discard(self)
         if self._owns_backend:
             self.backend.close()

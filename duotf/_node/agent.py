@@ -77,7 +77,8 @@ class ChildExit(enum.IntEnum):
 
 #: the fields of :class:`ChildJob` the agent passes on from the driver's :class:`NodeJob` as they are
 _FROM_NODE_JOB = ("payload", "protocol", "heartbeat_interval", "heartbeat_timeout", "job_id",
-                  "default_fs", "secret", "log_dir", "resume_epoch", "checkpoint_dir")
+                  "default_fs", "secret", "log_dir", "resume_epoch", "checkpoint_dir",
+                  "keep_workdir", "owns_log_dir")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +106,10 @@ class ChildJob:
     checkpoint_dir: str = ""
     checkpoint: Optional[str] = None  # the checkpoint this node restores
     make_checkpoint_dir: bool = False  # the user's checkpoint_dir: made on the node's host
+    #: as NodeJob's: a node process that outlives its agent removes its working directory (and
+    #: the job's folder, ``log_dir`` with it where duotf owns it) unless ``keep_workdir``
+    keep_workdir: bool = False
+    owns_log_dir: bool = False
 
 
 # What the node process says that the agent passes on to the driver as it is.

@@ -33,7 +33,7 @@ from multiprocessing.connection import Connection
 from typing import Optional
 
 # already imported with the package: costs nothing here
-from duotf._node.agent import ChildExit, ChildJob, ChildMsg
+from duotf._node.agent import ChildExit, ChildJob, ChildMsg, remove_workdir
 from duotf._node.output import quiet_keras_notices
 
 
@@ -48,22 +48,41 @@ class _Link:
             self.tx.send(message)
 
 
-def _heartbeat(link: _Link, interval: float) -> None:
+def _orphaned(job: ChildJob, group: bool = False) -> None:
+    """End this node process, its agent gone or silent: remove its working directory first (the
+    agent, which would have, cannot any more, and the driver may be on another host: this
+    process is the last that knows the folder), then exit; ``group``: with every process of
+    its process group (the node's own subprocesses)."""
+    if not job.keep_workdir:
+        try:
+            os.chdir("/")  # the folder is this process's own working directory
+            remove_workdir(os.path.dirname(job.working_dir), job.node_id,
+                           job.log_dir if job.owns_log_dir else None)
+        except BaseException:  # leaving is what matters now; a folder left is the lesser harm
+            pass
+    if group and os.getpgrp() == os.getpid():  # the agent started this node in a session of its own
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os._exit(ChildExit.FAILED)
+
+
+def _heartbeat(link: _Link, job: ChildJob) -> None:
+    interval = job.heartbeat_interval
     while True:
         try:
             link.send(ChildMsg.HEARTBEAT)
         except OSError:
-            os._exit(ChildExit.FAILED)
+            _orphaned(job)
         threading.Event().wait(interval)
 
 
-def _reader(link: _Link, inbox: list, arrived: threading.Condition, heard: list) -> None:
+def _reader(link: _Link, job: ChildJob, inbox: list, arrived: threading.Condition,
+            heard: list) -> None:
     while True:
         try:
             message = link.rx.recv()
         except (EOFError, OSError):
             # The agent is gone: nobody supervises this node any more.
-            os._exit(ChildExit.FAILED)
+            _orphaned(job)
         heard[0] = time.monotonic()
         if message[0] is ChildMsg.PING:
             continue
@@ -72,10 +91,11 @@ def _reader(link: _Link, inbox: list, arrived: threading.Condition, heard: list)
             arrived.notify_all()
 
 
-def _watchdog(heard: list, timeout: float, tick: float) -> None:
+def _watchdog(heard: list, job: ChildJob, tick: float) -> None:
     """End this node (its whole process group) once the agent has said nothing for
     ``timeout`` seconds: the engine task that supervises it is stopped or stalled, and the
     driver has given the node up (it did after the same silence)."""
+    timeout = job.heartbeat_timeout
     last_tick = time.monotonic()
     while True:
         threading.Event().wait(tick)
@@ -94,9 +114,7 @@ def _watchdog(heard: list, timeout: float, tick: float) -> None:
                                 f"{silent:.1f} s (heartbeat_timeout={timeout:g}); exiting\n".encode())
             except (OSError, ValueError):
                 pass
-            if os.getpgrp() == os.getpid():  # the agent started this node in a session of its own
-                os.killpg(os.getpid(), signal.SIGKILL)  # the node's own subprocesses too
-            os._exit(ChildExit.FAILED)
+            _orphaned(job, group=True)
 
 
 def _wait_for(inbox: list, arrived: threading.Condition, kind: ChildMsg):
@@ -156,7 +174,7 @@ def _start_threads(link: _Link, job: ChildJob, inbox: list, arrived: threading.C
     feed server, the reporter, the reader of the agent's messages and its watchdog. Returns
     ``(feed, reporter)``."""
     global _tensorboard
-    threading.Thread(target=_heartbeat, args=(link, job.heartbeat_interval), daemon=True).start()
+    threading.Thread(target=_heartbeat, args=(link, job), daemon=True).start()
     if job.tensorboard:
         # Started first: its seconds of start-up overlap this node's own (TensorFlow's import).
         from duotf._node.tensorboard import TensorBoard
@@ -171,11 +189,11 @@ def _start_threads(link: _Link, job: ChildJob, inbox: list, arrived: threading.C
 
     reporter = Reporter(lambda payload: link.send(ChildMsg.REPORT, payload))
     heard = [time.monotonic()]
-    threading.Thread(target=_reader, args=(link, inbox, arrived, heard), daemon=True).start()
+    threading.Thread(target=_reader, args=(link, job, inbox, arrived, heard), daemon=True).start()
     timeout = job.heartbeat_timeout
     if timeout:
         tick = min(job.heartbeat_interval, timeout / 4)
-        threading.Thread(target=_watchdog, args=(heard, timeout, tick), daemon=True).start()
+        threading.Thread(target=_watchdog, args=(heard, job, tick), daemon=True).start()
     return feed, reporter
 
 

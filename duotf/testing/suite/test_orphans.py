@@ -39,6 +39,23 @@ def _node_processes(job_id: str, node_id: int) -> list:
     return found
 
 
+def job_folders(job_id: str) -> list:
+    """The working folders of a job's attempts left on this host (``<tmp>/duotf-<job id>``,
+    ``...-1``, ...: its nodes' working directories, duotf's own log_dir)."""
+    import glob
+    import tempfile
+
+    root = os.path.join(tempfile.gettempdir(), f"duotf-{job_id}")
+    return [p for p in glob.glob(root + "*") if p == root or p[len(root):].lstrip("-").isdigit()]
+
+
+def node_folder(job_id: str, node_id: int) -> str:
+    """Node ``node_id``'s working directory in the job's first attempt (on this host)."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"duotf-{job_id}", f"node-{node_id}")
+
+
 def _refused(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
@@ -102,6 +119,12 @@ def test_a_stalled_engine_task_leaves_no_node_behind(backend, engine, tmp_path, 
                           and _refused(victim.port) and _bindable(victim.port)), 3 + 5, 0.1,
                  "the stalled task's node process gone and its ports closed and free")
         gone = time.monotonic() - t0
+        if ender == "node":
+            # the node process that ended itself removed its working directory: its agent
+            # (still stalled) cannot, and the driver may be on another host
+            assert os.path.isdir(node_folder(cluster.job_id, 0))
+            poll_for(lambda: not os.path.exists(node_folder(cluster.job_id, 1)), 5, 0.1,
+                     "the node's working directory removed by the node process that ended itself")
         t1 = time.monotonic()
         shutdown_quietly(cluster)
         shutdown = time.monotonic() - t1
@@ -115,6 +138,7 @@ def test_a_stalled_engine_task_leaves_no_node_behind(backend, engine, tmp_path, 
         poll_for(lambda: _bindable(victim.port), 30, 0.1, "the resumed agent's port released")
         assert not _node_processes(cluster.job_id, 1), "a node came back after SIGCONT"
         assert not _node_processes(cluster.job_id, 0)
+        poll_for(lambda: not job_folders(cluster.job_id), 10, 0.1, "the job's working folders removed")
     finally:
         if stalled:
             try:
@@ -171,11 +195,15 @@ def test_a_lost_dask_worker_closes_the_port_and_shutdown_is_quick(backend, engin
         detected = time.monotonic() - t0
         assert _refused(port), "the rendezvous port is still open after the failure was raised"
         assert "worker:1" in str(info.value)
+        # the node process, its agent gone with the worker, removed its working directory
+        poll_for(lambda: not os.path.exists(node_folder(cluster.job_id, 1)), 10, 0.1,
+                 "node 1's working directory removed by its node process")
         t1 = time.monotonic()
         shutdown_quietly(cluster)
         shutdown = time.monotonic() - t1
         poll_for(lambda: not _node_processes(cluster.job_id, 1), 10, 0.1, "node 1 gone")
         gone = time.monotonic() - t0
+        poll_for(lambda: not job_folders(cluster.job_id), 10, 0.1, "the job's working folders removed")
     finally:
         shutdown_quietly(cluster)
         # the engine is whole again for the tests after this one

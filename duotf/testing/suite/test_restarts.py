@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import threading
 
 import numpy as np
@@ -23,6 +24,7 @@ import duotf
 from duotf.errors import NodeFailedError
 from duotf.testing import QUIET_TF, poll_for
 from duotf.testing.suite import mains
+from duotf.testing.suite.test_orphans import job_folders
 from duotf.testing.suite.test_determinism import (BATCH, EPOCHS, LR, WIDTH, one_process_reference,
                                                   seeded_parts)
 
@@ -63,7 +65,12 @@ def _restarted_feed_run(backend, engine, tmp_path, victim="node", **run_options)
         report = cluster.train(engine.rows(parts), epochs=EPOCHS)
         got = cluster.wait(timeout=180)
         killer.join(5)
+        # the failed attempt left no working folder, the lost node's included (its process,
+        # or its agent, removed it; not the driver, which may be on another host)
+        first = os.path.join(tempfile.gettempdir(), f"duotf-{cluster.job_id}")
+        poll_for(lambda: not os.path.exists(first), 10, 0.1, "the failed attempt's folders removed")
     assert killed and killed[0][0] == victim
+    poll_for(lambda: not job_folders(cluster.job_id), 10, 0.1, "the job's working folders removed")
     [restart] = cluster.restarts
     assert restart.attempt == 0 and restart.node == "worker:1", restart
     assert restart.cause == {"node": "killed", "hang": "hung"}.get(victim, "lost"), restart
