@@ -122,7 +122,6 @@ def test_a_stalled_engine_task_leaves_no_node_behind(backend, engine, tmp_path, 
         if ender == "node":
             # the node process that ended itself removed its working directory: its agent
             # (still stalled) cannot, and the driver may be on another host
-            assert os.path.isdir(node_folder(cluster.job_id, 0))
             poll_for(lambda: not os.path.exists(node_folder(cluster.job_id, 1)), 5, 0.1,
                      "the node's working directory removed by the node process that ended itself")
         t1 = time.monotonic()
