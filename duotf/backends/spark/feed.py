@@ -348,20 +348,31 @@ class SparkFeed(FeedAdapter):
     def close(self) -> None:
         kept, self.kept = self.kept, None
         cache_id, self._converting = self._converting, None
-        try:
-            if kept is not None:
-                if self.cache is kept:
-                    self.cache = None
+        if kept is not None:
+            if self.cache is kept:
+                self.cache = None
+            try:
                 kept.unpersist()
-            elif cache_id is not None:
-                # The first epoch failed: its tasks (some cancelled mid-write) kept no index.
-                # One sweeping task per slot, twice over, reaches every executor with a free
-                # slot; Spark deletes its executors' local dirs, and what is left with them,
-                # when the application ends.
+                return
+            except Exception as exc:  # its index lived on an executor that is gone (a restart)
+                index_error = exc
+        elif cache_id is None:
+            return
+        else:
+            index_error = None  # the first epoch failed: its tasks (some cancelled mid-write) kept no index
+        try:
+            # One sweeping task per slot, twice over, reaches every executor with a free slot;
+            # Spark deletes its executors' local dirs, and what is left with them, when the
+            # application ends (a lost executor's went with it).
+            if cache_id is not None:
                 n = 2 * max(self.backend.slots(), 1)
                 self.sc.parallelize(range(n), n).mapPartitions(sweeper(cache_id)).collect()
         except Exception as exc:  # Spark stopped under it: its local dirs go with the app
-            logger.warning("duotf: could not delete the frames kept for the feed (%s)", exc)
+            index_error = exc
+        if index_error is not None:
+            logger.warning("duotf: could not delete every frame kept for the feed (duotf-feedcache-%s "
+                           "in the executors' local dirs; Spark deletes them when the application "
+                           "ends): %s", cache_id, _one_line(index_error))
 
     def infer(self, job, keep, result_columns) -> EngineJob:
         if self.cache is not None:
@@ -429,3 +440,11 @@ class SparkFeed(FeedAdapter):
 
         return run
 
+
+def _one_line(exc: BaseException) -> str:
+    """An engine error in one line (a Py4JJavaError's text holds a whole Java stack trace)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        if "most recent failure:" in line:
+            return line.split("most recent failure:", 1)[1].strip()[:300]
+    return (lines[0] if lines else type(exc).__name__)[:300]
