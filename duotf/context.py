@@ -147,7 +147,10 @@ class NodeContext:
             ``feed.batch_results``.
         input_mapping:
             ``{column: name}``: select and rename columns; ``next_batch`` then returns a dict of
-            arrays (else a list of rows).
+            arrays (else a list of rows). A key that names no column of the data is a
+            :class:`~duotf.errors.ConfigError` at the first read (the first rows' columns are
+            the data's), before any row is returned: ``cluster.train`` then raises a
+            :class:`~duotf.errors.NodeFailedError` with its message.
         """
         from duotf._transport.datafeed import DataFeed
 

@@ -7,6 +7,7 @@ tasks' batches and the driver's "epoch" and "end" markers are queued on, in orde
 from __future__ import annotations
 
 import collections
+import difflib
 import logging
 import queue
 from typing import Dict, List, Optional
@@ -86,9 +87,15 @@ class DataFeed:
         self._current_conn = None
         self._owed: "collections.deque" = collections.deque()  # [conn, rows] awaiting results
         self._epoch_cut = False  # the rows last taken ended their epoch
+        # input_mapping is checked against the first frame's columns (the feed's schema: the
+        # driver never sees the mapping), and its error raised again on every later read
+        self._mapping_checked = self.input_mapping is None
+        self._mapping_error = None
 
     # -- reading ------------------------------------------------------------------------------
     def _raise_failure(self) -> None:
+        if self._mapping_error is not None:
+            raise self._mapping_error
         if self._server.failure is not None:
             from duotf.errors import FeedError
 
@@ -119,8 +126,29 @@ class DataFeed:
                     self.epoch += 1
                     return _EPOCH
                 continue
+            if not self._mapping_checked:
+                self._check_mapping(payload)
             self._current, self._offset, self._current_conn = payload, 0, conn
         return True
+
+    def _check_mapping(self, cols: Columns) -> None:
+        """Raise :class:`~duotf.errors.ConfigError` when a key of ``input_mapping`` names no
+        column of ``cols`` (a typo would otherwise drop that column from every batch)."""
+        columns = list(cols)
+        missing = [key for key in self.input_mapping if key not in cols]
+        self._mapping_checked = True
+        if not missing:
+            return
+        from duotf.errors import ConfigError
+
+        key = missing[0]
+        close = difflib.get_close_matches(str(key), columns, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        self._mapping_error = ConfigError(
+            f"get_data_feed(input_mapping=...): no column {key!r} in the feed (its columns: "
+            f"{', '.join(map(repr, columns))}); {hint}the keys of input_mapping name the data's "
+            f"columns ({{column: name}})", column=key, columns=columns)
+        raise self._mapping_error
 
     def _consume(self, k: int) -> Columns:
         """The next ``k`` rows of the current frame (a view, no copy)."""

@@ -11,9 +11,9 @@ from duotf.testing.suite.mains.training import (  # noqa: F401
     slow_save_main, wait_for_file,
 )
 from duotf.testing.suite.mains.feeding import (  # noqa: F401
-    feed_dataset_main, feed_die_main, feed_hold_main, feed_infer_main, feed_infer_short_main,
+    feed_columns_main, feed_dataset_main, feed_die_main, feed_hold_main, feed_infer_main, feed_infer_short_main,
     feed_memory_main, feed_ragged_main, feed_tensor_main, feed_terminate_main, feed_train_main,
-    ids_seen_main, ragged_infer_main, sgd_main,
+    ids_seen_main, keras_columns_main, ragged_infer_main, sgd_main,
 )
 from duotf.testing.suite.mains.models import (  # noqa: F401
     argv_main, epoch_report_main, infer_model, keras_fit_main, keras_linear, keras_predict_main,

@@ -188,3 +188,29 @@ def feed_hold_main(args, ctx):
 
 
 
+
+
+def feed_columns_main(args, ctx):
+    """Read every batch with ``args["mapping"]`` as input_mapping (None: none); return the
+    names of the columns the batches held and the rows read."""
+    feed = ctx.get_data_feed(train=True, input_mapping=args.get("mapping"))
+    names, rows = set(), 0
+    while not feed.should_stop():
+        batch = feed.next_batch(args.get("batch", 16))
+        if isinstance(batch, dict):
+            names.update(batch)
+            rows += len(next(iter(batch.values()), []))
+        else:
+            rows += len(batch)
+    return {"columns": sorted(names), "rows": rows}
+
+
+def keras_columns_main(args, ctx):
+    """Fit a one-layer Keras model on ``feed.dataset(features="x", label="y")``, one epoch."""
+    import keras
+
+    feed = ctx.get_data_feed(train=True, input_mapping=args.get("mapping"))
+    model = keras.Sequential([keras.Input((args["width"],)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(feed.dataset(args["batch"], features="x", label="y"), epochs=1, verbose=0)
+    return ctx.node_id
