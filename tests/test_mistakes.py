@@ -63,3 +63,88 @@ def test_mistake_input_mapping_of_existing_columns_still_selects(backend, engine
         results = cluster.wait(timeout=120)
     assert [r["columns"] for r in results] == [["x"], ["x"]]
     assert sum(r["rows"] for r in results) == 16
+
+
+# -- Dask turned a column of arrays into strings --------------------------------------------------
+@pytest.mark.engines("dask")
+def test_mistake_dask_array_column_made_strings_names_the_setting(backend, engine):
+    import dask
+    import dask.dataframe as dd
+
+    pdf = pd.DataFrame({"x": [np.arange(3.0) + i for i in range(16)], "y": np.ones(16)})
+    with dask.config.set({"dataframe.convert-string": True}):  # Dask's default
+        ddf = dd.from_pandas(pdf, npartitions=2)
+    assert pd.api.types.is_string_dtype(ddf.dtypes["x"])  # what Dask made of the arrays
+    err, took = _train_fails(backend, mains.feed_columns_main, {"mapping": {"x": "x", "y": "y"}},
+                             ddf)
+    assert isinstance(err, duotf.FeedSchemaError), repr(err)
+    assert err.column == "x" and err.problem == "type"
+    message = str(err)
+    assert "column 'x': row 0 of partition" in message, message
+    assert "holds the string '[0. 1. 2.]': an array turned into text" in message, message
+    assert 'dask.config.set({"dataframe.convert-string": False})' in message, message
+    assert took < 90, f"took {took:.0f} s"
+
+
+# -- what else a new user gets wrong --------------------------------------------------------------
+@pytest.mark.engines("local", "procpool", "dask", "spark-local", "spark-standalone")
+def test_mistake_strings_fed_to_a_model_of_numbers(backend, engine):
+    # Strings feed as strings (a text model takes them): Keras refuses them, in TF's words
+    frames = [pd.DataFrame({"x": [str(0.5 * i) for i in range(8)], "y": np.ones(8)})
+              for _ in range(2)]
+    err, _ = _train_fails(backend, mains.keras_columns_main,
+                          {"mapping": None, "width": 1, "batch": 4}, engine.frame(frames))
+    assert isinstance(err, duotf.NodeFailedError), repr(err)
+    assert "main raised UnimplementedError" in str(err).splitlines()[0], str(err)[:500]
+    assert "Cast string to float is not supported" in str(err), str(err)[:2000]
+
+
+@pytest.mark.engines("local", "procpool", "dask", "spark-local", "spark-standalone")
+def test_mistake_main_returns_without_reading_its_feed(backend, engine, tmp_path):
+    (tmp_path / "release").touch()  # block_main returns at once
+    err, took = _train_fails(backend, mains.block_main, {"release": str(tmp_path / "release")},
+                             engine.frame(_frames(parts=4)), feed_timeout=5)
+    assert isinstance(err, duotf.FeedError), repr(err)
+    first = str(err).splitlines()[0]
+    assert first.startswith(f"feeding epoch 1 failed on {err.node}: its main returned without "
+                            "reading its feed to the end"), first
+    assert "while not feed.should_stop()" in first and "feed.terminate()" in first, first
+    assert "may have died" not in first, first
+    assert took < 60, f"took {took:.0f} s"
+
+
+@pytest.mark.engines("local", "procpool", "dask", "spark-local", "spark-standalone")
+def test_mistake_busy_main_never_reads_its_feed(backend, engine, tmp_path):
+    # 10 partitions a node, its queue holds 8 frames: a range finds no room
+    try:
+        err, took = _train_fails(backend, mains.block_main, {"release": str(tmp_path / "release")},
+                                 engine.frame(_frames(parts=20, rows=50)), feed_timeout=1)
+    finally:
+        (tmp_path / "release").touch()
+    assert isinstance(err, duotf.FeedError), repr(err)
+    first = str(err).splitlines()[0]
+    assert ("the node took no data for feed_timeout=1 s (alive but stuck: is its main reading "
+            "its feed?)") in first, first
+    assert took < 90, f"took {took:.0f} s"
+
+
+@pytest.mark.engines("local", "procpool", "dask", "spark-local", "spark-standalone")
+def test_mistake_fewer_rows_than_workers(backend, engine):
+    cluster = duotf.run(mains.feed_columns_main, {}, backend, SPEC)
+    try:
+        with pytest.raises(duotf.ConfigError) as info:
+            cluster.train(engine.frame(_frames(parts=1, rows=1)), epochs=1)
+    finally:
+        shutdown_quietly(cluster)
+    assert str(info.value) == ("1 rows cannot be shared by 2 synchronous workers: each needs at "
+                               "least one row. Feed more data, or pass balance=False.")
+
+
+@pytest.mark.engines("local", "procpool", "dask", "spark-local", "spark-standalone")
+def test_mistake_one_partition_for_more_nodes_is_shared(backend, engine):
+    # fewer partitions than nodes is no mistake: a partition's rows are shared out
+    with duotf.run(mains.feed_columns_main, {}, backend, SPEC) as cluster:
+        report = cluster.train(engine.frame(_frames(parts=1, rows=10)), epochs=1)
+        results = cluster.wait(timeout=120)
+    assert report["rows_per_worker"] == 5 and report["rows_fed"] == 10
+    assert [r["rows"] for r in results] == [5, 5]

@@ -214,6 +214,13 @@ def _failed(sup: Supervisor, what: str, feed: FeedJob, exc: BaseException, job=N
             cause = _cause(exc)
         raise _failure_error(what, failure, cause) from exc
     if isinstance(exc, FeedError):
+        target = next((t for t in sup.feed_targets() if t.label == exc.node), None)
+        if target is not None and exc.cause is None and sup.takes_no_feed(target.node_id):
+            # the connection closed because main returned: the user's mistake, not a death
+            raise FeedError(f"{what} failed on {exc.node}: its main returned without reading its "
+                            f"feed to the end (partition {exc.partition} was being fed): read "
+                            "every batch (while not feed.should_stop(): ...), or call "
+                            "feed.terminate() to end the feed early", **exc.attributes) from exc
         raise exc
     cause = _cause(exc)
     partition, where = _lost_task(str(exc))

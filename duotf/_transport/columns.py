@@ -6,6 +6,7 @@ import functools
 import itertools
 import operator
 import os
+import re
 from typing import Collection, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
@@ -168,6 +169,24 @@ def _not_numbers(name: str, row: int, kind: str) -> FeedSchemaError:
         "(pyspark.sql.functions.flatten) and reshape it in the node")
 
 
+#: an array of numbers as numpy or Python prints it ("[0. 1. 2.]", "[1, 2]", "[0 1 ... 9]")
+_ARRAY_TEXT = re.compile(r"\[[\s0-9.,eE+\-nanif]*[0-9][\s0-9.,eE+\-nanif]*\]")
+
+
+def _array_text(name: str, row: int, text: str) -> FeedSchemaError:
+    """A string column whose strings are printed arrays: Dask's "dataframe.convert-string" made
+    them of a column of arrays (pandas keeps such a column as objects), and they cannot be read
+    back (numpy prints a long array with "...")."""
+    return feed_schema_error(
+        name, row, FeedProblem.TYPE,
+        f"{{where}} holds the string {text[:40]!r}: an array turned into text, as Dask turns "
+        "a column of arrays into strings when it makes a DataFrame (its setting "
+        "\"dataframe.convert-string\", on by default); the arrays cannot be read back from it",
+        "make the Dask DataFrame with that setting off: "
+        "with dask.config.set({\"dataframe.convert-string\": False}): ddf = dd.from_pandas(...) "
+        "(or from_delayed, read_parquet, ...)")
+
+
 def _numpy_kind(arr: np.ndarray) -> str:
     """What a non-numeric array holds, in words."""
     if arr.dtype.kind == "U":
@@ -316,6 +335,9 @@ def from_pandas(df, ragged: Collection[str] = ()) -> Columns:
                 missing = series.isna().to_numpy()
                 if missing.any():
                     raise _null(key, _first_true(missing))
+            if dtype != object and values and isinstance(values[0], str) \
+                    and _ARRAY_TEXT.fullmatch(values[0]):
+                raise _array_text(key, 0, values[0])
             try:
                 cols[key] = _stack(key, values, ragged)
             except FeedSchemaError:

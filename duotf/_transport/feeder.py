@@ -193,7 +193,8 @@ def _frames(chunks: Iterable[Columns]) -> Iterator[Columns]:
 def _fail(job: FeedJob, pid: int, target: int, exc: BaseException, rows: Optional[int] = None) -> FeedError:
     label = job.labels[target]
     if isinstance(exc, socket.timeout):
-        why = f"the node took no data for feed_timeout={job.timeout:g} s (alive but stuck?)"
+        why = (f"the node took no data for feed_timeout={job.timeout:g} s (alive but stuck: "
+               "is its main reading its feed?)")
     else:
         why = f"the connection failed ({type(exc).__name__}: {exc}); the node may have died"
     return FeedError(f"{job.what} failed on {label}: feeding partition {pid}, {why}",
