@@ -8,6 +8,7 @@ column of strings fed to a model of numbers, a ``main`` that never reads the fee
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -81,7 +82,8 @@ def test_mistake_dask_array_column_made_strings_names_the_setting(backend, engin
     assert err.column == "x" and err.problem == "type"
     message = str(err)
     assert "column 'x': row 0 of partition" in message, message
-    assert "holds the string '[0. 1. 2.]': an array turned into text" in message, message
+    assert re.search(r"holds the string '\[ ?\d+\. +\d+\. +\d+\.\]': an array turned into text",
+                     message), message
     assert 'dask.config.set({"dataframe.convert-string": False})' in message, message
     assert took < 90, f"took {took:.0f} s"
 
