@@ -92,10 +92,10 @@ def test_mistake_dask_array_column_made_strings_names_the_setting(backend, engin
 @pytest.mark.engines("local", "procpool", "dask", "spark-local", "spark-standalone")
 def test_mistake_strings_fed_to_a_model_of_numbers(backend, engine):
     # Strings feed as strings (a text model takes them): Keras refuses them, in TF's words
-    frames = [pd.DataFrame({"x": [str(0.5 * i) for i in range(8)], "y": np.ones(8)})
-              for _ in range(2)]
+    parts = [[(str(0.5 * i), 1.0) for i in range(8)] for _ in range(2)]
+    data = engine.table(parts, {"x": "string", "y": "double"})
     err, _ = _train_fails(backend, mains.keras_columns_main,
-                          {"mapping": None, "width": 1, "batch": 4}, engine.frame(frames))
+                          {"mapping": None, "width": 1, "batch": 4}, data)
     assert isinstance(err, duotf.NodeFailedError), repr(err)
     assert "main raised UnimplementedError" in str(err).splitlines()[0], str(err)[:500]
     assert "Cast string to float is not supported" in str(err), str(err)[:2000]
