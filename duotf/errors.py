@@ -130,10 +130,13 @@ class FeedError(DuotfError):
     where it is not known: ``epoch`` (from 1; None in inference), ``partition`` (the feed's
     partition), ``node`` (the label of the node it was fed to), ``rows`` (rows of that range
     delivered, or sent by the task, before it broke), ``cause`` (the data source's or the
-    engine's own error, in one line).
+    engine's own error, in one line). ``lost`` is True where the engine lost the feeding task's
+    process (an executor, Python worker or Dask worker went away mid-range), not where the data
+    or a node failed: a cluster run with ``max_restarts`` restarts on it (cause ``"lost"``).
     """
 
     epoch = partition = node = rows = cause = None  # where an error does not know them
+    lost = False
 
 
 class FeedProblem(StrEnum):

@@ -131,6 +131,15 @@ class DaskEngine(Engine):
     def feeding_processes(self):
         return [psutil.Process(pid) for pid in self.client.run(os.getpid).values()]
 
+    def away_from_nodes(self, data, cluster):
+        # a task runs where its data is (the block may go elsewhere once its worker is lost)
+        self.client.wait_for_workers(self.executors, timeout=60)  # a killed one's replacement
+        agents = {node.agent_pid for node in cluster.nodes}
+        others = [a for a, pid in self.client.run(os.getpid).items() if pid not in agents]
+        kept = self.client.persist(list(data) if isinstance(data, tuple) else data, workers=others,
+                                   allow_other_workers=True)
+        return tuple(kept) if isinstance(data, tuple) else kept
+
     def work_names(self, job_id):
         """The task keys of the job among the scheduler's recent transitions."""
         def keys(dask_scheduler):

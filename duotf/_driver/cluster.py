@@ -18,15 +18,17 @@ import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from duotf._deadline import Deadline
-from duotf.errors import (ClusterClosedError, ConfigError, DuotfError, InsufficientSlotsError, NodesStoppedError, TensorBoardError)
+from duotf.errors import (ClusterClosedError, ConfigError, DuotfError, FeedError, NodesStoppedError,
+                          TensorBoardError)
 from duotf._driver.metrics import NodeMetrics
 from duotf._node.agent import NodeJob, OutcomeStatus, default_log_dir, default_workdir_root, run_node
 from duotf._driver.nodelogs import NodeLogs, log_node_ids
 from duotf._driver.progress import FeedProgress, check_progress
 from duotf._transport.rendezvous import Msg
-from duotf._driver.restarts import Restart, check_restart_on, failure_cause, restartable, resume_point
+from duotf._driver.restarts import (Restart, await_capacity, check_restart_on, failure_cause, restartable,
+                                    resume_point)
 from duotf.spec import ClusterSpec, seconds
-from duotf._driver.nodes import ENDED, TERMINAL, ClusterStatus, NodeInfo, NodeState
+from duotf._driver.nodes import TERMINAL, ClusterStatus, NodeInfo, NodeState, still_running
 from duotf._driver.supervisor import Supervisor
 
 logger = logging.getLogger("duotf.cluster")  # with the supervisor's and the metrics'
@@ -39,8 +41,6 @@ _live: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 #: before the chief is ready unless TensorBoard took more than the chief waits for it (60 s: a
 #: machine so loaded that importing TensorFlow takes that long)
 TENSORBOARD_WAIT = 120.0
-#: seconds a restart waits at most for the engine to replace lost executors or workers
-REPLACEMENT_WAIT = 60.0
 #: seconds the nodes of a failed attempt are given to stop (SIGTERM, then SIGKILL) where the
 #: cluster may restart: their state is thrown away (the next attempt resumes from the last
 #: checkpoint reported, never from a save cut short), and a node blocked in a collective with
@@ -157,6 +157,7 @@ class Cluster:
         self._resume_epoch = 0
         self._resume_paths: Dict[int, Optional[str]] = {}
         self._feed_call: Optional[dict] = None  # the latest train(): a restart feeds it on
+        self._feed_error: Optional[FeedError] = None  # its feeder lost: why the nodes failed
         self._engine_slots = 0  # the engine's slots at the first start (restarts wait for them)
         if checkpoint_dir is None:
             self.checkpoint_dir, self._owns_checkpoint_dir = self._workdir_root + "-checkpoints", True
@@ -308,7 +309,8 @@ class Cluster:
         sup = self.supervisor
         n = len(self.nodes)
         if self.attempt:
-            self._await_capacity(n, deadline)
+            await_capacity(self.backend, n, max(n, self._engine_slots), deadline,
+                           self.reservation_timeout)
         else:
             self.backend.check_capacity(n)
             self._engine_slots = self.backend.slots() if self.max_restarts else n
@@ -384,39 +386,43 @@ class Cluster:
         while True:
             sup = self.supervisor
             if not sup.wait_for(lambda: sup.status not in live, deadline):
-                raise TimeoutError(self._still_running(timeout))
+                raise TimeoutError(still_running(self.nodes, timeout))
             self._end_bar()  # every main has ended: the last bar shows their last reports
             if sup.error is None:
                 return self._collect()
             if not self._restart():
-                sup.raise_if_failed()
+                self._raise_failure(sup)
             if self._feed_call is not None:
                 # the restarted nodes are fed the epochs of the latest train() not yet saved
                 self._feed(self._resume_epoch)
 
-    def _still_running(self, timeout: float) -> str:
-        """What :meth:`wait` says at its timeout: the nodes whose main has not ended (a node
-        that returned only waits to be released with its peers), and why that may be."""
-        running = [x.describe() for x in self.nodes if x.state not in ENDED]
-        returned = sum(1 for x in self.nodes if x.state is NodeState.RETURNED)
-        text = f"after {timeout:g} s these nodes still run: {', '.join(running)}"
-        if returned:
-            text += (f" ({returned} other node{'s' if returned > 1 else ''} returned: a node blocked "
-                     "in a collective, such as model.evaluate or another tf.distribute call, that "
-                     "not every worker made waits for ever; make it on every worker)")
-        return text
+    def _raise_failure(self, sup: Supervisor) -> None:
+        """Raise the nodes' failure; where their mains raised only because the driver ended a
+        feed whose feeding task the engine lost, that feed's error (naming the feeder)."""
+        try:
+            sup.raise_if_failed()
+        except DuotfError as error:
+            if self._ended_by_feed(error):
+                raise self._feed_error from error
+            raise
+
+    def _ended_by_feed(self, error) -> bool:
+        """Whether ``error`` (a node's) is only its main raising as the driver ended its feed
+        after train() raised ``self._feed_error``."""
+        return self._feed_error is not None and getattr(error, "remote_type", None) == "FeedError"
 
     # -- restarts -----------------------------------------------------------------------------
-    def _restart(self) -> bool:
+    def _restart(self, cause: Optional[DuotfError] = None) -> bool:
         """After this attempt failed: start the gang again (True) if ``max_restarts`` and
         ``restart_on`` allow, resuming at the last epoch every reporting node saved; False
-        where the failure is to be raised. A restart whose start fails counts as an attempt
-        of its own; when no more is allowed, its error is raised here, as a run without
-        restarts raises it."""
+        where the failure is to be raised. The failure is the supervisor's (a node's), or
+        ``cause``: a feed whose feeding task the engine lost (``FeedError.lost``). A restart
+        whose start fails counts as an attempt of its own; when no more is allowed, its error
+        is raised here, as a run without restarts raises it."""
         tried = False
         while True:
             sup = self.supervisor
-            error = sup.error
+            error, cause = cause or sup.error, None
             if (error is None or self._closed or self.attempt >= self.max_restarts
                     or not restartable(error, *self._restart_on)):
                 if tried:
@@ -449,31 +455,6 @@ class Cluster:
                 continue  # a node failed while starting: this attempt failed too
             self.restarts.append(dataclasses.replace(record, seconds=time.monotonic() - failed_at))
             return True
-
-    def _await_capacity(self, n: int, deadline: Deadline) -> None:
-        """Before a restart: wait for the executors or workers lost with the failed attempt
-        to be replaced (the engine's slots back to what they were at the first start), up to
-        :data:`REPLACEMENT_WAIT` seconds or ``deadline``; then restart on what there is, or
-        raise the engine's :class:`InsufficientSlotsError` when that is fewer than ``n``."""
-        import threading
-
-        pause = threading.Event()
-        bound = deadline.sooner(REPLACEMENT_WAIT)
-        want = max(n, self._engine_slots)
-        while True:
-            available = self.backend.slots()
-            if available >= want or bound.expired:
-                break
-            pause.wait(0.25)
-        if available < want:
-            logger.warning("duotf: the %s backend has %d slots, %d before the failure; restarting "
-                           "on what is left", self.backend.name, available, want)
-        try:
-            self.backend.check_capacity(n)
-        except InsufficientSlotsError as exc:
-            raise InsufficientSlotsError(
-                f"{exc} (after waiting for the engine to replace what the failed attempt lost, "
-                f"{min(REPLACEMENT_WAIT, self.reservation_timeout):g} s)", **exc.attributes) from exc
 
     def train(self, data, epochs: int = 1, *, feed_timeout: float = 600.0,
               balance: bool = True, ragged: Sequence[str] = (),
@@ -511,6 +492,7 @@ class Cluster:
         _check_feed_args(epochs, feed_timeout)
         if convert_once not in (None, True, False):
             raise ConfigError(f"convert_once={convert_once!r}: give True, False or None")
+        self._feed_error = None
         self._feed_call = dict(data=data, epochs=epochs, feed_timeout=feed_timeout,
                                balance=balance, ragged=ragged, convert_once=convert_once)
         return self._feed(0)
@@ -530,9 +512,15 @@ class Cluster:
                                        call["convert_once"], first_epoch=first_epoch)
             except BaseException as exc:
                 self._end_bar()
-                if (not isinstance(exc, DuotfError) or self.supervisor.error is None
-                        or not self._restart()):
+                # a feeding task lost with its process (the nodes are well, but their feed
+                # broke mid-range): a failure as a lost node's is; any other with a node's error
+                lost = exc if isinstance(exc, FeedError) and exc.lost else None
+                if lost is not None:
+                    self._feed_error = exc
+                if (not isinstance(exc, DuotfError) or (lost is None and self.supervisor.error is None)
+                        or not self._restart(lost)):
                     raise
+                self._feed_error = None
                 first_epoch = self._resume_epoch
                 continue
             if first_epoch:
@@ -619,6 +607,8 @@ class Cluster:
         cut_off = sup.begin_shutdown(grace_secs)
         sup.stop_nodes()
         unraised = sup.close()
+        if self._ended_by_feed(unraised):
+            unraised = None  # train() raised why: the feed's error
         self._metrics.close()  # every report has arrived: the callbacks get the last ones
         self._end_bar()
         if self._logs is not None:

@@ -17,7 +17,7 @@ from duotf._transport.rendezvous import Msg
 from duotf.spec import Job, Role
 
 __all__ = ["ClusterStatus", "NodeState", "NodeInfo", "FeedTarget", "LIVE", "TERMINAL", "ENDED",
-           "REPORTED", "kill_node_process"]
+           "REPORTED", "kill_node_process", "still_running"]
 
 
 class ClusterStatus(str, enum.Enum):
@@ -135,3 +135,16 @@ def kill_node_process(pid: int, job_id: str, node_id: int) -> bool:
     finally:
         if pidfd is not None:
             os.close(pidfd)
+
+
+def still_running(nodes, timeout: float) -> str:
+    """What ``cluster.wait()`` says at its timeout: the nodes whose main has not ended (a node
+    that returned only waits to be released with its peers), and why that may be."""
+    running = [x.describe() for x in nodes if x.state not in ENDED]
+    returned = sum(1 for x in nodes if x.state is NodeState.RETURNED)
+    text = f"after {timeout:g} s these nodes still run: {', '.join(running)}"
+    if returned:
+        text += (f" ({returned} other node{'s' if returned > 1 else ''} returned: a node blocked "
+                 "in a collective, such as model.evaluate or another tf.distribute call, that "
+                 "not every worker made waits for ever; make it on every worker)")
+    return text

@@ -131,14 +131,16 @@ def _cause(exc: BaseException) -> str:
 _PY_ERROR = re.compile(r"^(?!org\.|java\.|py4j\.|scala\.)[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
 
 
-def _failure_error(what: str, failure, cause: Optional[str] = None) -> FeedError:
-    """The FeedError for a node's report that a training range broke after delivering rows."""
+def _failure_error(what: str, failure, cause: Optional[str] = None, source: bool = False) -> FeedError:
+    """The FeedError for a node's report that a training range broke after delivering rows.
+    ``source``: the feeding task said its data source raised (``cause``); otherwise its process
+    went away (killed, or its executor or worker lost): the error is ``lost``."""
     label, info = failure
     message = f"{what} failed on {label}: {info.get('why')}"
     if cause:
         message += f"; the feeding task's error: {cause}"
     return FeedError(message, epoch=info.get("epoch"), partition=info.get("partition"),
-                     node=label, rows=info.get("rows"), cause=cause)
+                     node=label, rows=info.get("rows"), cause=cause, lost=not source)
 
 
 _GRACE = 3.0  # seconds a failed job waits for the node's error or report that says why
@@ -178,7 +180,7 @@ def _run(sup: Supervisor, job, what: str, stoppable: bool, targets: List[FeedTar
             # where that is why. Another task's error (refused, or its connection to a node
             # that died meanwhile) is a consequence, not the cause.
             same = broken.cause is not None and broken.partition == failure[1].get("partition")
-            raise _failure_error(what, failure, broken.cause if same else None) from broken
+            raise _failure_error(what, failure, broken.cause if same else None, same) from broken
         # the job's own error, unless it is only our cancellation of it
         cancelled = "cancel" in f"{type(broken).__name__} {broken}".lower()
         cause = (_cause(broken) if broken is not None and (ended_first[:1] == [True] or not cancelled)
@@ -207,12 +209,10 @@ def _failed(sup: Supervisor, what: str, feed: FeedJob, exc: BaseException, job=N
             raise node_error from exc
     failure = sup.feed_failure()
     if failure is not None:  # what broke, with the task's error where it says why (as above)
-        if isinstance(exc, FeedError):
-            same = exc.cause is not None and exc.partition == failure[1].get("partition")
-            cause = exc.cause if same else None
-        else:
-            cause = _cause(exc)
-        raise _failure_error(what, failure, cause) from exc
+        same = (isinstance(exc, FeedError) and exc.cause is not None
+                and exc.partition == failure[1].get("partition"))
+        cause = exc.cause if same else None if isinstance(exc, FeedError) else _cause(exc)
+        raise _failure_error(what, failure, cause, same) from exc
     if isinstance(exc, FeedError):
         target = next((t for t in sup.feed_targets() if t.label == exc.node), None)
         if target is not None and exc.cause is None and sup.takes_no_feed(target.node_id):
@@ -237,7 +237,8 @@ def _failed(sup: Supervisor, what: str, feed: FeedJob, exc: BaseException, job=N
                         f"{partition} of epoch {feed.epoch}{others} was lost ({where}): "
                         f"{cause.rstrip('.')}; the rows of its partitions that had reached their "
                         "nodes are not sent again (each row reaches its node at most once)",
-                        epoch=feed.epoch, partition=partition, node=node, cause=cause) from exc
+                        epoch=feed.epoch, partition=partition, node=node, cause=cause,
+                        lost=True) from exc
     node = _node_of(feed, partition)
     place = f" on {node}" if node else ""
     task = f"the {where} failed" if where else "the engine's job failed"

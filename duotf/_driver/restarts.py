@@ -17,12 +17,18 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
+import threading
 from typing import Dict, FrozenSet, Iterable, Optional, Tuple
 
-from duotf.errors import BackendError, ConfigError, NodeFailedError, NodeUnresponsiveError
+from duotf._deadline import Deadline
+from duotf.errors import (BackendError, ConfigError, FeedError, InsufficientSlotsError, NodeFailedError,
+                          NodeUnresponsiveError)
 
-__all__ = ["CAUSES", "Cause", "DEFAULT_RESTART_ON", "Restart", "check_restart_on", "failure_cause",
-           "resume_point"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["CAUSES", "Cause", "DEFAULT_RESTART_ON", "REPLACEMENT_WAIT", "Restart", "await_capacity",
+           "check_restart_on", "failure_cause", "resume_point"]
 
 class Cause(str, enum.Enum):
     """What kind of failure a node's was (``restart_on`` names them by their values)."""
@@ -99,6 +105,8 @@ def failure_cause(error: BaseException) -> Optional[Cause]:
         return Cause.LOST  # its engine task, executor or worker went away with it
     if isinstance(error, BackendError):
         return Cause.LOST  # the engine job running the nodes failed
+    if isinstance(error, FeedError) and error.lost:
+        return Cause.LOST  # the engine lost a feeding task's process mid-range
     return None
 
 
@@ -134,3 +142,31 @@ def resume_point(reports: Dict[int, Dict[int, str]], nodes: Iterable[int]
     first = min(reporting)
     return epoch, {node: (reports.get(node) or reports[first]).get(epoch, reports[first][epoch])
                    for node in nodes}
+
+
+#: seconds a restart waits at most for the engine to replace lost executors or workers
+REPLACEMENT_WAIT = 60.0
+
+
+def await_capacity(backend, n: int, want: int, deadline: Deadline, reservation_timeout: float) -> None:
+    """Before a restart of ``n`` nodes: wait for the executors or workers lost with the failed
+    attempt to be replaced (the engine's slots back to ``want``, what they were at the first
+    start), up to :data:`REPLACEMENT_WAIT` seconds or ``deadline`` (the attempt's
+    ``reservation_timeout``); then restart on what there
+    is, or raise the engine's :class:`InsufficientSlotsError` when that is fewer than ``n``."""
+    pause = threading.Event()
+    bound = deadline.sooner(REPLACEMENT_WAIT)
+    while True:
+        available = backend.slots()
+        if available >= want or bound.expired:
+            break
+        pause.wait(0.25)
+    if available < want:
+        logger.warning("duotf: the %s backend has %d slots, %d before the failure; restarting "
+                       "on what is left", backend.name, available, want)
+    try:
+        backend.check_capacity(n)
+    except InsufficientSlotsError as exc:
+        raise InsufficientSlotsError(
+            f"{exc} (after waiting for the engine to replace what the failed attempt lost, "
+            f"{min(REPLACEMENT_WAIT, reservation_timeout):g} s)", **exc.attributes) from exc

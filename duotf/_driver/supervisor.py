@@ -492,7 +492,11 @@ class Supervisor:
             self.failed_at = time.monotonic()
             self.status = ClusterStatus.FAILED
             self._cond.notify_all()
-        logger.log(self._failure_level, "duotf: %s", str(error).splitlines()[0])
+        # a main that raised because the driver ended its feed: the driver raises the feed's own
+        # error (or restarts on it), which says more; this is its echo
+        echo = (getattr(error, "remote_type", None) == "FeedError"
+                and "raised FeedError: the driver ended the feed" in str(error).splitlines()[0])
+        logger.log(logging.INFO if echo else self._failure_level, "duotf: %s", str(error).splitlines()[0])
         thread = threading.Thread(target=self.stop_nodes, args=(self.failure_stop_timeout,),
                                   name="duotf-stopper", daemon=True)
         self._threads.append(thread)

@@ -146,6 +146,12 @@ class Engine(abc.ABC):
         """The processes the engine's feeding tasks run in (a list, or a callable giving the
         current list where they come and go)."""
 
+    def away_from_nodes(self, data, cluster):
+        """``data`` placed where the engine runs no node of ``cluster`` while it can, so that its
+        feeding tasks run in processes that host no node (default: as it is: an engine whose
+        feeding tasks never share a node's process)."""
+        return data
+
     # -- scoring a DataFrame with a saved model (engines with a DataFrame: Dask, Spark) ---------
     def score(self, df, model, **kwargs):
         """``df`` scored by ``model`` with the engine's DataFrame scoring function

@@ -125,6 +125,92 @@ def test_a_dask_worker_killed_mid_training_restarts_on_its_replacement(backend, 
     _restarted_feed_run(backend, engine, tmp_path, victim="worker")
 
 
+def _feeders_of(engine, cluster):
+    """The processes of the engine's feeding tasks holding a connection to the node's feed port
+    that host no node (neither a node's process nor its agent's): the task feeding it now and
+    those waiting their turn."""
+    nodes = {pid for node in cluster.nodes for pid in (node.pid, node.agent_pid)}
+    procs = engine.feeding_processes()
+    found = []
+    for proc in procs() if callable(procs) else procs:
+        try:
+            if proc.pid not in nodes and any(
+                    c.raddr and c.raddr.port == cluster.nodes[0].feed_port
+                    and c.status == psutil.CONN_ESTABLISHED for c in proc.net_connections(kind="tcp")):
+                found.append(proc)
+        except psutil.Error:  # a process that just exited
+            pass
+    return found
+
+
+FEEDER_ROWS, FEEDER_PARTS = 48_000, 4  # 2 KiB rows: a partition's range is 6 frames of 4 MiB
+
+
+@pytest.mark.slow
+@pytest.mark.engines("dask", "spark-standalone")
+@pytest.mark.parametrize("max_restarts", [1, 0])
+def test_a_feeding_process_lost_mid_range_restarts_once_or_names_the_feeder(
+        backend, engine, tmp_path, max_restarts):
+    """Issue 32, item 8: the processes of the feeding tasks that run beside no node (a Dask
+    worker, Spark's Python workers) are killed while one is mid-range in epoch 2. With max_restarts=1 the job restarts
+    once (cause "lost", no node) at the checkpoint of epoch 1 and every later epoch reaches the
+    node exactly once; without restarts train() and wait() both raise the FeedError that names
+    the feeding task's partition and process, not the node's main."""
+    slots = backend.slots()
+    args = {"batch": 500, "hold": FEEDER_ROWS + 1_000, "hold_epoch": 2,
+            "held": str(tmp_path / "held"), "release": str(tmp_path / "release")}
+    with duotf.run(mains.ids_resume_main, args, backend, duotf.ClusterSpec(workers=1),
+                   env=QUIET_TF, max_restarts=max_restarts) as cluster:
+        data = engine.away_from_nodes(engine.constant_features(
+            FEEDER_ROWS, FEEDER_PARTS, width=512, chunk=FEEDER_ROWS // FEEDER_PARTS, ids=True), cluster)
+        outcome: dict = {}
+        trainer = threading.Thread(target=_train_into, args=(cluster, data, outcome))
+        trainer.start()
+        try:
+            poll_for(lambda: os.path.exists(args["held"]) or not trainer.is_alive(), 180,
+                     what="the node holding in epoch 2")
+            assert trainer.is_alive(), f"train() ended before the kill: {outcome}"
+            for victim in poll_for(lambda: _feeders_of(engine, cluster), 30,
+                                   what="a feeder beside no node"):
+                victim.kill()  # the one mid-range among them (a task waiting its turn is retried)
+        finally:
+            (tmp_path / "release").touch()
+            trainer.join(180)
+        assert not trainer.is_alive(), "train() hung after its feeding process was lost"
+        if max_restarts:
+            assert "error" not in outcome, outcome
+            results = cluster.wait(timeout=120)
+        else:
+            error = outcome.get("error")
+            assert isinstance(error, duotf.FeedError) and error.lost, repr(error)
+            with pytest.raises(duotf.FeedError) as waited:
+                cluster.wait(timeout=60)
+    # the engine replaced what was killed: the suite's later tests have their slots
+    poll_for(lambda: backend.slots() >= slots, 90, what="the replacement worker")
+    if not max_restarts:
+        first = str(waited.value).splitlines()[0]
+        assert first.startswith("feeding epoch 2 failed on worker:0") and "partition" in first, first
+        assert "the driver ended the feed" not in first, first
+        assert cluster.restarts == []
+        return
+    [restart] = cluster.restarts
+    assert (restart.cause, restart.node, restart.resume_epoch) == ("lost", None, 1), restart
+    assert restart.error.startswith("feeding epoch 2 failed"), restart.error
+    [got] = results
+    assert got["attempt"] == 1 and got["resumed_at"] == 1, got
+    assert sorted(got["ids"]) == [2, 3], sorted(got["ids"])
+    for epoch, ids in got["ids"].items():
+        assert sorted(ids) == list(range(FEEDER_ROWS)), f"epoch {epoch}: rows lost or repeated"
+
+
+def _train_into(cluster, data, outcome):
+    try:
+        # every epoch read from the data by a task (not Spark's kept frames, fed from the JVM)
+        outcome["report"] = cluster.train(data, epochs=3, feed_timeout=120, convert_once=False)
+    except duotf.DuotfError as exc:
+        outcome["error"] = exc
+
+
 # TensorFlow in every node of two attempts (CI time): the in-process engine, a standalone
 # executor and a Dask worker; the engine-fed restart above runs on every engine.
 @pytest.mark.engines("local", "spark-standalone", "dask")

@@ -56,6 +56,31 @@ def sgd_resume_main(args, ctx):
             "epochs_read": seen}
 
 
+def ids_resume_main(args, ctx):
+    """Read the ids of the feed (``{"0": features, "1": id}``) epoch by epoch, with a
+    checkpoint per epoch (the epochs done); after a restart, resume at ctx.resume_epoch. On the
+    first attempt, in epoch ``hold_epoch`` (from 1) after ``hold`` rows: create ``held`` and read
+    on only once ``release`` exists (the test kills a feeding process meanwhile). Returns, for
+    this attempt, the ids read in each epoch."""
+    feed = ctx.get_data_feed(train=True, input_mapping={"0": "x", "1": "id"})
+    epoch, seen, rows = ctx.resume_epoch, {}, 0
+    while not feed.should_stop():
+        got = []
+        for batch in feed.batches(args["batch"]):
+            got.append(np.asarray(batch["id"]).copy())
+            rows += len(batch["id"])
+            if (ctx.attempt == 0 and epoch + 1 == args["hold_epoch"] and rows >= args["hold"]
+                    and not os.path.exists(args["release"])):
+                open(args["held"], "w").close()
+                wait_for_file(args["release"], timeout=300)
+        epoch += 1
+        seen[epoch] = np.concatenate(got).tolist() if got else []
+        path = os.path.join(ctx.checkpoint_dir, f"node{ctx.node_id}-epoch{epoch}.npz")
+        np.savez(path, epoch=epoch)
+        ctx.report_checkpoint(epoch, path)
+    return {"attempt": ctx.attempt, "resumed_at": ctx.resume_epoch, "ids": seen}
+
+
 def mwms_resume_main(args, ctx):
     """mwms_main (TF reads its own file, MultiWorkerMirroredStrategy) in epochs of
     ``steps_per_epoch`` steps; the chief saves the weights after each epoch and reports it;
