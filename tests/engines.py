@@ -132,13 +132,19 @@ class DaskEngine(Engine):
         return [psutil.Process(pid) for pid in self.client.run(os.getpid).values()]
 
     def away_from_nodes(self, data, cluster):
-        # a task runs where its data is (the block may go elsewhere once its worker is lost)
+        # Dask arrays (constant_features): a task runs where its data is (the block may go elsewhere once its worker is lost)
         self.client.wait_for_workers(self.executors, timeout=60)  # a killed one's replacement
         agents = {node.agent_pid for node in cluster.nodes}
         others = [a for a, pid in self.client.run(os.getpid).items() if pid not in agents]
-        kept = self.client.persist(list(data) if isinstance(data, tuple) else data, workers=others,
-                                   allow_other_workers=True)
-        return tuple(kept) if isinstance(data, tuple) else kept
+        import uuid
+
+        import numpy as np
+
+        # keys of their own: blocks of the same keys that a worker already holds stay where they are
+        arrays = data if isinstance(data, tuple) else (data,)
+        fresh = [a.map_blocks(np.copy, dtype=a.dtype, name=f"apart-{uuid.uuid4().hex}") for a in arrays]
+        kept = self.client.persist(fresh, workers=others, allow_other_workers=True)
+        return tuple(kept) if isinstance(data, tuple) else kept[0]
 
     def work_names(self, job_id):
         """The task keys of the job among the scheduler's recent transitions."""
