@@ -72,6 +72,7 @@ def backends(opts):
 
         master = opts.spark_master or "local[2]"
         session = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
+                   .config("spark.ui.showConsoleProgress", "false")
                    .config("spark.driver.host", "127.0.0.1").getOrCreate())
         session.sparkContext.setLogLevel("ERROR")
         yield f"spark {master}", session, session.stop

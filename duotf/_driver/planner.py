@@ -373,9 +373,18 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
                           on_partition=progress.partition_done)
     adapter = backend.feed_adapter(data, len(sup.nodes), options)  # a ConfigError for bad data first
     try:
-        return _train(sup, adapter, epochs, feed_timeout, balanced, ragged, progress, first_epoch)
-    finally:
-        adapter.close()
+        report = _train(sup, adapter, epochs, feed_timeout, balanced, ragged, progress, first_epoch)
+    except BaseException:
+        if sup.error is None:  # the cluster goes on (bad data, say): its feed leaves nothing
+            adapter.close()
+            raise
+        # A node failed: its error first, what the feed kept freed behind it (deleting Spark's
+        # kept frames is an engine job, seconds on a loaded cluster; issue 32, item 10); the
+        # cluster's shutdown or restart waits for that.
+        sup.behind(adapter.close, "duotf-feed-close")
+        raise
+    adapter.close()
+    return report
 
 
 def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced: bool, ragged,

@@ -478,6 +478,19 @@ class Supervisor:
         else:
             self.server.close()  # every node has ended: nothing more to hear from them
 
+    def behind(self, work: Callable[[], None], name: str) -> None:
+        """Run ``work`` in a thread of its own, which :meth:`close` joins (a failure's
+        clean-up that the error need not wait for); what it raises is logged."""
+        def run():
+            try:
+                work()
+            except Exception:
+                logger.warning("duotf: %s failed", name, exc_info=True)
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
     # -- failure and stopping ---------------------------------------------------------------------
     def fail(self, error: DuotfError) -> None:
         """Record the cluster's first failure and stop every node (in the background). The
