@@ -19,11 +19,13 @@ elsewhere the elapsed time).
 Whether bars are shown is ``duotf.run(..., progress=...)``: ``None`` (default) shows them when
 stderr is a terminal or in a Jupyter kernel (``tqdm.auto`` draws a widget there), ``True``
 always (to stderr), ``False`` never, and a file-like object (anything with ``write``) writes
-them there.
+them there. In a Jupyter kernel a bar is tqdm's widget where ipywidgets is installed, else tqdm's
+text bar on the cell's stderr, which the notebook redraws in place (see :func:`bar_class`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import sys
 import threading
@@ -31,7 +33,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from duotf.errors import ConfigError
 
-__all__ = ["FeedProgress", "check_progress", "describe_metrics"]
+__all__ = ["FeedProgress", "bar_class", "check_progress", "describe_metrics"]
 
 logger = logging.getLogger("duotf.feed")
 
@@ -54,6 +56,18 @@ def _interactive() -> bool:
         return sys.stderr.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+def bar_class():
+    """The tqdm class of a bar shown on the console or in a notebook: ``tqdm.auto``'s (a widget
+    in a Jupyter kernel) where ipywidgets is installed, else ``tqdm.std``'s text bar. Not
+    ``tqdm.auto`` without ipywidgets: in a kernel it would warn "IProgress not found. Please
+    update jupyter and ipywidgets" into the user's cell, then draw the text bar all the same."""
+    if importlib.util.find_spec("ipywidgets") is None:
+        from tqdm.std import tqdm
+    else:
+        from tqdm.auto import tqdm
+    return tqdm
 
 
 def describe_metrics(latest: Dict[str, Tuple[float, int]]) -> str:
@@ -114,7 +128,7 @@ class FeedProgress:
             from tqdm.std import tqdm as base
             options = {"file": self._file}
         else:
-            from tqdm.auto import tqdm as base  # a widget in Jupyter
+            base = bar_class()  # a widget in Jupyter with ipywidgets
             options = {"dynamic_ncols": True}
 
         class Bar(base):
