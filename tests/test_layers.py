@@ -19,7 +19,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: The layers, top first, as package prefixes: a module imports from its own layer or those below.
-#: The tree states them (ARCHITECTURE.md draws it): a user package sits on the ML stages, those on
+#: The tree states them (docs/internals/architecture.md draws it): a user package sits on the ML stages, those on
 #: the driver, the driver on the backends, the backends on the node side, the node side on the
 #: transport, and everything on io and the shared modules. A new module needs no entry here: its
 #: package places it.
@@ -58,7 +58,7 @@ def _layer(module: str) -> int:
     for rank, (_, patterns) in enumerate(LAYERS):
         if any(fnmatch.fnmatchcase(module, p) for p in patterns):
             return rank
-    raise AssertionError(f"{module} is in no layer of tests/test_layers.py (and ARCHITECTURE.md): "
+    raise AssertionError(f"{module} is in no layer of tests/test_layers.py (and docs/internals/architecture.md): "
                          "place it there")
 
 

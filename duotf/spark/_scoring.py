@@ -112,6 +112,8 @@ def predict_udf(model, return_type="double", *, batch_size: int = scoring.DEFAUL
     batch_size
         Rows per model call.
 
+    Notes
+    -----
     The model is loaded once on the driver to check ``return_type`` against its outputs
     (number, values per row, dtype), and the number of columns against its inputs, when the
     UDF is called: a mismatch is a :class:`~duotf.ConfigError` before any task runs. The
