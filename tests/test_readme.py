@@ -1,9 +1,12 @@
-"""The README runs as written: every ```python and ```bash block is run here.
+"""The README and the docs run as written: every ```python and ```bash block of README.md and
+docs/**/*.md is run here, or listed in ``NOT_RUN`` with the reason it cannot be.
 
 A test fills in only data: the names a block reads but does not define (``spark``, ``df``,
 ``records``, ``options``) and the data locations it names (``digits.npz``, ``s3://bucket``, a
 scheduler or master address), replaced as text. ``RUN_BY`` names, for every block, the test
-that runs it (by a line the block contains); a block that no test runs fails the first test.
+that runs it (by a line the block contains); a block that no test runs and ``NOT_RUN`` does not
+list fails the first test. Blocks are found by that line in whichever page holds them, so a block
+moved between pages is still run.
 """
 
 from __future__ import annotations
@@ -26,10 +29,18 @@ import duotf.io.tfrecord
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+#: the pages whose code blocks run here: the README and every page of the docs site
+PAGES = [README] + sorted((ROOT / "docs").rglob("*.md"))
+#: fence languages that are not code: what a page shows (output, a diff), run by nobody
+NOT_CODE = {"text", "diff"}
 
-#: a line of each README code block -> the test below that runs the block
+#: the install command of the README and of Getting started, which CI runs
+QUICKSTART = 'python3 -m pip install -e ".[spark,dask,tensorflow-cpu,dev]" && python3 examples/digits/train.py'
+
+#: a line of each code block -> the test below that runs the block
 RUN_BY = {
-    "python3 -m pip install -e": "test_quickstart_commands_are_what_ci_runs_and_the_example_trains",
+    'rows = [{"x": [i / 100, 1 - i / 100]': "test_the_readme_example_trains_on_the_embedded_backend",
+    QUICKSTART: "test_quickstart_commands_are_what_ci_runs_and_the_example_trains",
     "def main(args, ctx):                       # runs once per node": "test_your_program_trains_and_saves",
     "def train_main(args, ctx):": "test_the_feeding_block_trains_and_scores_every_row",
     "def fit_main(args, ctx):": "test_the_keras_fit_block_trains_on_the_feed",
@@ -51,27 +62,44 @@ RUN_BY = {
     "def resumable_main(args, ctx):": "test_the_restart_block_trains_and_reports_its_restarts",
 }
 
+#: a line of each block that cannot run here -> why
+NOT_RUN = {
+    "venv-pack -o duotf_env.tar.gz": "ships an environment archive to a YARN/Kubernetes cluster's "
+                                     "executors (docs/cluster.md): needs venv-pack, a package "
+                                     "index and such a cluster, none of which the tests have",
+}
+
 
 def code_blocks():
-    """``(language, line number, code)`` of every fenced block with a language."""
-    found, lines = [], README.read_text().splitlines()
-    i = 0
-    while i < len(lines):
-        opening = re.match(r"^```(\w+)\s*$", lines[i])
-        if lines[i].startswith("```"):
-            end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
-            if opening:
-                found.append((opening.group(1), i + 1, "\n".join(lines[i + 1:end]) + "\n"))
-            i = end
-        i += 1
+    """``(place, language, code)`` of every fenced block with a language in the README and the
+    docs; ``place`` is ``path:line``. A fence may be indented (a block inside a list item)."""
+    found = []
+    for page in PAGES:
+        lines = page.read_text().splitlines()
+        i = 0
+        while i < len(lines):
+            opening = re.match(r"^(\s*)```(\w+)\s*$", lines[i])
+            if lines[i].lstrip().startswith("```"):
+                end = next(j for j in range(i + 1, len(lines)) if lines[j].lstrip().startswith("```"))
+                if opening:
+                    indent = len(opening.group(1))
+                    code = "\n".join(line[indent:] for line in lines[i + 1:end]) + "\n"
+                    found.append((f"{page.relative_to(ROOT)}:{i + 1}", opening.group(2), code))
+                i = end
+            i += 1
     return found
+
+
+def blocks(line: str) -> list:
+    """Every code block (of any page) containing ``line``."""
+    return [code for _, _, code in code_blocks() if line in code]
 
 
 def block(line: str, data: dict = None) -> str:
     """The one code block containing ``line``, with data locations replaced as ``data`` says."""
-    (code,) = [code for _, _, code in code_blocks() if line in code]
+    (code,) = blocks(line)
     for old, new in (data or {}).items():
-        assert old in code, f"the README block no longer names {old!r}"
+        assert old in code, f"the block no longer names {old!r}"
         code = code.replace(old, new)
     return code
 
@@ -96,21 +124,33 @@ def run_block(code: str, **names) -> dict:
         os.unlink(f.name)
 
 
-def test_every_code_block_of_the_readme_is_run():
-    for language, line, code in code_blocks():
-        assert language in ("python", "bash"), f"README.md:{line}: a ```{language} block"
+def test_every_code_block_of_the_readme_and_the_docs_is_run_or_says_why_not():
+    found = code_blocks()
+    assert any(place.startswith("README.md:") for place, _, _ in found)
+    assert any(place.startswith("docs/") for place, _, _ in found)
+    for place, language, code in found:
+        if language in NOT_CODE:
+            continue
+        assert language in ("python", "bash"), f"{place}: a ```{language} block (code is python or bash)"
         runs = [test for key, test in RUN_BY.items() if key in code]
-        assert len(runs) == 1, f"README.md:{line}: no test runs this block (add it to RUN_BY)"
-        assert callable(globals()[runs[0]])
+        skipped = [key for key in NOT_RUN if key in code]
+        assert len(runs) + len(skipped) == 1, (
+            f"{place}: no test runs this block (add it to RUN_BY, or to NOT_RUN with the reason)")
+        assert not runs or callable(globals()[runs[0]])
+        assert not skipped or len(NOT_RUN[skipped[0]]) > 20  # a reason, not a shrug
+    # every entry still names a block: none was left behind when its block moved or went
+    for key in list(RUN_BY) + list(NOT_RUN):
+        assert any(key in code for _, _, code in found), f"no block contains {key!r} any more"
 
 
 def test_quickstart_commands_are_what_ci_runs_and_the_example_trains():
-    code = block("python3 -m pip install -e")
-    install_and_example, test_command = code.strip().splitlines()
-    install, example = install_and_example.split(" && ")
     quiet = {"-q", "--durations=15"}  # CI's output flags
     ci = [" ".join(w for w in line.split() if w not in quiet)
           for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    codes = blocks(QUICKSTART)  # the README's and Getting started's
+    assert len(codes) == 2 and codes[0] == codes[1]
+    install_and_example, test_command = codes[0].strip().splitlines()
+    install, example = install_and_example.split(" && ")
     assert install in ci and test_command in ci
     assert example == "python3 examples/digits/train.py"
     out = subprocess.run([sys.executable] + example.split()[1:], cwd=ROOT, capture_output=True,
@@ -118,6 +158,15 @@ def test_quickstart_commands_are_what_ci_runs_and_the_example_trains():
     assert out.returncode == 0, out.stderr[-3000:]
     accuracy = float(re.search(r"test accuracy=([\d.]+)", out.stdout).group(1))
     assert accuracy > 0.9, out.stdout
+
+
+@pytest.mark.engines("local")
+def test_the_readme_example_trains_on_the_embedded_backend(backend, capsys):
+    ns = run_block(block('rows = [{"x": [i / 100, 1 - i / 100]'))
+    losses = ns["losses"]
+    assert len(losses) == 2 and losses[0] == losses[1]  # one model, synchronously trained
+    assert math.isfinite(losses[0]) and losses[0] < 0.05  # y = 3 * x[0] is learnt
+    assert str(losses) in capsys.readouterr().out
 
 
 # -- the Spark blocks, on Spark local[3] ------------------------------------------------------
