@@ -78,7 +78,7 @@ def spark_standalone_master():
 
     The suite's application takes an executor of 2 cores on each worker (2 task slots: one for
     its node, one for the tasks that feed it); 1 core a worker is left for a second application
-    (the README's spark-submit command).
+    (the spark-submit command of docs/getting-started.md).
     """
     yield from _standalone_cluster(workers=2, cores=3)
 
@@ -91,7 +91,7 @@ FAKE_GPUS = '{"name": "gpu", "addresses": ["0", "1"]}'
 def spark_gpu_master(tmp_path):
     """A second standalone master with 1 worker of 3 cores and 2 fake GPUs (a discovery script
     prints ``FAKE_GPUS``); yields ``(master URL, discovery script)``. One test uses it (the
-    README's GPU block): started once, and its JVMs live no longer than that test."""
+    GPU block of docs/guides/gpus.md): started once, and its JVMs live no longer than that test."""
     script = tmp_path / "fake_gpus.sh"
     script.write_text(f"#!/bin/sh\necho '{FAKE_GPUS}'\n")
     script.chmod(0o755)

@@ -1,7 +1,7 @@
 """GPUs per node (``ClusterSpec(gpus_per_node=k)``) on machines without GPUs: the engines hand
 out fake devices and each node must see its own. The suite's engines, which have none, refuse
 such a spec up front (tests/suite/test_gpus.py); Spark's standalone cluster with fake GPUs runs
-the README's GPU block (tests/test_readme.py)."""
+the GPU block of docs/guides/gpus.md (tests/test_readme.py)."""
 
 from __future__ import annotations
 

@@ -426,7 +426,7 @@ def test_the_dask_ml_block_fits_and_predicts(backend, engine, tmp_path):
 
 
 # -- the GPU block, on a standalone cluster whose worker has 2 fake GPUs ---------------------------
-#: run after the README's GPU block, in its driver: what the nodes' records say, the errors of
+#: run after the GPU block (docs/guides/gpus.md), in its driver: what the nodes' records say, the errors of
 #: specs that do not fit, and a feed beside GPU nodes (its tasks must take no GPU)
 _GPU_CHECKS = textwrap.dedent("""
     print([list(node.gpus) for node in cluster.nodes])

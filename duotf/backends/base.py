@@ -286,8 +286,8 @@ class Backend(abc.ABC):
         """
         raise ConfigError(
             f"ClusterSpec(gpus_per_node={per_node}) asks for GPUs, but the {self.name} backend "
-            "cannot hold GPUs for its nodes: run on Spark or Dask (see the README's GPU "
-            "section), use duotf.backends.LocalBackend(gpus=...), or set gpus_per_node=0."
+            "cannot hold GPUs for its nodes: run on Spark or Dask (see docs/guides/gpus.md"
+            "), use duotf.backends.LocalBackend(gpus=...), or set gpus_per_node=0."
         )
 
     @abc.abstractmethod

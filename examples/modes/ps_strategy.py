@@ -11,8 +11,8 @@ side-car evaluation of the checkpoints the chief writes.
   (``cluster.metrics``), and ends once the chief is done.
 
 Keras 3 has no ``model.fit`` under ParameterServerStrategy (keras-team/keras#18624): the chief
-runs a custom loop. The engine feed cannot reach the workers here: see the README ("Training
-modes"). With ``--input engine`` the engine writes its DataFrame as TFRecord files of
+runs a custom loop. The engine feed cannot reach the workers here: see docs/guides/training-modes.md
+("TF2 ParameterServerStrategy"). With ``--input engine`` the engine writes its DataFrame as TFRecord files of
 ``tf.train.Example`` first (``duotf.io.dataframe``, in its own tasks) and the workers read
 those: the supported way to train a ParameterServerStrategy on a Spark or Dask DataFrame.
 examples/modes/async_ps.py is the ps training that the engine feeds.

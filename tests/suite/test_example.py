@@ -20,8 +20,8 @@ cloudpickle.register_pickle_by_value(train)
 cloudpickle.register_pickle_by_value(pipeline)
 
 
-# The example in files mode on one engine and in engine mode on two (CI time; the README's
-# quickstart runs it too): every engine runs the same training paths in
+# The example in files mode on one engine and in engine mode on two (CI time; the quickstart of the
+# README and docs/getting-started.md runs it too): every engine runs the same training paths in
 # test_lifecycle, test_determinism and test_keras (files and engine feed).
 @pytest.mark.engines("spark-standalone")
 def test_digits_example_trains(backend, tmp_path):

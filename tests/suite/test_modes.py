@@ -44,7 +44,7 @@ def room_for(backend, engine, slots: int):
 def test_ps_strategy_example_trains_and_the_evaluator_scores_every_checkpoint(backend, engine, tmp_path):
     """A chief with ClusterCoordinator, a worker that only serves, a ps, an evaluator scoring the
     chief's checkpoints as they appear. Spark and Dask write their DataFrame as TFRecord files of
-    tf.train.Example (the way to a DataFrame here: see the README), TF reads them on the worker;
+    tf.train.Example (the way to a DataFrame here: see docs/guides/training-modes.md), TF reads them on the worker;
     on the embedded backend TF reads the files written from numpy (``--input files``)."""
     data = common.prepare_data(str(tmp_path / "data"))
     epochs = 5

@@ -1,5 +1,5 @@
 """``python -m duotf run``: a main that fails exits 1 with the typed error's message (the runs
-that succeed are the README's block, run by tests/test_readme.py on local and Dask)."""
+that succeed are the block of docs/guides/cli.md, run by tests/test_readme.py on local and Dask)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``duotf.doctor`` on every engine: every check passes on the test clusters, and injected faults
 (another TensorFlow first on the nodes' PYTHONPATH, an address nobody listens on) give FAIL rows
 that name them and say what to change, while the other checks still pass. The command line's
-``doctor`` is run by tests/test_readme.py (its README block), with the same faults."""
+``doctor`` is run by tests/test_readme.py (its block in docs/guides/cli.md), with the same faults."""
 
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ def test_fit_transform_save_load_with_the_same_predictions_on_every_engine(backe
     np.testing.assert_allclose(local.predict(x, verbose=0)[:, 0], predictions, rtol=1e-6)
 
     # save and load: the saved folder is whole by itself (a copy of the model in it). A loaded
-    # model scoring on the engine: the README's ML blocks (tests/test_readme.py); here its
+    # model scoring on the engine: the ML blocks of docs/guides/ml-pipelines.md (tests/test_readme.py); here its
     # copy predicts what the fitted model did.
     loaded = engine.save_and_load(model, str(tmp_path / "tfmodel"))
     assert engine.model_path(loaded) == str(tmp_path / "tfmodel" / "model" / "model.keras")

@@ -4,8 +4,8 @@ A data source that fails in the engine's own task (while its rows are counted, b
 task's first row, or mid-range after the task delivered rows) gives a FeedError within seconds
 whose first line names the epoch, the partition, the node (where the rows were going) and the
 source's error, and every node's feed ends with it: cluster.wait() raises at once (issues 18
-and 19). Those cases print their figures (``-s`` shows them); the README's "Failures" list
-quotes them.
+and 19). Those cases print their figures (``-s`` shows them); docs/internals/how-it-works.md
+("Failures") quotes them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """GPUs per node on the suite's engines, none of which has GPUs: a spec asking for them fails
 before anything starts, naming the engine's setting (the clusters with GPUs, fake ones, are in
-tests/test_gpus.py and the README's GPU block)."""
+tests/test_gpus.py and the GPU block of docs/guides/gpus.md)."""
 
 from __future__ import annotations
 

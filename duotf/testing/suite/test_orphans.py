@@ -1,8 +1,8 @@
 """What is gone, and how fast, after a failure: no node outlives its supervision, the driver's
 port closes with the failure, and shutdown does not wait for tasks that cannot end.
 
-Each test prints its figures (``-s`` shows them); the README's "Failures: what is gone, and how
-fast" quotes them.
+Each test prints its figures (``-s`` shows them); docs/internals/how-it-works.md
+("Failures: what is gone, and how fast") quotes them.
 """
 
 from __future__ import annotations

@@ -269,7 +269,7 @@ def test_an_exception_in_main_restarts_only_when_restart_on_names_it(backend, tm
 
 def test_a_checkpoint_dir_given_to_run_is_made_for_the_job(backend, tmp_path):
     """duotf.run(..., checkpoint_dir=D): ctx.checkpoint_dir is D/<job id>, made by duotf on the
-    nodes, so the README's restart example saves into it on its first attempt, fails, restarts
+    nodes, so the restart example (docs/guides/restarts.md) saves into it on its first attempt, fails, restarts
     and finds its file there."""
     where = tmp_path / "ck"  # does not exist: duotf makes it, and the job's folder in it
     with duotf.run(mains.save_then_fail_main, {}, backend, duotf.ClusterSpec(workers=2),

@@ -124,7 +124,7 @@ def raise_main(args, ctx):
 
 
 def save_then_fail_main(args, ctx):
-    """The README's restart example: the first attempt saves a file into ctx.checkpoint_dir
+    """The restart example of docs/guides/restarts.md: the first attempt saves a file into ctx.checkpoint_dir
     (a folder duotf made, never the user), reports it, and fails; the next finds it."""
     if ctx.attempt == 0:
         path = os.path.join(ctx.checkpoint_dir, f"node{ctx.node_id}.npz")
