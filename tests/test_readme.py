@@ -67,6 +67,20 @@ NOT_RUN = {
     "venv-pack -o duotf_env.tar.gz": "ships an environment archive to a YARN/Kubernetes cluster's "
                                      "executors (docs/cluster.md): needs venv-pack, a package "
                                      "index and such a cluster, none of which the tests have",
+    # docs/install.md: installs into the environment that runs the tests, which .ci/run makes
+    # with the superset ".[spark,dask,tensorflow-cpu,dev]"; .ci/wheel-check builds the wheel and
+    # installs it with [spark,tensorflow-cpu,examples] into a clean venv and trains from it
+    'python3 -m pip install ".[spark,tensorflow-cpu]"': "a subset of what .ci/run installs "
+                                                        "before the tests run",
+    'python3 -m pip install ".[dask,tensorflow-cpu]"': "a subset of what .ci/run installs "
+                                                       "before the tests run",
+    'python3 -m pip install ".[tensorflow-cpu]"': "a subset of what .ci/run installs before the "
+                                                  "tests run",
+    "python3 -m pip wheel --no-deps -w dist .": ".ci/wheel-check runs these steps (in a temp dir, "
+                                               "adding [examples]) on every CI run",
+    ".ci/wheel-check": ".ci/run runs it on every CI run",
+    'pip install -e ".[spark,dask,tensorflow-cpu,dev]"\n': "the install line of .ci/run, which "
+                                                        "runs it before the tests run",
 }
 
 
