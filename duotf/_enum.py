@@ -12,4 +12,5 @@ class StrEnum(str, enum.Enum):
     Python (3.10-3.12 differ on how a str-mixin enum formats; ``enum.StrEnum`` is 3.11+)."""
 
     __str__ = str.__str__
-    __format__ = str.__format__
+    # typeshed types the unbound str.__format__ unlike Enum.__format__; the same call
+    __format__ = str.__format__  # type: ignore[assignment]

@@ -59,7 +59,8 @@ def quiet_known_notices() -> None:
             return
         present = [entry for entry in warnings.filters if _ours(entry)]
         for category, text in KNOWN_NOTICES:
-            if not any(entry[2] is category and entry[1].pattern == re.escape(text)
+            if not any(entry[2] is category and entry[1] is not None
+                       and entry[1].pattern == re.escape(text)
                        for entry in present):
                 warnings.filterwarnings("ignore", message=re.escape(text), category=category)
 
@@ -94,7 +95,9 @@ def set_verbose(on: bool = True) -> None:
         _verbose = bool(on)
         log = logging.getLogger("duotf")
         if on:
-            warnings.filters[:] = [entry for entry in warnings.filters if not _ours(entry)]
+            # typeshed types warnings.filters as a Sequence; it is the module's list
+            warnings.filters[:] = [  # type: ignore[index]
+                entry for entry in warnings.filters if not _ours(entry)]
             if _handler is None and not log.hasHandlers():
                 _handler, _level_before = _Stderr(), log.level
                 log.addHandler(_handler)

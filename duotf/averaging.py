@@ -83,8 +83,8 @@ class WeightAverager:
         self.finished = False
         self._source = variables
         self._variables: Optional[List] = None
-        self._weighted = None
-        self._mean = None
+        self._weighted: Optional[Callable] = None
+        self._mean: Optional[Callable] = None
 
     # -- the rounds ---------------------------------------------------------------------------
     def _build(self) -> None:
@@ -136,8 +136,10 @@ class WeightAverager:
 
         if self._weighted is None:
             self._build()
+        weighted = self._weighted
+        assert weighted is not None  # _build sets it
         self.rounds += 1
-        return float(self._weighted(tf.constant(1.0 if training else 0.0)))
+        return float(weighted(tf.constant(1.0 if training else 0.0)))
 
     # -- the user's calls -----------------------------------------------------------------------
     def start(self) -> None:
@@ -166,6 +168,7 @@ class WeightAverager:
             joined += 1
             if self._round(False) == 0:  # nobody trains any more: the same answer everywhere
                 break
+        assert self._mean is not None  # the rounds above built it
         self._mean()
         self.rounds += 1
         self.finished = True

@@ -25,6 +25,8 @@ arrives whole on the driver.
 
 from __future__ import annotations
 
+from typing import Any, List, Optional
+
 from duotf._enum import StrEnum
 
 __all__ = [
@@ -85,6 +87,10 @@ class UnsupportedProtocolError(ConfigError):
     Attributes: ``protocol``, ``tf_version``, ``host``.
     """
 
+    protocol: str
+    tf_version: str
+    host: str
+
 
 class BackendError(DuotfError):
     """The engine failed or refused; the engine's own error is chained as ``__cause__``."""
@@ -96,6 +102,10 @@ class InsufficientSlotsError(BackendError):
     Attributes: ``needed``, ``available``, ``backend``.
     """
 
+    needed: int
+    available: int
+    backend: str
+
 
 class ReservationTimeoutError(DuotfError, TimeoutError):
     """Not every node registered (or became ready) before ``reservation_timeout``.
@@ -103,9 +113,19 @@ class ReservationTimeoutError(DuotfError, TimeoutError):
     Attributes: ``registered``, ``expected``, ``missing`` (node ids), ``timeout``.
     """
 
+    registered: int
+    expected: int
+    missing: List[int]
+    timeout: float
+
 
 class NodeError(DuotfError):
     """One node went wrong. Attributes: ``node_id``, ``role``, ``host``, ``pid``."""
+
+    node_id: int
+    role: str
+    host: Optional[str]
+    pid: Optional[int]
 
 
 class NodeFailedError(NodeError):
@@ -115,6 +135,11 @@ class NodeFailedError(NodeError):
     ``output_tail`` (the node's last lines of stdout and stderr, at most 100, also at the end of
     the message; empty where its output does not go to the driver: ``log_to_driver``).
     """
+
+    exitcode: Optional[int]
+    remote_type: Optional[str]
+    remote_traceback: Optional[str]
+    output_tail: List[str]
 
 
 class NodeUnresponsiveError(NodeError):
@@ -135,8 +160,13 @@ class FeedError(DuotfError):
     or a node failed: a cluster run with ``max_restarts`` restarts on it (cause ``"lost"``).
     """
 
-    epoch = partition = node = rows = cause = None  # where an error does not know them
-    lost = False
+    # None where an error does not know them
+    epoch: Optional[int] = None
+    partition: Optional[int] = None
+    node: Optional[str] = None
+    rows: Optional[int] = None
+    cause: Optional[str] = None
+    lost: bool = False
 
 
 class FeedProblem(StrEnum):
@@ -171,6 +201,11 @@ class FeedSchemaError(FeedError):
     nulls, filter or pad rows, declare the column with ``ragged=[...]``, or encode the values as
     numbers), ``node`` (None). The message is one line: what is wrong, where, and the hint.
     """
+
+    column: str
+    row: int
+    problem: FeedProblem
+    hint: str
 
     def __init__(self, message: str, **attrs):
         # A problem named by its string (an error rebuilt from JSON: the JVM feed's records)
@@ -223,9 +258,19 @@ class TFRecordCorruptError(DuotfError, IOError):
     where the decompressor found the damage (``None`` where there is none); ``reason``.
     """
 
+    url: str
+    offset: int
+    record_offset: Optional[int]
+    compressed_offset: Optional[int]
+    reason: str
+
 
 class SchemaMismatchError(DuotfError, ValueError):
     """A value does not fit its column. Attributes: ``column``, ``expected``, ``value``."""
+
+    column: str
+    expected: str
+    value: Any
 
 
 class NodesStoppedError(DuotfError):
@@ -234,11 +279,16 @@ class NodesStoppedError(DuotfError):
     Attributes: ``stopped`` (role names), ``grace_secs``.
     """
 
+    stopped: List[str]
+    grace_secs: float
+
 
 class TensorBoardError(DuotfError):
     """``duotf.run(..., tensorboard=True)``: TensorBoard did not start beside the chief (not
     installed there, exited, or silent); the nodes run on. ``node``: the node that was to run
     it."""
+
+    node: str
 
 
 class ClusterClosedError(DuotfError):

@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, cast
 
 from duotf._deadline import Deadline
 from duotf.errors import (ClusterClosedError, ConfigError, DuotfError, FeedError, NodesStoppedError,
@@ -25,7 +25,7 @@ from duotf._node.agent import NodeJob, OutcomeStatus, default_log_dir, default_w
 from duotf._driver.nodelogs import NodeLogs, log_node_ids
 from duotf._driver.progress import FeedProgress, check_progress
 from duotf._transport.rendezvous import Msg
-from duotf._driver.restarts import (Restart, await_capacity, check_restart_on, failure_cause, restartable,
+from duotf._driver.restarts import (Cause, Restart, await_capacity, check_restart_on, failure_cause, restartable,
                                     resume_point)
 from duotf.spec import ClusterSpec, seconds
 from duotf._driver.nodes import TERMINAL, ClusterStatus, NodeInfo, NodeState, still_running
@@ -241,6 +241,7 @@ class Cluster:
         if node_id not in self._log_nodes:
             raise ConfigError(f"the output of {names[node_id]} does not go to the driver: run "
                               "with log_to_driver=True (or 'chief' for the chief's)")
+        assert self._logs is not None  # a node whose output goes to the driver: it has logs
         return self._logs.text(node_id)
 
     @property
@@ -386,7 +387,8 @@ class Cluster:
         while True:
             sup = self.supervisor
             if not sup.wait_for(lambda: sup.status not in live, deadline):
-                raise TimeoutError(still_running(self.nodes, timeout))
+                # (a deadline with no timeout never expires)
+                raise TimeoutError(still_running(self.nodes, cast(float, timeout)))
             self._end_bar()  # every main has ended: the last bar shows their last reports
             if sup.error is None:
                 return self._collect()
@@ -402,7 +404,7 @@ class Cluster:
         try:
             sup.raise_if_failed()
         except DuotfError as error:
-            if self._ended_by_feed(error):
+            if self._feed_error is not None and self._ended_by_feed(error):
                 raise self._feed_error from error
             raise
 
@@ -436,7 +438,8 @@ class Cluster:
             sup.close()  # its error is this restart's cause, kept in cluster.restarts
             epoch, paths = resume_point(self._checkpoints, range(len(self.nodes)))
             record = Restart(
-                attempt=self.attempt, cause=failure_cause(error), node=getattr(error, "role", None),
+                attempt=self.attempt, cause=cast(Cause, failure_cause(error)),  # restartable
+                node=getattr(error, "role", None),
                 error=str(error).splitlines()[0], failed_at=time.time() - (time.monotonic() - failed_at),
                 resume_epoch=epoch)
             self.attempt += 1
@@ -502,6 +505,7 @@ class Cluster:
         feeds the restarted nodes from the epoch they resume at."""
         from duotf._driver import planner
         call = self._feed_call
+        assert call is not None  # train() set it
         while True:
             # The last epoch's bar stays open after the feed (training goes on behind it), showing
             # the reports as they come, until wait() or shutdown has them all (_end_bar).
@@ -516,7 +520,7 @@ class Cluster:
                 # broke mid-range): a failure as a lost node's is; any other with a node's error
                 lost = exc if isinstance(exc, FeedError) and exc.lost else None
                 if lost is not None:
-                    self._feed_error = exc
+                    self._feed_error = lost
                 if (not isinstance(exc, DuotfError) or (lost is None and self.supervisor.error is None)
                         or not self._restart(lost)):
                     raise

@@ -19,12 +19,15 @@ import sys
 import threading
 import time
 import uuid
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
 
 from duotf._deadline import Deadline
 from duotf.backends.base import CheckStatus
 from duotf.errors import ConfigError, DuotfError
 from duotf.spec import ClusterSpec, parse_address, seconds
+
+if TYPE_CHECKING:  # (imported by ``import duotf``: the transport only where it runs)
+    from duotf._transport.rendezvous import Channel
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +208,7 @@ class _Exchange:
     def __init__(self, secret: bytes, host: str):
         from duotf._transport import rendezvous
         self.cond = threading.Condition()
-        self.registered: Dict[int, Tuple[object, dict]] = {}
+        self.registered: Dict[int, Tuple[Channel, dict]] = {}  # by node id: (its channel, REGISTER)
         self.done: set = set()
         self.closed: set = set()
         self.first_seen: Optional[float] = None
@@ -243,7 +246,8 @@ class _Exchange:
             while not predicate():
                 if deadline.expired:
                     return False
-                self.cond.wait(min(deadline.remaining, 1.0))
+                left = deadline.remaining
+                self.cond.wait(1.0 if left is None else min(left, 1.0))
             return True
 
     def start(self) -> None:

@@ -32,7 +32,7 @@ import shutil
 import sys
 import tempfile
 import threading
-from typing import Dict, List, Optional, Sequence
+from typing import IO, Dict, List, Optional, Sequence
 
 from duotf._node.output import BYTE_RATE, LINE_RATE
 from duotf.errors import ConfigError
@@ -109,8 +109,8 @@ class NodeLogs:
             self.directory = os.path.join(os.fspath(log_dir), job_id)
             os.makedirs(self.directory, exist_ok=True)
             self.owned = False
-        self._files: Dict[int, object] = {}
-        self._tails = [collections.deque(maxlen=TAIL_LINES) for _ in self.roles]
+        self._files: Dict[int, IO[str]] = {}
+        self._tails: List[collections.deque] = [collections.deque(maxlen=TAIL_LINES) for _ in self.roles]
         self._lock = threading.Lock()
         self._closed = False
 

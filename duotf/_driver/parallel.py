@@ -209,7 +209,8 @@ class _Runs:
     def _one(self, index: int, args) -> RunResult:
         t0 = time.monotonic()
         cluster = None
-        value = error = None
+        value = None
+        error: Optional[BaseException] = None
         # a run's failure is its outcome, in its RunResult: its cluster does not log it as an error
         reported = FAILURES_REPORTED.set(True)
         try:

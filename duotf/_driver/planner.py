@@ -95,7 +95,7 @@ def _sequenced(plan: Dict[int, List[Tuple[int, int, int]]]) -> Dict[int, List[Tu
     return out
 
 
-def _job(sup: Supervisor, targets: List[FeedTarget], mode: str, timeout: float, plan=None,
+def _job(sup: Supervisor, targets: List[FeedTarget], mode: FeedMode, timeout: float, plan=None,
          ragged: Tuple[str, ...] = ()) -> FeedJob:
     return FeedJob(
         secret=sup.secret,
@@ -179,6 +179,7 @@ def _run(sup: Supervisor, job, what: str, stoppable: bool, targets: List[FeedTar
             # The node's report says what broke; the task's error adds its data source's error
             # where that is why. Another task's error (refused, or its connection to a node
             # that died meanwhile) is a consequence, not the cause.
+            assert failure is not None  # a stopped feed job that did not end: a node reported why
             same = broken.cause is not None and broken.partition == failure[1].get("partition")
             raise _failure_error(what, failure, broken.cause if same else None, same) from broken
         # the job's own error, unless it is only our cancellation of it
@@ -211,7 +212,8 @@ def _failed(sup: Supervisor, what: str, feed: FeedJob, exc: BaseException, job=N
     if failure is not None:  # what broke, with the task's error where it says why (as above)
         same = (isinstance(exc, FeedError) and exc.cause is not None
                 and exc.partition == failure[1].get("partition"))
-        cause = exc.cause if same else None if isinstance(exc, FeedError) else _cause(exc)
+        cause = (exc.cause if same and isinstance(exc, FeedError)
+                 else None if isinstance(exc, FeedError) else _cause(exc))
         raise _failure_error(what, failure, cause, same) from exc
     if isinstance(exc, FeedError):
         target = next((t for t in sup.feed_targets() if t.label == exc.node), None)

@@ -29,7 +29,7 @@ import importlib.util
 import logging
 import sys
 import threading
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from duotf.errors import ConfigError
 
@@ -118,7 +118,7 @@ class FeedProgress:
         self._linger = linger
         self._finished = False  # the open bar's epoch was fed to its end
         self._lock = threading.Lock()
-        self._bar = None
+        self._bar: Any = None  # the open tqdm bar
         self._parts: Dict[int, int] = {}
         #: ``(description, rows, total)`` of every bar closed, for those who check (tests)
         self.closed: list = []

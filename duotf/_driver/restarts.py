@@ -41,7 +41,7 @@ class Cause(str, enum.Enum):
 
     # the plain value in str(), f-strings and log lines, on every Python
     __str__ = str.__str__
-    __format__ = str.__format__
+    __format__ = str.__format__  # type: ignore[assignment]  # as in duotf._enum
 
 
 #: every cause of a node failure, as :attr:`Restart.cause` names it
@@ -121,7 +121,7 @@ def restartable(error: BaseException, causes: FrozenSet[Cause], names: Tuple[str
     return cause in causes
 
 
-def resume_point(reports: Dict[int, Dict[int, str]], nodes: Iterable[int]
+def resume_point(reports: Dict[int, Dict[int, Optional[str]]], nodes: Iterable[int]
                  ) -> Tuple[int, Dict[int, Optional[str]]]:
     """``(epoch, {node id: checkpoint path})``: where the next attempt resumes.
 

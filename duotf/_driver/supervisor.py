@@ -19,7 +19,7 @@ import contextvars
 import logging
 import threading
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple, cast
 
 from duotf._deadline import Deadline
 from duotf._driver import failures
@@ -214,7 +214,9 @@ class Supervisor:
         missing = [n.describe() for n in targets if n.feed_port is None]
         if missing:
             raise ClusterClosedError(f"no feed port known for {', '.join(missing)}")
-        return [FeedTarget(n.node_id, n.describe(), (n.host, n.feed_port)) for n in targets]
+        # registered nodes: each host is known, and each feed port (checked above)
+        return [FeedTarget(n.node_id, n.describe(), (cast(str, n.host), cast(int, n.feed_port)))
+                for n in targets]
 
     def feed_terminated(self) -> bool:
         """True once a node called ``feed.terminate()``."""

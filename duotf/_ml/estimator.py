@@ -48,7 +48,7 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple, cast
 
 from duotf.errors import ConfigError, InsufficientSlotsError
 
@@ -525,7 +525,7 @@ def fit(config: FitConfig, backend, key: int, data, feed_slots: int,
     if config.modelFn is not None:
         main: Callable = keras_main
     else:
-        main = config.trainFn
+        main = cast(Callable, config.trainFn)  # the config checks one of the two is given
     spec, (reservation_timeout, _, _) = check_run_arguments(
         main, ClusterSpec(workers=config.numWorkers, ps=config.numPs))
     what = f"numWorkers={config.numWorkers}" + (f" + numPs={config.numPs}" if config.numPs else "")

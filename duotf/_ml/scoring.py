@@ -29,7 +29,7 @@ import shutil
 import tempfile
 import threading
 import uuid
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
@@ -117,7 +117,7 @@ class TensorInfo:
         """Values per row, where the shape is fully known."""
         if self.shape is None or any(d is None for d in self.shape):
             return None
-        return int(np.prod(self.shape, dtype=np.int64))
+        return int(np.prod(cast(Tuple[int, ...], self.shape), dtype=np.int64))  # each known
 
 
 def _info(name, dtype, shape) -> TensorInfo:
@@ -267,6 +267,7 @@ def _load(source: ModelSource) -> Model:
     from duotf.io.files import filesystem
 
     url = source.url
+    assert url is not None  # a source with no loader names a URL
     kind = _kind(url)
     fs, path = filesystem(url)
     local = path
@@ -489,7 +490,7 @@ def _model_inputs(model: Model, plan: Plan, cols: Dict[str, np.ndarray]) -> List
     return out
 
 
-def score_columns(plan: Plan, cols: Dict[str, np.ndarray], model: Optional[Model] = None
+def score_columns(plan: Plan, cols: Dict[str, Any], model: Optional[Model] = None
                   ) -> Dict[str, np.ndarray]:
     """Predictions ``{output column: array}`` for decoded input ``cols``, in batches of
     ``plan.batch_size`` rows; one row out for every row in, in order. ``model``: the plan's,
@@ -528,7 +529,8 @@ def _decode(batch, plan: Plan, model: Model) -> Dict[str, object]:
 
     from duotf._transport.columns import from_arrow
 
-    tensors = {c: (dtype, tuple(shape)) for c, dtype, shape in plan.tensors}
+    tensors: Dict[str, Tuple[str, Optional[tuple]]] = {
+        c: (dtype, tuple(shape)) for c, dtype, shape in plan.tensors}
     inputs = model.inputs or []
     for i, name in enumerate(plan.columns):
         if name in tensors or name not in batch.schema.names:
@@ -572,7 +574,7 @@ def _refused(exc, labels: Mapping[str, str], partition, offset: int):
 
 def score_arrow(plan: Plan, batch, partition=None, offset: int = 0,
                 labels: Optional[Mapping[str, str]] = None, model: Optional[Model] = None
-                ) -> List[object]:
+                ) -> List[Any]:
     """The output columns (Arrow arrays, in ``plan.outputs`` order) for an Arrow record batch
     holding at least the plan's input columns. A null or a ragged row is a
     :class:`~duotf.FeedSchemaError` naming the column (as ``labels`` names it), the

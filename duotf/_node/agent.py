@@ -238,9 +238,11 @@ class _Agent:
             self.events.put(("child",) + tuple(message))
 
     def _read_driver(self) -> None:
+        channel = self.channel
+        assert channel is not None  # run() connects before it starts this thread
         while True:
             try:
-                message = self.channel.recv()
+                message = channel.recv()
             except rendezvous.ProtocolError as exc:
                 logger.warning("node %d: closing the connection to the driver: %s", self.node_id, exc)
                 self.events.put(("driver-eof", exc))
@@ -251,6 +253,7 @@ class _Agent:
             self.events.put(("driver", message))
 
     def _send(self, type_: Msg, **fields) -> None:
+        assert self.channel is not None  # run() connects before anything is sent
         try:
             self.channel.send({"type": type_, "node_id": self.node_id, **fields})
         except OSError as exc:
@@ -258,6 +261,7 @@ class _Agent:
 
     def _send_output(self, lines, dropped: int) -> None:
         """The output relay's way to the driver (its sender thread; raises when it is gone)."""
+        assert self.channel is not None  # run() connects before the node process starts
         self.channel.send({"type": Msg.LOG, "node_id": self.node_id, "lines": lines,
                            "dropped": dropped})
 
@@ -268,6 +272,7 @@ class _Agent:
             logger.debug("node %d: output still open after %.1f s", self.node_id, timeout)
 
     def _to_child(self, *message) -> None:
+        assert self.child_tx is not None  # _spawn sets it before any message goes to the child
         try:
             self.child_tx.send(message)
         except OSError:
@@ -314,7 +319,7 @@ class _Agent:
                 os.close(out_w)
         os.close(c_rx)
         os.close(c_tx)
-        if captured:
+        if out_r is not None:  # captured
             self.output = OutputRelay(out_r, self._send_output, hide=tf_noise(env))
         self.child_tx = Connection(a_tx, readable=False, writable=True)
         workdir = node_workdir(job.workdir_root, self.node_id)
@@ -384,6 +389,7 @@ class _Agent:
             # The address the driver reached us from is the one the other nodes can use too.
             host = self.channel.sock.getsockname()[0]
             self._spawn(reservation)
+            assert self.proc is not None  # _spawn started it
             reservation.close()  # the node process's copy keeps the port (see _spawn)
             self._send(
                 Msg.REGISTER,
@@ -470,6 +476,7 @@ class _Agent:
                 if not child_open:
                     continue
                 child_open = False
+                assert self.proc is not None  # a child-eof comes from a started process
                 code = self.proc.wait()
                 self._drain_output(_OUTPUT_GRACE)
                 if self.result is not None:  # main returned; how the process ended after is moot

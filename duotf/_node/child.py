@@ -321,7 +321,7 @@ def main(argv) -> ChildExit:
     if job.output_captured:
         # fd 1 is a pipe to the agent: a line reaches the driver when it is printed, not when
         # a block buffer fills (stderr is line-buffered already)
-        sys.stdout.reconfigure(line_buffering=True)
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # a TextIOWrapper
     inbox: list = []
     arrived = threading.Condition()
     feed, reporter = _start_threads(link, job, inbox, arrived)

@@ -204,7 +204,8 @@ class OutputRelay:
                         if tail_dropped:
                             self._try_send([], tail_dropped)
                         return
-                    batch, dropped, size = [], 0, 0
+                    batch: List[str] = []
+                    dropped, size = 0, 0
                     while self._queue and len(batch) < BATCH_LINES and size < BATCH_BYTES:
                         line, before = self._queue.popleft()
                         if before and batch:  # a gap: the count goes out ahead of this line

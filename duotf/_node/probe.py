@@ -36,7 +36,7 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from duotf._transport import rendezvous
-from duotf._node.agent import NodeOutcome, node_environment
+from duotf._node.agent import NodeOutcome, OutcomeStatus, node_environment
 from duotf._transport.rendezvous import Msg
 
 #: seconds a probe's connection to one address may take before it counts as unreachable
@@ -135,7 +135,7 @@ def run_probe(job: ProbeJob, node_id: int, executor_id: str = "", attempt: int =
     report["lead"] = lead
     if lead:
         report["node"] = _node_checks(job, node_id)
-    return NodeOutcome(node_id, "done", json.dumps(report).encode())
+    return NodeOutcome(node_id, OutcomeStatus.DONE, json.dumps(report).encode())
 
 
 def fs_folder(job: ProbeJob) -> str:

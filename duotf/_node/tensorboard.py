@@ -68,15 +68,17 @@ class TensorBoard:
     def _read(self) -> None:
         """Wait for the line that says it serves; then keep its pipe drained (a full pipe
         would stall it)."""
-        tail = collections.deque(maxlen=_TAIL)
-        for raw in self.proc.stdout:
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None  # start() runs this thread after Popen
+        tail: collections.deque = collections.deque(maxlen=_TAIL)
+        for raw in proc.stdout:
             line = raw.decode(errors="replace").rstrip()
             found = _SERVING.search(line)
             if found and not self._reported:
                 self._say({"port": int(found.group(1))})
             elif not self._reported:
                 tail.append(line)
-        code = self.proc.wait()
+        code = proc.wait()
         self._say({"error": f"TensorBoard exited with code {code} before it served:\n"
                             + "\n".join(tail)})
 
@@ -94,4 +96,5 @@ class TensorBoard:
                 proc.wait()
         if self._thread is not None:
             self._thread.join(timeout)
-        proc.stdout.close()
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -7,13 +7,14 @@ import itertools
 import operator
 import os
 import re
-from typing import Collection, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Collection, Dict, Iterable, Iterator, List, Optional, Tuple, cast
 
 import numpy as np
 
 from duotf.errors import ConfigError, FeedProblem, FeedSchemaError, feed_schema_error
 
-Columns = Dict[str, object]
+#: a batch's columns by name: numpy arrays, RaggedColumns, or lists (of strings, of bytes)
+Columns = Dict[str, Any]
 
 
 def num_rows(cols: Columns) -> int:
@@ -27,7 +28,7 @@ def slice_cols(cols: Columns, start: int, stop: int) -> Columns:
 def concat_cols(parts: List[Columns]) -> Columns:
     if len(parts) == 1:
         return parts[0]
-    out = {}
+    out: Columns = {}
     for key in parts[0]:
         values = [p[key] for p in parts]
         if isinstance(values[0], np.ndarray):
@@ -199,7 +200,7 @@ def _numpy_kind(arr: np.ndarray) -> str:
     return f"{type(first).__name__} values" if first is not None else f"{arr.dtype} values"
 
 
-def _arrow_kind(value_type) -> str:
+def _arrow_kind(value_type) -> Optional[str]:
     """What an Arrow list's values are, in words, where they are not numbers; None where they are."""
     import pyarrow as pa
 
@@ -241,7 +242,7 @@ def _uneven(name: str, values: list) -> FeedSchemaError:
                 "the rows before it hold arrays", "give every row of an array column an array of "
                 "numbers (a missing value: drop or fill it)")
         if length != lengths[0]:
-            return _ragged(name, row, length, lengths[0])
+            return _ragged(name, row, length, cast(int, lengths[0]))  # row 0 holds an array
     return _inner_ragged(name, values)
 
 
@@ -466,7 +467,7 @@ def _list_column(name: str, column, ragged: Collection[str]):
     if VALIDATE and column.null_count:
         raise _null(name, _first_true(column.is_null().to_numpy(zero_copy_only=False)))
     fixed = pa.types.is_fixed_size_list(column.type)
-    offsets = None
+    offsets: Any = None  # an int32 or int64 array, for a list column of rows
     if not fixed and n:
         # the offsets buffer as it lies (the slice's n + 1 of them), without a pyarrow array
         kind = np.int64 if pa.types.is_large_list(column.type) else np.int32
@@ -502,7 +503,8 @@ def _list_column(name: str, column, ragged: Collection[str]):
     return values.reshape(n, width)
 
 
-def from_arrow(batch, tensors: Dict[str, tuple] = None, ragged: Collection[str] = ()) -> Columns:
+def from_arrow(batch, tensors: Optional[Dict[str, Tuple[str, Optional[tuple]]]] = None,
+               ragged: Collection[str] = ()) -> Columns:
     """An Arrow record batch's columns: list columns as 2-D arrays (RaggedColumn for those in
     ``ragged``), tensor columns (``tensors``) as their shape. Nulls are refused."""
     import pyarrow as pa

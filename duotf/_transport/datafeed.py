@@ -10,7 +10,7 @@ import collections
 import difflib
 import logging
 import queue
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, cast
 
 import numpy as np
 
@@ -90,7 +90,7 @@ class DataFeed:
         # input_mapping is checked against the first frame's columns (the feed's schema: the
         # driver never sees the mapping), and its error raised again on every later read
         self._mapping_checked = self.input_mapping is None
-        self._mapping_error = None
+        self._mapping_error: Optional[Exception] = None
 
     # -- reading ------------------------------------------------------------------------------
     def _raise_failure(self) -> None:
@@ -135,7 +135,7 @@ class DataFeed:
         """Raise :class:`~duotf.errors.ConfigError` when a key of ``input_mapping`` names no
         column of ``cols`` (a typo would otherwise drop that column from every batch)."""
         columns = list(cols)
-        missing = [key for key in self.input_mapping if key not in cols]
+        missing = [key for key in self.input_mapping or {} if key not in cols]
         self._mapping_checked = True
         if not missing:
             return
@@ -152,7 +152,7 @@ class DataFeed:
 
     def _consume(self, k: int) -> Columns:
         """The next ``k`` rows of the current frame (a view, no copy)."""
-        cols = slice_cols(self._current, self._offset, self._offset + k)
+        cols = slice_cols(cast(Columns, self._current), self._offset, self._offset + k)  # _fill set it
         self._offset += k
         if not self.train:
             if self._owed and self._owed[-1][0] is self._current_conn:
@@ -170,7 +170,7 @@ class DataFeed:
         """Up to ``n`` rows, never across an epoch's end: None once the data ended;
         ``Marker.EPOCH`` with ``stop_at_epoch`` when an epoch ends before any row (otherwise
         the next epoch's rows). ``self._epoch_cut`` tells whether the rows end their epoch."""
-        parts = []
+        parts: List[Columns] = []
         self._epoch_cut = False
         # Inference returns a short batch rather than wait for rows that may only come after
         # the results of the rows already taken (the feeding task waits for those).
@@ -185,7 +185,7 @@ class DataFeed:
                 continue
             if not status:
                 break
-            k = min(n, num_rows(self._current) - self._offset)
+            k = min(n, num_rows(cast(Columns, self._current)) - self._offset)  # _fill set it
             parts.append(self._consume(k))
             n -= k
         if not parts:
@@ -204,7 +204,7 @@ class DataFeed:
             status = self._fill()
         if not status:
             return None
-        available = num_rows(self._current) - self._offset
+        available = num_rows(cast(Columns, self._current)) - self._offset  # _fill set it
         if available < batch_size:
             return self._take(batch_size, stop_at_epoch)
         k = min(max_rows, available) // batch_size * batch_size

@@ -47,7 +47,8 @@ class FeedJob:
     labels: List[str]  # "worker:1 on host" per target, for errors
     mode: FeedMode
     timeout: float
-    plan: Optional[Dict[int, List[Tuple[int, int, int]]]] = None  # train: partition -> ranges
+    #: train: partition -> its ranges, each (target, start row, stop row, seq in the target's order)
+    plan: Optional[Dict[int, List[Tuple[int, int, int, int]]]] = None
     ragged: Tuple[str, ...] = ()  # columns declared ragged: delivered as RaggedColumn
     job_id: str = ""  # the cluster's job id, for what the engine's UI shows
     epoch: Optional[int] = None  # train: the epoch (from 1) this engine job feeds, of ``epochs``
@@ -283,6 +284,7 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
     Each range goes on a connection of its own that first says the range's place in its node's
     order (``seq``), and ends as soon as the range is sent, so the node can go on with its next
     range while this task feeds another node."""
+    assert job.plan is not None  # a training feed has a plan
     ranges = job.plan.get(pid, [])
     conns: Dict[int, _Target] = {}
     target = ranges[0][0] if ranges else 0
@@ -388,6 +390,7 @@ def pass_turn(job: FeedJob, pid: int) -> None:
     """Give up partition ``pid``'s places in its nodes' order without sending a row, so the
     ranges after it are not held up (its rows come later, out of order: a feed_cache file lost
     with its executor, fed again from the DataFrame)."""
+    assert job.plan is not None  # a training feed has a plan
     for target, _, _, seq in job.plan.get(pid, []):
         conn = None
         try:

@@ -209,7 +209,7 @@ class Gate:
                     elif key.data is _WAKE:
                         self._drain_wake()
                     elif self._pending.get(key.fd) is key.data:  # not one closed meanwhile
-                        self._read(key.data)
+                        self._read(self._pending[key.fd])
                 if accept:
                     self._accept()
                 now = time.monotonic()
@@ -235,8 +235,8 @@ class Gate:
         wakeups = [self._log.due(), self._paused_until]
         if self._pending:
             wakeups.append(next(iter(self._pending.values())).deadline.expires_at)
-        wakeups = [w for w in wakeups if w is not None]
-        return max(min(wakeups) - time.monotonic(), 0.0) if wakeups else None
+        due = [w for w in wakeups if w is not None]
+        return max(min(due) - time.monotonic(), 0.0) if due else None
 
     def _drain_wake(self) -> None:
         try:
@@ -324,7 +324,8 @@ class Gate:
     def _expire(self, now: float) -> None:
         while self._pending:
             oldest = next(iter(self._pending.values()))
-            if oldest.deadline.expires_at > now:
+            expires_at = oldest.deadline.expires_at
+            if expires_at is None or expires_at > now:  # (a pending connection's never is None)
                 return
             self._refuse(oldest, Refusal.TIMED_OUT)
 

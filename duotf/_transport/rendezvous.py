@@ -168,7 +168,7 @@ def connect(
     while True:
         sock = None
         try:
-            remaining = max(deadline.remaining, 0.1)
+            remaining = max(deadline.remaining or 0.0, 0.1)  # (a bounded deadline: never None)
             sock = socket.create_connection(address, timeout=min(remaining, 10.0))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
@@ -187,7 +187,7 @@ def connect(
             if sock is not None:
                 sock.close()
             last_exc = exc
-            if deadline.remaining < delay:  # no time left for another try
+            if (deadline.remaining or 0.0) < delay:  # no time left for another try
                 raise ConnectionError(
                     f"could not reach the duotf driver at {address[0]}:{address[1]} within "
                     f"{timeout:.0f} s; is the driver host reachable from the executors "

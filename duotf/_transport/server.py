@@ -19,7 +19,7 @@ import queue
 import socket
 import threading
 import weakref
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -135,7 +135,7 @@ class _Order:
                 if seq in self._delivered:
                     return self.DELIVERED, self._delivered[seq]
                 if self.failure is not None:
-                    return self.REFUSED, self._refusal(seq)
+                    return self.REFUSED, self._refusal(seq, self.failure)
                 if self._terminated.is_set():
                     return self.TURN, None
                 if self._next == seq and self._holder is None:
@@ -147,8 +147,7 @@ class _Order:
                     return self.WAIT, None
                 self._cond.wait(deadline.remaining)
 
-    def _refusal(self, seq: int) -> str:
-        failure = self.failure
+    def _refusal(self, seq: int, failure: dict) -> str:
         if seq in self._partial:
             return (f"the engine retried the task feeding partition {failure['partition']} of "
                     f"epoch {failure['epoch']} after its first attempt died having delivered "
@@ -393,7 +392,7 @@ class FeedServer:
         mapped = mmap.mmap(fd, offset + length - start, flags=mmap.MAP_SHARED | _MAP_POPULATE,
                            prot=mmap.PROT_READ, offset=start)
         frame_header, cols = wire.unpack_frame(memoryview(mapped)[offset - start:])
-        rows = frame_header.get("rows")
+        rows: Any = frame_header.get("rows")  # a JSON value, checked below
         if rows != header.get("rows"):
             raise wire.FeedProtocolError(f"{path}: frame at {offset} is not the one announced")
         if "start" in header:  # only some of its rows (a range of the plan splits the frame)
@@ -450,7 +449,9 @@ class FeedServer:
     def _map_slot(self, header: dict):
         """A frame in a ring's slot: its columns are views of the shared pages (the ring is
         mapped once), and the slot is announced free once nothing refers to them any more."""
-        name, slot, length = header.get("ring"), header.get("slot"), header.get("length")
+        # JSON values, checked below (a name that names no ring finds none)
+        name: Any = header.get("ring")
+        slot, length = header.get("slot"), header.get("length")
         with self._rings_lock:
             ring = self._rings.get(name)
             if ring is None or not isinstance(slot, int) or not 0 <= slot < ring.slots \

@@ -97,7 +97,7 @@ class Ring:
                 return slot
         return None
 
-    def put(self, parts: List[memoryview], size: int, wait_free: Callable[[], None]) -> int:
+    def put(self, parts: List[memoryview], size: int, wait_free: Callable[[], object]) -> int:
         """Copy a frame (its buffers, ``size`` bytes in all) into a free slot; return the slot.
         ``wait_free`` reads the node's next message (a "free") when every slot is held."""
         slot = self._free_slot()
@@ -196,7 +196,7 @@ def slot_bytes_for(frame_bytes: int) -> int:
 
 
 def attach(sock: socket.socket, address, secret: bytes, frame_bytes: int,
-           reply: Callable[[str], dict], send: Callable[..., None]) -> Optional[Ring]:
+           reply: Callable[..., dict], send: Callable[..., None]) -> Optional[Ring]:
     """A ring shared with the node at the other end of ``sock``, or None where there can be
     none (another host, no ``/dev/shm``, or the node could not open it)."""
     key = _key(address, secret)

@@ -29,13 +29,13 @@ import random
 import socket
 import struct
 import time
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import IO, Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from duotf._deadline import Deadline
 from duotf._transport import gate
-from duotf._transport.columns import RaggedColumn
+from duotf._transport.columns import Columns, RaggedColumn
 
 MAGIC = b"DFEED1"
 DOMAIN = b"duotf-feed"  # what a client's proof covers with the nonce (see duotf._transport.gate)
@@ -96,7 +96,7 @@ class UnknownFrameError(FeedProtocolError):
     """A frame of a kind (or a marker) that this end of the connection does not take."""
 
 
-_FRAMES = {kind.value: kind for kind in Frame}
+_FRAMES: Dict[Any, Frame] = {kind.value: kind for kind in Frame}
 
 
 def frame_kind(header: dict) -> Frame:
@@ -184,7 +184,7 @@ def connect(address: Tuple[str, int], secret: bytes, timeout: float) -> socket.s
             raise
         except OSError:
             sock.close()
-            if deadline.remaining < delay:  # no time left for another try
+            if (deadline.remaining or 0.0) < delay:  # no time left for another try (bounded)
                 raise
         time.sleep(delay * (0.5 + random.random()))
         delay = min(delay * 2, 1.0)
@@ -230,7 +230,7 @@ def _padding(n: int) -> int:
     return -n % ALIGN
 
 
-def _encode(kind: Frame, columns: Dict[str, object] = None, **fields) -> List[memoryview]:
+def _encode(kind: Frame, columns: Optional[Columns] = None, **fields) -> List[memoryview]:
     """The frame as a list of buffers to send in order: the header, then each column buffer
     followed by its padding (the column buffers are views, not copies)."""
     header = {"t": kind, **fields}
@@ -255,7 +255,9 @@ def _encode(kind: Frame, columns: Dict[str, object] = None, **fields) -> List[me
     for buf in buffers:
         if not len(buf) or (isinstance(buf, np.ndarray) and not buf.nbytes):
             continue
-        view = memoryview(buf).cast("B") if isinstance(buf, np.ndarray) else memoryview(buf)
+        # numpy's stubs make an ndarray a Buffer on Python 3.12+ only; it is one on every Python
+        view = (memoryview(buf).cast("B")  # type: ignore[arg-type]
+                if isinstance(buf, np.ndarray) else memoryview(buf))
         parts.append(view)
         if _padding(len(view)):
             parts.append(_ZEROS[:_padding(len(view))])
@@ -275,7 +277,7 @@ def _send_all(sock: socket.socket, parts: List[memoryview]) -> None:
             parts[0] = parts[0][sent:]
 
 
-def send_frame(sock: socket.socket, kind: Frame, columns: Dict[str, object] = None, **fields) -> None:
+def send_frame(sock: socket.socket, kind: Frame, columns: Optional[Columns] = None, **fields) -> None:
     _send_all(sock, _encode(kind, columns, **fields))
 
 
@@ -294,7 +296,7 @@ class FileFrame(NamedTuple):
     """A packed "batch" frame stored in an open file, at ``offset`` (see :func:`pack_frame`)."""
 
     rows: int
-    file: object  # a binary file object
+    file: IO[bytes]  # a binary file object
     offset: int
     length: int
 
@@ -331,7 +333,8 @@ def probe_file(sock: socket.socket, path: str, reply=None) -> bool:
 
 def send_file_ref(sock: socket.socket, ref: FileRef, start: int = 0, stop: Optional[int] = None) -> None:
     """A "file" frame naming ``ref``; ``start``/``stop``: only those rows of it."""
-    fields = {} if start == 0 and stop in (None, ref.rows) else {"start": start, "stop": stop}
+    fields: Dict[str, Any] = ({} if start == 0 and stop in (None, ref.rows)
+                              else {"start": start, "stop": stop})
     send_frame(sock, Frame.FILE, path=ref.path, offset=ref.offset, length=ref.length,
                rows=ref.rows, **fields)
 
@@ -365,7 +368,7 @@ def send_packed(sock: socket.socket, frame, local: bool = False) -> None:
         sock.sendall(frame.data)
 
 
-def pack_frame(columns: Dict[str, object]) -> bytes:
+def pack_frame(columns: Columns) -> bytes:
     """A "batch" frame as one bytes object, to keep (e.g. cached in Spark) and send as it is."""
     return b"".join(_encode(Frame.BATCH, columns))
 
@@ -393,14 +396,16 @@ def _layout(header: dict) -> Tuple[list, int]:
     """Where each announced column lies in the frame's body, and the body's size; the header's
     column list is checked first, so nothing is allocated for a malformed one."""
     rows = header.get("rows", 0)
-    layout, pos = [], 0
+    #: (name, kind, dtype (None: bytes or str), tail, nbytes, position) of each column
+    layout: List[Tuple[str, str, Optional[np.dtype], list, int, int]] = []
+    pos = 0
     for name, kind, dtype, tail, nbytes in header.get("cols", []):
         if kind == "nd":
             layout.append((name, kind, _nd_dtype(name, dtype, rows, tail, nbytes), tail, nbytes, pos))
             pos += nbytes + _padding(nbytes)
         elif kind in ("bytes", "str", "ragged"):
             offsets = 8 * (rows + 1)
-            dt = None
+            dt: Optional[np.dtype] = None
             if kind == "ragged":
                 dt = np.dtype(dtype)
                 if dt.kind not in "biuf" or tail or nbytes % dt.itemsize:
@@ -412,10 +417,10 @@ def _layout(header: dict) -> Tuple[list, int]:
     return layout, pos
 
 
-def _columns(header: dict, layout: list, body) -> Dict[str, object]:
+def _columns(header: dict, layout: list, body) -> Columns:
     """The columns of a frame's body: numeric ones are views of ``body``."""
     rows = header.get("rows", 0)
-    columns: Dict[str, object] = {}
+    columns: Columns = {}
     for name, kind, dt, tail, nbytes, pos in layout:
         if kind == "nd":
             columns[name] = np.frombuffer(body, dt, count=nbytes // max(dt.itemsize, 1),
@@ -435,7 +440,7 @@ def _columns(header: dict, layout: list, body) -> Dict[str, object]:
     return columns
 
 
-def unpack_frame(data) -> Tuple[dict, Dict[str, object]]:
+def unpack_frame(data) -> Tuple[dict, Columns]:
     """The header and columns of a packed frame; numeric columns are views of ``data``."""
     view = memoryview(data).cast("B")
     (length,) = _LEN.unpack(view[:_LEN.size])
@@ -450,7 +455,7 @@ def unpack_frame(data) -> Tuple[dict, Dict[str, object]]:
     return header, _columns(header, layout, body)
 
 
-def recv_frame(sock: socket.socket) -> Tuple[dict, Dict[str, object]]:
+def recv_frame(sock: socket.socket) -> Tuple[dict, Columns]:
     """The next frame: its header, and its columns, all received with one ``recv_into`` into a
     new aligned buffer (numeric columns are views of it)."""
     (length,) = _LEN.unpack(recv_exact(sock, _LEN.size))
@@ -464,5 +469,5 @@ def recv_frame(sock: socket.socket) -> Tuple[dict, Dict[str, object]]:
     if not size:
         return header, _columns(header, layout, b"")
     body = aligned_buffer(size)
-    _recv_into(sock, memoryview(body))
+    _recv_into(sock, memoryview(body))  # type: ignore[arg-type]  # (see _encode)
     return header, _columns(header, layout, body)

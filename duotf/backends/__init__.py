@@ -116,7 +116,8 @@ def resolve_backend(backend) -> Tuple[Backend, bool]:
             logger.debug("duotf: backend %r not considered: %s", name, exc)
             continue
         if cls.accepts(backend):
-            return cls(backend), False
+            # each backend class takes its engine's handle; the base declares no constructor
+            return cls(backend), False  # type: ignore[call-arg]
     raise ConfigError(
         f"cannot run on {type(backend).__name__}: pass a SparkSession, SparkContext, "
         f"distributed.Client, a duotf Backend, or one of {', '.join(sorted(known_backends))}"

@@ -100,7 +100,7 @@ class ThreadJob(EngineJob):
         finally:
             self._finished.set()
             with self._lock:
-                callbacks, self._callbacks = self._callbacks, None
+                callbacks, self._callbacks = self._callbacks or [], None
             for fn in callbacks:
                 fn()
 

@@ -5,7 +5,7 @@ Streaming query).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Dict, Sequence
 
 __all__ = ["feed_stream"]
 
@@ -40,7 +40,7 @@ def feed_stream(cluster, futures, *, feed_timeout: float = 600.0, balance: bool 
 
     arrived = as_completed()  # the futures of the iterable, handed out as they complete
     cond = threading.Condition()
-    state = {"added": 0, "end": False, "error": None}
+    state: Dict[str, Any] = {"added": 0, "end": False, "error": None}
 
     def watch():  # the iterable may block (a generator waiting for data): its own thread
         try:

@@ -27,7 +27,7 @@ the kind its empty lists were written with, float where they name none).
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, List, Optional
+from typing import Dict, Iterable, Iterator, List, Optional, Union
 
 from duotf.errors import ConfigError
 from duotf.io.example import (Field, Schema, example_to_row, infer_schema, is_null, numpy_kind, row_to_example)
@@ -77,7 +77,7 @@ def read_rows(url: str, schema: Schema, compression: Optional[str] = "infer",
     return list(iter_rows(url, schema, compression, skip_corrupt, storage_options))
 
 
-def infer_tfrecord_schema(urls, limit: Optional[int] = 1000, bytes_as: str = "bytes",
+def infer_tfrecord_schema(urls, limit: Optional[int] = 1000, bytes_as: Union[str, Dict[str, str]] = "bytes",
                           compression: Optional[str] = "infer",
                           storage_options: Optional[dict] = None) -> Schema:
     """Infer a schema from up to ``limit`` records, taken across the files in turn."""
@@ -167,7 +167,7 @@ def _spark_converter(schema, struct):
     return convert
 
 
-def tfrecords_to_spark(spark, urls, *, schema=None, bytes_as: str = "bytes",
+def tfrecords_to_spark(spark, urls, *, schema=None, bytes_as: Union[str, Dict[str, str]] = "bytes",
                        infer_limit: Optional[int] = 1000, compression: Optional[str] = "infer",
                        skip_corrupt: bool = False, storage_options: Optional[dict] = None):
     """Read TFRecord files of Examples as a Spark DataFrame (one partition per file).
@@ -267,7 +267,7 @@ def dask_to_tfrecords(ddf, url: str, *, compression: Optional[str] = None, mode:
     return sorted(dask.compute(*tasks))
 
 
-def tfrecords_to_dask(urls, *, schema: Optional[Schema] = None, bytes_as: str = "bytes",
+def tfrecords_to_dask(urls, *, schema: Optional[Schema] = None, bytes_as: Union[str, Dict[str, str]] = "bytes",
                       infer_limit: Optional[int] = 1000, compression: Optional[str] = "infer",
                       skip_corrupt: bool = False, storage_options: Optional[dict] = None):
     """Read TFRecord files of Examples as a Dask DataFrame (one partition per file)."""

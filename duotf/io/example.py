@@ -23,7 +23,7 @@ reads as an empty list. A null inside a list has no TFRecord form and is refused
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
 
 from duotf.errors import SchemaMismatchError
 
@@ -105,7 +105,7 @@ def decode_example(data: bytes) -> Dict[str, tuple]:
     a feature that holds no list at all)."""
     example = _example_classes()()
     example.ParseFromString(data)
-    out = {}
+    out: Dict[str, tuple] = {}
     for name, feature in example.features.feature.items():
         which = feature.WhichOneof("kind")
         if which is None:
@@ -182,7 +182,7 @@ def row_to_example(row: Dict[str, Any], schema: Schema) -> bytes:
     """Serialize one row (a mapping) as an Example; a null omits the feature."""
     features = {}
     for field in schema:
-        v = row.get(field.name)
+        v: Any = row.get(field.name)
         if is_null(v) or field.kind in ("string", "bytes") and isinstance(v, float) and v != v:
             # pandas' str dtype spells a missing string as NaN, which no text column can hold
             if not field.nullable:
@@ -201,7 +201,7 @@ def row_to_example(row: Dict[str, Any], schema: Schema) -> bytes:
 def example_to_row(data: bytes, schema: Schema) -> Dict[str, Any]:
     """One row from a serialized Example, shaped by ``schema``."""
     decoded = decode_example(data)
-    row = {}
+    row: Dict[str, Any] = {}
     for field in schema:
         got = decoded.get(field.name)
         if got is None:
@@ -230,13 +230,13 @@ def example_to_row(data: bytes, schema: Schema) -> Dict[str, Any]:
 
 
 def infer_schema(records: Iterable[bytes], limit: Optional[int] = 1000,
-                 bytes_as: str = "bytes") -> Schema:
+                 bytes_as: Union[str, Dict[str, str]] = "bytes") -> Schema:
     """Infer a schema from up to ``limit`` serialized Examples (all when None).
 
     ``bytes_as``: "bytes" (binary columns), "string" (UTF-8 text columns), or a mapping of
     column name to either (columns not named stay binary).
     """
-    per_column = dict(bytes_as) if isinstance(bytes_as, dict) else {}
+    per_column: Dict[str, str] = dict(bytes_as) if isinstance(bytes_as, dict) else {}
     default = "bytes" if per_column else bytes_as
     for value in list(per_column.values()) + [default]:
         if value not in ("bytes", "string"):

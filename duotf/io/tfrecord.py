@@ -22,7 +22,7 @@ import logging
 import os
 import struct
 import zlib
-from typing import BinaryIO, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, BinaryIO, Iterable, Iterator, List, Optional, Tuple
 
 import crc32c as _crc32c
 
@@ -432,6 +432,7 @@ class TFRecordWriter:
         self.url = url
         self.compression = resolve_compression(compression, url)
         self._raw = _open(url, "wb", storage_options).__enter__()
+        self._stream: Any  # a GzipFile, a _ZlibWriter or the raw file; None once closed
         if self.compression == "GZIP":
             self._stream = gzip.GzipFile(fileobj=self._raw, mode="wb")
         elif self.compression == "ZLIB":

@@ -460,7 +460,7 @@ class _Writer(MLWriter):
         inst = self.instance
         plain = {p.name: v for p, v in inst._paramMap.items()
                  if p.name not in _FUNCTIONS and v is not None}
-        extra = {"duotf": 1}
+        extra: Dict[str, Any] = {"duotf": 1}
         if isinstance(inst, TFModel):
             source = plain.pop("modelPath", None)
             if source is not None:

@@ -13,9 +13,12 @@ import json
 import logging
 import posixpath
 import threading
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from duotf.errors import ConfigError, FeedError
+
+if TYPE_CHECKING:  # pyspark is imported where a query starts
+    from pyspark.sql.streaming import StreamingQuery
 
 logger = logging.getLogger("duotf.feed")
 
@@ -62,12 +65,16 @@ class SparkStream:
 
     def __init__(self, stream, ledger: _Ledger):
         self.stream = stream  # the open feed (duotf._driver.planner.Stream)
-        self.query = None
+        self.query: Optional[StreamingQuery] = None  # feed_stream starts it
         self.batches_fed = 0
         self.batches_skipped = 0  # micro-batches fed before (a replay after a restart)
         self._ledger = ledger
         self._feeding = threading.Lock()  # held while a micro-batch is fed
         self._stopping = False
+
+    def _started(self) -> StreamingQuery:
+        assert self.query is not None, "feed_stream() starts the query before it returns"
+        return self.query
 
     # foreachBatch's function: runs on the driver, in the query's own thread, one batch at a time
     def _batch(self, batch_df, batch_id: int) -> None:
@@ -93,7 +100,7 @@ class SparkStream:
     def _finish(self) -> dict:
         """The query has ended: end the feed (or fail it, if the query failed otherwise), and
         raise the feed's own error if it failed the query."""
-        exc = self.query.exception()
+        exc = self._started().exception()
         if exc is not None and _STOPPING in str(exc):
             exc = None  # a micro-batch refused by stop(): not fed, not committed
         if self.stream.error is not None:
@@ -110,14 +117,15 @@ class SparkStream:
         self._stopping = True
         with self._feeding:  # the micro-batch being fed is fed whole; none starts after
             pass
-        self.query.stop()
+        self._started().stop()
         return self._finish()
 
     def wait(self, timeout: Optional[float] = None) -> Optional[dict]:
         """Wait until the query ends by itself, then end the feed and return the counts; None
         if it still runs after ``timeout`` seconds."""
         try:
-            done = self.query.awaitTermination(timeout)
+            # pyspark annotates an int; it takes seconds as a float (int(timeout * 1000) ms)
+            done = self._started().awaitTermination(timeout)  # type: ignore[arg-type]
         except Exception:  # the query failed: _finish says why
             done = True
         if done is False:

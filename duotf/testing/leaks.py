@@ -63,7 +63,7 @@ def describe_threads(threads: List[threading.Thread]) -> str:
     frames = sys._current_frames()
     lines = [f"{len(threads)} thread(s) left running:"]
     for thread in threads:
-        frame = frames.get(thread.ident)
+        frame = frames.get(thread.ident) if thread.ident is not None else None
         where = "".join(traceback.format_stack(frame, limit=4)) if frame is not None else "  (ended)\n"
         lines.append(f"- {thread.name!r}, running {code_of(thread)} code, at:\n{where}")
     return "\n".join(lines)

@@ -27,13 +27,16 @@ import logging
 import os
 import threading
 import time
-from typing import Dict, List, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple
 from urllib.parse import urlparse
 
 from duotf.errors import BackendError, ConfigError, InsufficientSlotsError
 from duotf._node.agent import NodeOutcome
 from duotf._deadline import Deadline
 from duotf.backends.base import Backend, EngineJob, NodeFunction, ThreadJob, routable_ip
+
+if TYPE_CHECKING:
+    from distributed import LocalCluster
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +65,7 @@ class DaskBackend(Backend):
         self.client = client
         #: seconds to wait for workers (a nanny restarting one) before giving up on capacity
         self.slot_wait = slot_wait
-        self._owned_cluster = None
+        self._owned_cluster: Optional[LocalCluster] = None
         self._lock = threading.Lock()
         self._placed: Dict[str, int] = {}  # worker -> this backend's nodes running there
         #: worker -> the GPU slots (k addresses each) its nodes of this backend hold

@@ -19,13 +19,16 @@ import os
 import socket
 import sys
 import time
-from typing import List, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from duotf.errors import BackendError, ConfigError, InsufficientSlotsError
 from duotf._node.agent import NodeOutcome
 from duotf._verbosity import is_verbose, quiet_known_notices
 from duotf._deadline import Deadline
 from duotf.backends.base import Backend, CheckStatus, EngineJob, NodeFunction, ThreadJob, work_name
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +83,7 @@ class SparkBackend(Backend):
     def __init__(self, spark, slot_wait: float = 30.0):
         self.sc = getattr(spark, "sparkContext", spark)
         self.slot_wait = slot_wait
-        self._created_session = None
+        self._created_session: Optional[SparkSession] = None
         self._profiles: dict = {}  # GPUs per node -> its resource profile (one per k, reused)
         quiet_known_notices()  # pyspark's pandas notice on every DataFrame feed (duotf._verbosity)
 
@@ -199,7 +202,7 @@ class SparkBackend(Backend):
             self._profiles[per_node] = ResourceProfileBuilder().require(requests).build
         return self._profiles[per_node]
 
-    def engine_checks(self, nodes: int) -> List[Tuple[str, str, str, str]]:
+    def engine_checks(self, nodes: int) -> List[Tuple[str, CheckStatus, str, str]]:
         import pyspark
 
         rows = []

@@ -126,8 +126,10 @@ def _frames(batches, tensors: Dict[str, tuple], block_bytes: int, ragged: Sequen
         for piece in split(cols, max(1, block_bytes // max(row_bytes, 1))):
             yield num_rows(piece), wire.pack_frame(piece)
 
-    parts, size, pos, shapes = [], 0, 0, {}
-    pid = TaskContext.get().partitionId()
+    parts: list = []
+    size, pos = 0, 0
+    shapes: Dict[str, tuple] = {}
+    pid = TaskContext.get().partitionId()  # type: ignore[union-attr]  # in a task: never None
     for batch in batches:
         if not batch.num_rows:
             continue
@@ -307,7 +309,8 @@ def _row_frames(rows, ragged: Sequence[str], pid: int):
     from duotf._transport.feeder import FRAME_BYTES, same_shapes
     from duotf._transport.tasks import chunks_of
 
-    pos, shapes = 0, {}
+    pos = 0
+    shapes: Dict[str, tuple] = {}
     chunks = iter(chunks_of(rows, ragged))
     while True:
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+from typing import Dict
 
 
 ERROR_COLUMN = "__duotf_feed_error"  # the column of a task's error record
@@ -60,7 +61,7 @@ _ARROW_KEYS = ("spark.sql.execution.arrow.maxBytesPerBatch", "spark.sql.executio
 _arrow_lock = threading.Lock()
 
 
-_arrow_users = {}  # id(session) -> [duotf jobs in flight, the value set]
+_arrow_users: Dict[int, list] = {}  # id(session) -> [duotf jobs in flight, the value set]
 
 
 @contextlib.contextmanager

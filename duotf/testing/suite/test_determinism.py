@@ -3,6 +3,8 @@ same order on every engine and every run, so the same program trains the same we
 
 from __future__ import annotations
 
+from typing import Dict
+
 import numpy as np
 
 import duotf
@@ -29,7 +31,7 @@ def one_process_reference(parts, workers: int = 2):
     """What each worker must compute: its planned ranges in partition order, in batches that
     never span an epoch."""
     plan, _, _ = balance([len(p) for p in parts], workers)
-    rows = {t: [] for t in range(workers)}
+    rows: Dict[int, list] = {t: [] for t in range(workers)}
     for pid in sorted(plan):
         for target, a, b, _ in plan[pid]:
             rows[target].extend(parts[pid][a:b])
