@@ -26,6 +26,7 @@ from duotf._node.agent import NodeOutcome
 from duotf._verbosity import is_verbose, quiet_known_notices
 from duotf._deadline import Deadline
 from duotf.backends.base import Backend, CheckStatus, EngineJob, NodeFunction, ThreadJob, work_name
+from duotf.backends.spark.client import ClassicClient, ConnectClient, SparkClient, client_for, is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -33,17 +34,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _barrier_task(fn: NodeFunction, gpus: int = 0):
-    def task(_partition):
-        from pyspark import BarrierTaskContext
-
-        tc = BarrierTaskContext.get()
+def _node_task(fn: NodeFunction, gpus: int = 0):
+    def task(partition: int, tc):
         executor = f"{socket.gethostname()}:{os.getppid()}"
         if gpus:
-            addresses = list(tc.resources()["gpu"].addresses)
-            yield fn(tc.partitionId(), executor, tc.attemptNumber(), gpus=addresses)
-        else:
-            yield fn(tc.partitionId(), executor, tc.attemptNumber())
+            return fn(partition, executor, tc.attemptNumber(), gpus=list(tc.resources()["gpu"].addresses))
+        return fn(partition, executor, tc.attemptNumber())
 
     return task
 
@@ -65,7 +61,7 @@ class SparkBackend(Backend):
     Parameters
     ----------
     spark:
-        A ``SparkSession`` or ``SparkContext``.
+        A ``SparkSession`` (classic or Spark Connect) or a ``SparkContext``.
     slot_wait:
         Seconds to wait for executors still registering before giving up on capacity (a
         fresh ``spark-submit`` application's executors take seconds to start; the wait ends as
@@ -76,19 +72,29 @@ class SparkBackend(Backend):
 
     @classmethod
     def accepts(cls, obj) -> bool:
-        """A ``pyspark`` SparkSession or SparkContext."""
+        """A ``pyspark`` SparkSession (classic or Spark Connect) or SparkContext."""
         return type(obj).__module__.startswith("pyspark") and (
-            hasattr(obj, "sparkContext") or hasattr(obj, "parallelize"))
+            is_connect(obj) and hasattr(obj, "range")
+            or hasattr(obj, "sparkContext") or hasattr(obj, "parallelize"))
 
     def __init__(self, spark, slot_wait: float = 30.0):
-        self.sc = getattr(spark, "sparkContext", spark)
+        self.client: SparkClient = client_for(spark)
         self.slot_wait = slot_wait
         self._created_session: Optional[SparkSession] = None
         self._profiles: dict = {}  # GPUs per node -> its resource profile (one per k, reused)
         quiet_known_notices()  # pyspark's pandas notice on every DataFrame feed (duotf._verbosity)
 
     def __repr__(self) -> str:
-        return f"SparkBackend(master={self.sc.master!r})"
+        return f"SparkBackend(master={self.client.master!r}{', connect' if self.client.connect else ''})"
+
+    @property
+    def sc(self):
+        """The classic ``SparkContext`` (what RDDs are made with); a :class:`ConfigError` on a
+        Spark Connect session, which has none."""
+        if isinstance(self.client, ClassicClient):
+            return self.client.sc
+        raise ConfigError("a Spark Connect session has no SparkContext (and so no RDD): pass a "
+                          "DataFrame, or use a classic SparkSession")
 
     @classmethod
     def from_name(cls) -> "SparkBackend":
@@ -114,19 +120,13 @@ class SparkBackend(Backend):
 
     @property
     def _local(self) -> bool:
-        return self.sc.master.startswith("local")
+        return self.client.local
 
     def _conf(self, key: str, default: str = "") -> str:
-        return self.sc.getConf().get(key, default)
+        return self.client.conf(key, default)
 
     def slots(self) -> int:
-        jsc = self.sc._jsc.sc()
-        try:
-            profile = jsc.resourceProfileManager().defaultResourceProfile()
-            return int(jsc.maxNumConcurrentTasks(profile))
-        except Exception:  # an older/newer Spark without this internal API
-            logger.debug("maxNumConcurrentTasks unavailable; using defaultParallelism", exc_info=True)
-            return self.sc.defaultParallelism // max(int(self._conf("spark.task.cpus", "1")), 1)
+        return self.client.slots()
 
     def capacity_hint(self) -> str:
         if self._local:
@@ -151,7 +151,7 @@ class SparkBackend(Backend):
             time.sleep(0.25)  # executors still registering with the driver
         if available < nodes:
             raise InsufficientSlotsError(
-                f"the cluster needs {nodes} nodes running at once but Spark ({self.sc.master}) has "
+                f"the cluster needs {nodes} nodes running at once but Spark ({self.client.master}) has "
                 f"{available} free task slots. {self.capacity_hint()}",
                 needed=nodes, available=available, backend=self.name,
             )
@@ -160,7 +160,7 @@ class SparkBackend(Backend):
         asked = f"ClusterSpec(gpus_per_node={per_node}) asks for GPUs"
         if self._local:
             raise ConfigError(
-                f"{asked}, but Spark in local mode ({self.sc.master}) schedules no GPUs for its "
+                f"{asked}, but Spark in local mode ({self.client.master}) schedules no GPUs for its "
                 "tasks: run on a standalone, YARN or Kubernetes cluster whose executors have "
                 f"GPUs ({_GPU_SETTINGS}), or set gpus_per_node=0.")
         amount = self._conf("spark.executor.resource.gpu.amount")
@@ -183,14 +183,14 @@ class SparkBackend(Backend):
         if fit < nodes:
             raise InsufficientSlotsError(
                 f"the cluster needs {nodes} nodes of {per_node} GPUs each but Spark "
-                f"({self.sc.master}) has {executors} executors of {per_executor} GPUs: room for "
+                f"({self.client.master}) has {executors} executors of {per_executor} GPUs: room for "
                 f"{fit}. Start more executors with GPUs, or ask for fewer nodes or GPUs per node.",
                 needed=nodes, available=fit, backend=self.name)
         return fit
 
     def _executors(self) -> int:
-        """Executors registered now (the driver, which the status tracker lists too, is not)."""
-        return max(len(self.sc._jsc.sc().statusTracker().getExecutorInfos()) - 1, 0)
+        """Executors registered now."""
+        return self.client.executors()
 
     def _gpu_profile(self, per_node: int):
         """Task resources of a node: its cores and ``per_node`` GPUs of its executor."""
@@ -207,7 +207,7 @@ class SparkBackend(Backend):
 
         rows = []
         try:
-            java = str(self.sc._jvm.java.lang.System.getProperty("java.version"))
+            java = self.client.java_version()
         except Exception as exc:  # a gateway that does not answer
             java = f"unknown ({exc})"
         needed = 17 if int(pyspark.__version__.split(".")[0]) >= 4 else 8
@@ -229,21 +229,15 @@ class SparkBackend(Backend):
         # (feeding jobs: "duotf <job id>: feed epoch 3/10", see SparkFeed).
         group = f"duotf-{job_id}"
         description = work_name(job_id, f"nodes ({', '.join(names or map(str, range(n)))})")
-        sc = self.sc
+        client = self.client
         profile = self._gpu_profile(gpus_per_node) if gpus_per_node else None
 
         def call() -> List[NodeOutcome]:
-            sc.setJobGroup(group, description, interruptOnCancel=True)
-            try:
-                rdd = sc.parallelize(range(n), n).barrier().mapPartitions(
-                    _barrier_task(fn, gpus_per_node))
-                if profile is not None:
-                    rdd = rdd.withResources(profile)
-                return sorted(rdd.collect(), key=lambda o: o.node_id)
-            finally:
-                sc.setLocalProperty("spark.jobGroup.id", None)
+            outcomes = client.scoped(group, description, lambda: client.barrier(
+                _node_task(fn, gpus_per_node), n, profile))
+            return sorted(outcomes, key=lambda o: o.node_id)
 
-        return ThreadJob(call, cancel=lambda: sc.cancelJobGroup(group), name="spark")
+        return ThreadJob(call, cancel=lambda: client.cancel(group), name="spark")
 
     def feed_hint(self) -> str:
         return "pass a Spark DataFrame or RDD."
@@ -256,6 +250,9 @@ class SparkBackend(Backend):
         return SparkFeed(self, data, options)
 
     def driver_host(self) -> str:
+        if isinstance(self.client, ConnectClient):
+            # the driver is the Connect server's; the rendezvous server is this process's
+            return self.client.client_address()
         host = self._conf("spark.driver.host") or socket.gethostname()
         try:
             return socket.gethostbyname(host)
@@ -264,6 +261,6 @@ class SparkBackend(Backend):
 
     def default_fs(self) -> str:
         try:
-            return self.sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file://"
+            return self.client.default_fs()
         except Exception:
             return "file://"

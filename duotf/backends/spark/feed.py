@@ -17,7 +17,7 @@ from duotf.backends.spark.frames import (INDEX_SCHEMA, MIN_FREE_BYTES, MIN_FREE_
                                         cached_partition, rdd_spiller, spiller, sweeper,
                                         teed_partition)
 from duotf.backends.spark.tasks import (ERROR_COLUMN, arrow_batches, arrow_counts, arrow_infer,
-                                       arrow_train, cached_files, in_group, infer_rdd, is_error,
+                                       arrow_train, cached_files, infer_rdd, is_error,
                                        raise_first, rdd_counts, train_rdd)
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,10 @@ class SparkFeed(FeedAdapter):
     def __init__(self, backend, data, options=None):
         super().__init__(options)
         self.backend = backend
-        self.sc = backend.sc
+        self.client = backend.client
+        if self.client.connect and not (hasattr(data, "mapInArrow") or isinstance(data, FeedCache)):
+            raise ConfigError("a Spark Connect session feeds DataFrames only (it has no RDDs): "
+                              f"pass a DataFrame of the session, not {type(data).__name__}")
         self.kept = None  # the FeedCache of a DataFrame converted once, in its first epoch
         self._converting = None  # the id of that cache, from the first epoch's start
         self.cache = data if isinstance(data, FeedCache) else None
@@ -61,13 +64,13 @@ class SparkFeed(FeedAdapter):
         # A group of its own (cancelled alone), described as the Spark UI shows it:
         # "duotf <job id>: feed epoch 3/10".
         group = f"{job.key_prefix}-{time.monotonic_ns()}"
-        sc, session = self.sc, self._session()
+        client, session = self.client, self._session()
 
         def scoped():
             with arrow_batches(session):
-                return in_group(sc, group, work_name(job.job_id, job.work), call)
+                return client.scoped(group, work_name(job.job_id, job.work), call)
 
-        return ThreadJob(scoped, cancel=lambda: sc.cancelJobGroup(group), name="spark-feed",
+        return ThreadJob(scoped, cancel=lambda: client.cancel(group), name="spark-feed",
                          task_partitions=task_partitions)
 
     def _session(self):
@@ -85,7 +88,7 @@ class SparkFeed(FeedAdapter):
         if slots - nodes < 1:
             raise InsufficientSlotsError(
                 f"feeding needs a free task slot beside the {nodes} node tasks, but Spark "
-                f"({self.sc.master}) has {slots} slots in all. Give each executor "
+                f"({self.client.master}) has {slots} slots in all. Give each executor "
                 "one more core than its nodes use (spark.executor.cores), or run local[N] with "
                 "N > number of nodes.",
                 needed=nodes + 1, available=slots, backend="spark",
@@ -104,15 +107,19 @@ class SparkFeed(FeedAdapter):
 
             # One literal column: Spark reads no data column just to count rows.
             collect = self.df.select(F.lit(0).alias("_")).mapInArrow(arrow_counts, "p long, n long").collect
-            counts = [0] * self.df.select(F.lit(0)).rdd.getNumPartitions()  # the plan of df itself stays unmade
+            # every partition, empty ones too, answers with a row: a Connect session (no RDD)
+            # knows the number of partitions from those rows
+            counts = [] if self.client.connect else \
+                [0] * self.df.select(F.lit(0)).rdd.getNumPartitions()  # the plan of df itself stays unmade
         else:
             collect = self.rdd.mapPartitionsWithIndex(rdd_counts).collect
             counts = [0] * self.rdd.getNumPartitions()
         # the Spark UI names it: "duotf <job id>: count rows"
         with arrow_batches(self._session()):
-            rows = in_group(self.sc, f"duotf-count-{self.options.job_id}-{time.monotonic_ns()}",
-                             work_name(self.options.job_id, "count rows"), collect)
+            rows = self.client.scoped(f"duotf-count-{self.options.job_id}-{time.monotonic_ns()}",
+                                      work_name(self.options.job_id, "count rows"), collect)
         raise_first(n for _, n in rows if isinstance(n, str))
+        counts += [0] * (max((p + 1 for p, _ in rows), default=0) - len(counts))
         for p, n in rows:
             counts[p] = n
         return counts
@@ -141,9 +148,9 @@ class SparkFeed(FeedAdapter):
             self._converting = cache_id  # close() sweeps the files of a pass that failed
             try:
                 job_id = self.options.job_id
-                rows = in_group(self.sc, f"duotf-convert-{job_id}-{time.monotonic_ns()}",
-                                work_name(job_id, "convert once (count rows, keep feed frames)"),
-                                index.collect)
+                rows = self.client.scoped(f"duotf-convert-{job_id}-{time.monotonic_ns()}",
+                                          work_name(job_id, "convert once (count rows, keep feed frames)"),
+                                          index.collect)
             except BaseException:
                 kept.unpersist()
                 raise
@@ -170,7 +177,8 @@ class SparkFeed(FeedAdapter):
                 return ThreadJob(self._train_by_reference(job), cancel=lambda: None,
                                  name="feed-by-reference")
             return self._job(job, *self._train_cached(job))
-        if job.epoch == 1 and job.epochs > 1 and self.options.convert_once is not False:
+        if job.epoch == 1 and job.epochs > 1 and self.options.convert_once is not False \
+                and not self.client.connect:  # kept frames live in an RDD: none on Connect
             return self._job(job, self._train_converting(job))
         if self.df is not None:
             def run_df():
@@ -251,7 +259,7 @@ class SparkFeed(FeedAdapter):
     def _train_cached(self, job):
         """``(the engine call of a cached epoch, each task's partitions where a task feeds
         several)``."""
-        cache, sc = self.cache, self.sc
+        cache, sc = self.cache, self.backend.sc
         index, runs = cache.index, None
         free = max(self.backend.slots() - len(job.addresses), 1)
         if len({part.host for part in cache.parts}) == 1 and len(cache.parts) > free:
@@ -366,7 +374,7 @@ class SparkFeed(FeedAdapter):
             # application ends (a lost executor's went with it).
             if cache_id is not None:
                 n = 2 * max(self.backend.slots(), 1)
-                self.sc.parallelize(range(n), n).mapPartitions(sweeper(cache_id)).collect()
+                self.backend.sc.parallelize(range(n), n).mapPartitions(sweeper(cache_id)).collect()
         except Exception as exc:  # Spark stopped under it: its local dirs go with the app
             index_error = exc
         if index_error is not None:

@@ -34,21 +34,6 @@ def guarded(call):
         return None, error_json(exc)
 
 
-def in_group(sc, group: str, what: str, call):
-    """``call()`` with the Spark jobs it starts in a job group of their own (cancelled alone),
-    described as the Spark UI shows them (``what``: "duotf <job id>: feed epoch 3/10"). The
-    calling thread's own group and description (the user's, on the driver's thread) come back
-    after it."""
-    keys = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
-    before = {key: sc.getLocalProperty(key) for key in keys}
-    sc.setJobGroup(group, what, interruptOnCancel=True)
-    try:
-        return call()
-    finally:
-        for key, value in before.items():
-            sc.setLocalProperty(key, value)
-
-
 #: The Arrow batches of duotf's own jobs out of the JVM: at most this many bytes each (Spark's
 #: default cuts them at 10,000 records only: 31 MB of MNIST-sized rows, which its Arrow writer
 #: fills at about half the speed it fills batches that stay in the CPU's cache).
