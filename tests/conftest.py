@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -74,13 +75,14 @@ _master_logs: dict = {}
 
 @pytest.fixture(scope="session")
 def spark_standalone_master():
-    """A real standalone master and 2 workers of 3 cores on 127.0.0.1; yields the master URL.
+    """A real standalone master and 2 workers of 5 cores on 127.0.0.1; yields the master URL.
 
-    The suite's application takes an executor of 2 cores on each worker (2 task slots: one for
-    its node, one for the tasks that feed it); 1 core a worker is left for a second application
-    (the spark-submit command of docs/getting-started.md).
+    The suite's classic application takes an executor of 2 cores on each worker (2 task slots:
+    one for its node, one for the tasks that feed it), the Spark Connect server's application
+    (``spark_connect_server``) as many; 1 core a worker is left for a third application (the
+    spark-submit command of docs/getting-started.md).
     """
-    yield from _standalone_cluster(workers=2, cores=3)
+    yield from _standalone_cluster(workers=2, cores=5)
 
 
 #: what each worker of ``spark_gpu_master`` says it has: 2 GPUs that do not exist
@@ -133,7 +135,7 @@ def _standalone_cluster(workers: int, cores: int, env: dict = None):
             log = os.path.join(root, f"worker{i}.log")
             procs.append(_start_java(
                 ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--port", "0",
-                 "--webui-port", "0", "--cores", str(cores), "--memory", "2g",
+                 "--webui-port", "0", "--cores", str(cores), "--memory", "4g",
                  "--work-dir", os.path.join(root, f"work{i}"), url], log, env,
             ))
         for i in range(workers):
@@ -145,6 +147,49 @@ def _standalone_cluster(workers: int, cores: int, env: dict = None):
     finally:
         for proc in reversed(procs):
             _stop_process_group(proc)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def spark_connect_server(spark_standalone_master):
+    """A real Spark Connect server (pyspark's own ``sbin/start-connect-server.sh``, in the
+    foreground) whose application runs on ``spark_standalone_master`` with 2 executors of 2
+    cores; yields its ``sc://127.0.0.1:PORT`` URL and stops it (and its executors) after the run."""
+    root = tempfile.mkdtemp(prefix="duotf-connect-")
+    port = _free_port()
+    env = dict(os.environ, SPARK_HOME=_spark_home(), SPARK_LOCAL_IP="127.0.0.1",
+               PYSPARK_PYTHON=sys.executable, SPARK_NO_DAEMONIZE="1", SPARK_LOG_DIR=root,
+               SPARK_PID_DIR=root)
+    conf = {"spark.connect.grpc.binding.port": str(port),
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.executor.cores": "2", "spark.cores.max": "4", "spark.executor.memory": "1g",
+            "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.executorEnv.PYSPARK_PYTHON": sys.executable}
+    args = [os.path.join(_spark_home(), "sbin", "start-connect-server.sh"),
+            "--master", spark_standalone_master]
+    for key, value in conf.items():
+        args += ["--conf", f"{key}={value}"]
+    log_path = os.path.join(root, "connect.log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    try:
+        def started():
+            if proc.poll() is not None:
+                raise RuntimeError("Spark Connect server exited:\n" + _read(log_path)[-3000:])
+            return "Spark Connect server started at" in _read(log_path)
+
+        poll_for(started, 120, 0.1, "Spark Connect server start")
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        _stop_process_group(proc)
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Dict, List, Sequence, Type
 
 import psutil
+import pytest
 
 import duotf.backends
 from duotf.testing import Engine, LocalEngine, pandas_frames, poll_for
@@ -323,13 +324,29 @@ class SparkEngine(Engine):
     def to_pandas(self, out):
         return out.toPandas()
 
+    def _app_id(self) -> str:
+        return self.session.sparkContext.applicationId
+
     def feeding_processes(self):
+        app = None if self.backend.client.local else self._app_id()
+
+        def ours(proc) -> bool:
+            """Whether a Python worker is this application's: its executor JVM (an ancestor)
+            was started for it (``--app-id``). Another application of the same standalone
+            cluster (the Spark Connect server's) has workers under this process too."""
+            if app is None:  # local mode: the executor is this process's own JVM
+                return True
+            for parent in proc.parents():
+                if parent.name() == "java":
+                    return app in parent.cmdline()
+            return False
+
         def python_workers():
             """Spark's Python workers under this process (they come and go with the tasks)."""
             found = []
             for proc in psutil.Process().children(recursive=True):
                 try:
-                    if "pyspark.daemon" in " ".join(proc.cmdline()):
+                    if "pyspark.daemon" in " ".join(proc.cmdline()) and ours(proc):
                         found.append(proc)
                 except psutil.Error:  # a worker that just exited
                     pass
@@ -416,7 +433,97 @@ class SparkStandaloneEngine(SparkEngine):
     @classmethod
     def _session(cls, request):
         url = request.getfixturevalue("spark_standalone_master")
-        return _spark_session(url, **{"spark.executor.cores": "2", "spark.executor.memory": "1g"})
+        return _spark_session(url, **{"spark.executor.cores": "2", "spark.cores.max": "4",
+                                      "spark.executor.memory": "1g"})
+
+
+class SparkConnectEngine(SparkEngine):
+    """A Spark Connect session (``sc://``) of a real Connect server (``spark_connect_server``)
+    whose application has 2 executors of 2 cores on the standalone cluster. No RDD, no
+    ``sparkContext``: DataFrames are made from local data, a task a partition."""
+
+    slots = 4
+    executors = 2
+    # the first epoch's frames are kept in an RDD on classic Spark; a Connect session reads the
+    # DataFrame again every epoch (docs/cluster.md, Spark Connect)
+    converts_frames_once = False
+
+    @classmethod
+    def _session(cls, request):
+        from pyspark.sql import SparkSession
+
+        url = request.getfixturevalue("spark_connect_server")
+        return SparkSession.builder.remote(url).getOrCreate()
+
+    def _app_id(self) -> str:
+        return self.session.conf.get("spark.app.id")
+
+    def _df(self, parts: List[list], ddl: str):
+        """A DataFrame of ``parts`` in as many partitions, in order: partition ``i`` of a
+        ``range`` of ``len(parts)`` partitions makes the rows of ``parts[i]`` (local relations
+        joined by ``union`` are merged into one partition by Spark's optimizer)."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        schema = self.session.createDataFrame([], ddl).schema
+        arrow_schema = to_arrow_schema(schema)
+        names = schema.names
+
+        def make(batches):
+            import pyarrow as pa
+            from pyspark import TaskContext
+
+            for _ in batches:
+                pass
+            rows = parts[TaskContext.get().partitionId()]
+            if rows:
+                yield pa.RecordBatch.from_pylist([dict(zip(names, row)) for row in rows],
+                                                 schema=arrow_schema)
+
+        n = max(len(parts), 1)
+        if not parts:
+            parts = [[]]
+        return self.session.range(0, n, 1, n).mapInArrow(make, schema)
+
+    def rows(self, parts):
+        pytest.skip("a Spark Connect session has no RDD: rows feed as RDDs on classic Spark only")
+
+    def row_sources(self, sources):
+        pytest.skip("a Spark Connect session has no RDD: rows feed as RDDs on classic Spark only")
+
+    def frame(self, frames):
+        parts = [list(zip(*(f[c].tolist() for c in f.columns))) for f in frames]
+        return self._df(parts, _spark_schema(dict(frames[0].dtypes)))
+
+    def table(self, parts, schema):
+        ddl = ", ".join(f"`{name}` {kind}" for name, kind in schema.items())
+        return self._df([list(p) for p in parts], ddl)
+
+    def arrays(self, blocks, packed: bool = True):
+        from duotf.spark import pack_tensors
+
+        first = blocks[0]
+        tensors = [name for name, a in first.items() if a.ndim == 2]
+        schema = _spark_schema({name: a.dtype for name, a in first.items()}, tensors)
+        df = self._df([list(zip(*(a.tolist() for a in b.values()))) for b in blocks], schema)
+        for name in tensors if packed else ():
+            df = pack_tensors(df, name, dtype=str(first[name].dtype))
+        return df, None
+
+    def partitions(self, out):
+        from pyspark.sql import Row
+        from pyspark.sql import functions as F
+
+        from duotf.backends.spark.tasks import arrow_counts
+
+        n = len(out.select(F.lit(0).alias("_")).mapInArrow(arrow_counts, "p long, n long").collect())
+        parts: List[list] = [[] for _ in range(n)]
+        for row in out.withColumn("__partition", F.spark_partition_id()).collect():
+            values = row.asDict()
+            parts[values.pop("__partition")].append(Row(**values))
+        return parts
+
+    def work_names(self, job_id):
+        pytest.skip("a Spark Connect client sees no job of the server's Spark UI")
 
 
 #: the ``backend`` fixture's params, in the order the suite runs them
@@ -426,4 +533,5 @@ ENGINES: Dict[str, Type[Engine]] = {
     "dask": DaskEngine,
     "spark-local": SparkLocalEngine,
     "spark-standalone": SparkStandaloneEngine,
+    "spark-connect": SparkConnectEngine,
 }

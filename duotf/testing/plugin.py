@@ -49,7 +49,7 @@ except ImportError:
     pass
 
 #: the kinds the shipped suite's ``engines(...)`` markers name: duotf's own engines
-SUITE_KINDS = ("local", "procpool", "dask", "spark-local", "spark-standalone")
+SUITE_KINDS = ("local", "procpool", "dask", "spark-local", "spark-standalone", "spark-connect")
 
 _ENGINES = pytest.StashKey[Dict[str, Type[Engine]]]()
 _running: dict = {}  # kind -> the Engine the backend fixture holds now

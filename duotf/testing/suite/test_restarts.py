@@ -59,12 +59,12 @@ def _restarted_feed_run(backend, engine, tmp_path, victim="node", **run_options)
     expected = one_process_reference(parts)
     args = {"width": WIDTH, "batch": BATCH, "lr": LR, "victim": 1, "kill_after": 2,
             "signal_dir": str(tmp_path)}
-    box = []
+    box, data = [], engine.rows(parts)  # before the killer thread: an engine may skip here
     with duotf.run(mains.sgd_resume_main, args, backend, duotf.ClusterSpec(workers=2),
                    max_restarts=1, **run_options) as cluster:
         box.append(cluster)
         killer, killed = kill_when_ready(box, str(tmp_path), victim)
-        report = cluster.train(engine.rows(parts), epochs=EPOCHS)
+        report = cluster.train(data, epochs=EPOCHS)
         got = cluster.wait(timeout=180)
         killer.join(5)
         # the failed attempt left no working folder, the lost node's included (its process,
