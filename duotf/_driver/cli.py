@@ -4,7 +4,8 @@
 ``package.module:main`` as :func:`duotf.run` would from a driver script, shows the nodes' output
 on stderr as it is written (the ``duotf.node`` logger), prints the values of ``main`` as JSON on
 stdout, and exits 1 with the error's message when duotf raised. The engine is
-``--spark-master URL``, ``--dask-scheduler ADDR`` or ``--backend NAME`` (default ``local``);
+``--spark-master URL`` (``sc://HOST:PORT``: a Spark Connect server), ``--dask-scheduler ADDR``
+or ``--backend NAME`` (default ``local``);
 ``--backend spark`` without a master takes the active session or makes one from what
 ``spark-submit`` set, never from a SparkConf read before a context exists.
 """
@@ -39,7 +40,8 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--backend", default=None,
                        help="a backend name: local (default), spark, dask, or a plugin's")
     group.add_argument("--spark-master", metavar="URL",
-                       help="start a Spark session on this master (spark://..., yarn, local[N])")
+                       help="start a Spark session on this master (spark://..., yarn, local[N]), "
+                            "or connect to this Spark Connect server (sc://HOST:PORT)")
     group.add_argument("--dask-scheduler", metavar="ADDR",
                        help="connect a distributed.Client to this scheduler (tcp://host:8786)")
     group.add_argument("--env", action="append", default=[], metavar="K=V",
@@ -106,7 +108,11 @@ def _engine(args):
     if args.spark_master:
         from pyspark.sql import SparkSession
 
-        session = SparkSession.builder.master(args.spark_master).appName("duotf").getOrCreate()
+        builder = SparkSession.builder
+        if args.spark_master.startswith("sc://"):  # a Spark Connect server
+            session = builder.remote(args.spark_master).getOrCreate()
+        else:
+            session = builder.master(args.spark_master).appName("duotf").getOrCreate()
         try:
             yield session
         finally:
@@ -124,8 +130,9 @@ def _doctor(args) -> int:
     from duotf._driver.doctor import Check, CheckStatus, DoctorReport, doctor, java_check
 
     spec = _spec(args)
-    if args.spark_master or args.backend == "spark":
-        java = java_check()
+    if args.spark_master and not args.spark_master.startswith("sc://") or (
+            args.backend == "spark" and not os.environ.get("SPARK_REMOTE")):
+        java = java_check()  # a Connect client needs no JVM here
         if java.status is CheckStatus.FAIL:  # no JVM: no session to start
             report = DoctorReport(f"spark ({args.spark_master or 'spark-submit'})", spec, [java])
             print(report.table())
