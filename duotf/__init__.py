@@ -9,6 +9,7 @@ import importlib
 
 from duotf._driver.doctor import DoctorReport, doctor  # light; and a function named as its module
 from duotf.errors import (BackendError, ClusterClosedError, ConfigError, DuotfError, FeedError, FeedSchemaError, InsufficientSlotsError, NodeError, NodeFailedError, NodesStoppedError, NodeUnresponsiveError, ReservationTimeoutError, SchemaMismatchError, TensorBoardError, TFRecordCorruptError, UnsupportedProtocolError)
+from duotf.reports import StreamReport, TrainReport
 from duotf.spec import ClusterSpec, Job, Role
 from duotf._verbosity import set_verbose
 
@@ -24,6 +25,8 @@ __all__ = [
     "doctor",
     "DoctorReport",
     "Report",
+    "TrainReport",
+    "StreamReport",
     "Cluster",
     "ClusterStatus",
     "ClusterSpec",

@@ -33,8 +33,8 @@ LAYERS: List[Tuple[str, List[str]]] = [
                    "duotf.averaging"]),
     ("transport", ["duotf._transport", "duotf._transport.*"]),
     ("io", ["duotf.io", "duotf.io.*"]),
-    ("shared by every layer", ["duotf.errors", "duotf.spec", "duotf._version", "duotf._verbosity",
-                               "duotf._deadline", "duotf._enum"]),
+    ("shared by every layer", ["duotf.errors", "duotf.spec", "duotf.reports", "duotf._version",
+                               "duotf._verbosity", "duotf._deadline", "duotf._enum"]),
 ]
 
 

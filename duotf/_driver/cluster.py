@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, cast
 
 from duotf._deadline import Deadline
 from duotf.errors import (ClusterClosedError, ConfigError, DuotfError, FeedError, NodesStoppedError,
@@ -27,9 +27,13 @@ from duotf._driver.progress import FeedProgress, check_progress
 from duotf._transport.rendezvous import Msg
 from duotf._driver.restarts import (Cause, Restart, await_capacity, check_restart_on, failure_cause, restartable,
                                     resume_point)
+from duotf.reports import TrainReport
 from duotf.spec import ClusterSpec, seconds
 from duotf._driver.nodes import TERMINAL, ClusterStatus, NodeInfo, NodeState, still_running
 from duotf._driver.supervisor import Supervisor
+
+if TYPE_CHECKING:  # the planner is imported where a feed starts
+    from duotf._driver.planner import Stream
 
 logger = logging.getLogger("duotf.cluster")  # with the supervisor's and the metrics'
 
@@ -461,7 +465,7 @@ class Cluster:
 
     def train(self, data, epochs: int = 1, *, feed_timeout: float = 600.0,
               balance: bool = True, ragged: Sequence[str] = (),
-              convert_once: Optional[bool] = None) -> dict:
+              convert_once: Optional[bool] = None) -> TrainReport:
         """Push ``data`` into the chief and workers, ``epochs`` times; return when all is queued.
 
         ``data``: a Spark DataFrame or RDD, a Dask DataFrame, Bag or Array, or (local backend) a
@@ -469,10 +473,11 @@ class Cluster:
         every worker gets the same number of rows per epoch (see :func:`duotf._driver.planner.balance`),
         so synchronous workers run the same number of steps. Raises the node's error within
         moments if a node dies, and :class:`~duotf.errors.FeedError` if a node takes no data for
-        ``feed_timeout`` seconds. Returns counts: rows fed, rows per worker, rows left over;
-        and where the call's time went: ``seconds`` (all of it), ``count_seconds`` (counting
-        the rows of every partition, which the balanced plan needs first) and
-        ``epoch_seconds`` (each epoch's engine job, its epoch markers acknowledged).
+        ``feed_timeout`` seconds. Returns a :class:`~duotf.reports.TrainReport` (a dict whose
+        keys a type checker knows): rows fed, rows per worker, rows left over; and where the
+        call's time went: ``seconds`` (all of it), ``count_seconds`` (counting the rows of every
+        partition, which the balanced plan needs first) and ``epoch_seconds`` (each epoch's
+        engine job, its epoch markers acknowledged).
         Shows a progress bar per epoch (rows fed of the epoch's rows, rows/s, the latest
         reported metrics) as ``duotf.run(progress=...)`` says.
 
@@ -500,7 +505,7 @@ class Cluster:
                                balance=balance, ragged=ragged, convert_once=convert_once)
         return self._feed(0)
 
-    def _feed(self, first_epoch: int) -> dict:
+    def _feed(self, first_epoch: int) -> TrainReport:
         """Feed the latest train() call from ``first_epoch`` on; a restart (where allowed)
         feeds the restarted nodes from the epoch they resume at."""
         from duotf._driver import planner
@@ -532,7 +537,7 @@ class Cluster:
             return report
 
     def open_stream(self, *, feed_timeout: float = 600.0, balance: bool = True,
-                    ragged: Sequence[str] = ()):
+                    ragged: Sequence[str] = ()) -> Stream:
         """Open a training feed that stays open between chunks: a
         :class:`duotf._driver.planner.Stream`. ``stream.feed(data)`` feeds one chunk (anything
         :meth:`train` takes) and returns once the nodes have its rows queued;

@@ -22,6 +22,7 @@ from duotf._deadline import Deadline
 from duotf._verbosity import is_verbose
 from duotf.backends.base import FeedOptions
 from duotf.errors import ConfigError, DuotfError, FeedError, cause_of
+from duotf.reports import StreamReport, TrainReport
 from duotf._transport import wire
 from duotf._transport.columns import ragged_columns
 from duotf._transport.feeder import FeedJob, FeedMode
@@ -363,7 +364,7 @@ def _feeding(sup: Supervisor, targets, progress: FeedProgress):
 
 def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, balanced: bool,
           ragged=(), progress: Optional[FeedProgress] = None,
-          convert_once: Optional[bool] = None, first_epoch: int = 0) -> dict:
+          convert_once: Optional[bool] = None, first_epoch: int = 0) -> TrainReport:
     """Feed epochs ``first_epoch + 1`` to ``epochs`` (a restarted cluster resumes at
     ``first_epoch``, the epochs before it done); then the end marker."""
     if epochs < 1:
@@ -390,7 +391,7 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
 
 
 def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced: bool, ragged,
-           progress: FeedProgress, first_epoch: int = 0) -> dict:
+           progress: FeedProgress, first_epoch: int = 0) -> TrainReport:
     sup.check_running("train")
     targets = sup.feed_targets()
     adapter.check_capacity(len(sup.nodes))
@@ -571,7 +572,8 @@ class Stream:
             self.error = FeedError(why)
             _end_feeds(self._sup, self._targets, why)
 
-    def report(self) -> dict:
+    def report(self) -> StreamReport:
+        """The stream's counts so far (:class:`~duotf.reports.StreamReport`)."""
         return {"chunks": self.chunks, "rows_fed": self.rows_fed,
                 "rows_dropped": self.rows_dropped, "seconds": self.seconds,
                 "terminated": self.terminated, "ended": self.ended}

@@ -28,6 +28,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 from duotf._enum import StrEnum
 from duotf.errors import ConfigError, FeedError, InsufficientSlotsError, cause_of
 from duotf._node.agent import NodeOutcome
+from duotf.reports import FeedAdapterReport
 
 logger = logging.getLogger("duotf.feed")
 
@@ -190,8 +191,10 @@ class FeedAdapter(abc.ABC):
     def __init__(self, options: Optional[FeedOptions] = None):
         self.options = options if options is not None else FeedOptions()
 
-    def report(self) -> dict:
-        """What the adapter adds to ``cluster.train``'s counts (e.g. what it kept)."""
+    def report(self) -> FeedAdapterReport:
+        """What the adapter adds to ``cluster.train``'s counts (e.g. what it kept): keys of
+        :class:`~duotf.reports.FeedAdapterReport` only (a key of its own is declared there
+        first, with its type and meaning)."""
         return {}
 
     def close(self) -> None:

@@ -23,7 +23,8 @@ The names of :mod:`duotf.spark` that have no Dask meaning, and the Dask way inst
 - ``SparkStream``: :func:`duotf.spark.feed_stream` returns a handle on a Structured Streaming
   query that runs in the background (``stop``, ``wait``, ``report``); :func:`feed_stream` here
   feeds in the calling thread until the iterable of futures ends and returns the counts (a
-  dict), so there is no stream object to name. Run it in a thread to train beside other work.
+  :class:`~duotf.reports.DaskStreamReport`, the twin of ``SparkStreamReport``), so there is no
+  stream object to name. Run it in a thread to train beside other work.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ _WHERE = {
     "TFEstimator": "duotf.dask._ml",
     "TFModel": "duotf.dask._ml",
     "feed_stream": "duotf.dask._stream",
+    "DaskStreamReport": "duotf.reports",
 }
 
-__all__ = ["predict", "predict_udf", "PredictUDF", "TFEstimator", "TFModel", "feed_stream"]
+__all__ = ["predict", "predict_udf", "PredictUDF", "TFEstimator", "TFModel", "feed_stream",
+           "DaskStreamReport"]
 
 
 def __getattr__(name):

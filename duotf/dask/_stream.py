@@ -5,7 +5,14 @@ Streaming query).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Sequence
+
+from duotf.reports import DaskStreamReport
+
+if TYPE_CHECKING:
+    from distributed import Future
+
+    from duotf._driver.cluster import Cluster
 
 __all__ = ["feed_stream"]
 
@@ -14,8 +21,8 @@ def _empty_frame(frame):
     return frame.iloc[:0] if hasattr(frame, "iloc") else None
 
 
-def feed_stream(cluster, futures, *, feed_timeout: float = 600.0, balance: bool = True,
-                ragged: Sequence[str] = ()) -> dict:
+def feed_stream(cluster: Cluster, futures: Iterable[Future], *, feed_timeout: float = 600.0,
+                balance: bool = True, ragged: Sequence[str] = ()) -> DaskStreamReport:
     """Train ``cluster`` from a stream of Dask futures: each future's result (a pandas
     DataFrame, a partition computed on the workers) is fed as it completes, and the nodes'
     feed ends once ``futures`` (any iterable: a list, or a generator that yields futures as

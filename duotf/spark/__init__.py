@@ -8,6 +8,7 @@ from duotf.backends.spark.frames import CachedPartition, FeedCache, feed_cache, 
 from duotf.spark._scoring import PredictUDF, predict, predict_udf
 from duotf.spark._stream import SparkStream, feed_stream
 from duotf._verbosity import quiet_known_notices
+from duotf.reports import SparkStreamReport
 
 quiet_known_notices()  # pyspark's pandas notice, raised by every pandas/Arrow function it runs
 
@@ -23,4 +24,4 @@ def __getattr__(name):
 
 # TFEstimator and TFModel are left out: ``import *`` would import pyspark with them.
 __all__ = ["feed_cache", "FeedCache", "CachedPartition", "pack_tensors", "predict_udf", "predict",
-           "PredictUDF", "feed_stream", "SparkStream"]
+           "PredictUDF", "feed_stream", "SparkStream", "SparkStreamReport"]

@@ -16,9 +16,14 @@ import threading
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from duotf.errors import ConfigError, FeedError
+from duotf.reports import SparkStreamReport
 
 if TYPE_CHECKING:  # pyspark is imported where a query starts
+    from pyspark.sql import DataFrame
     from pyspark.sql.streaming import StreamingQuery
+
+    from duotf._driver.cluster import Cluster
+    from duotf._driver.planner import Stream
 
 logger = logging.getLogger("duotf.feed")
 
@@ -63,7 +68,7 @@ class SparkStream:
     a query that ends by itself (``trigger(availableNow=True)``) and ends the feed. Stop the
     query through them: a ``query.stop()`` alone leaves the nodes' feed open."""
 
-    def __init__(self, stream, ledger: _Ledger):
+    def __init__(self, stream: Stream, ledger: _Ledger):
         self.stream = stream  # the open feed (duotf._driver.planner.Stream)
         self.query: Optional[StreamingQuery] = None  # feed_stream starts it
         self.batches_fed = 0
@@ -93,11 +98,12 @@ class SparkStream:
     def rows_fed(self) -> int:
         return self.stream.rows_fed
 
-    def report(self) -> dict:
+    def report(self) -> SparkStreamReport:
+        """The counts so far: the open feed's, and the micro-batches fed and skipped."""
         return {**self.stream.report(), "batches_fed": self.batches_fed,
                 "batches_skipped": self.batches_skipped}
 
-    def _finish(self) -> dict:
+    def _finish(self) -> SparkStreamReport:
         """The query has ended: end the feed (or fail it, if the query failed otherwise), and
         raise the feed's own error if it failed the query."""
         exc = self._started().exception()
@@ -111,7 +117,7 @@ class SparkStream:
         self.stream.end()
         return self.report()
 
-    def stop(self) -> dict:
+    def stop(self) -> SparkStreamReport:
         """Stop the query (after the micro-batch being fed, if any) and end the nodes' feed
         after its rows; return the counts. Raises the feed's error if a micro-batch failed."""
         self._stopping = True
@@ -120,7 +126,7 @@ class SparkStream:
         self._started().stop()
         return self._finish()
 
-    def wait(self, timeout: Optional[float] = None) -> Optional[dict]:
+    def wait(self, timeout: Optional[float] = None) -> Optional[SparkStreamReport]:
         """Wait until the query ends by itself, then end the feed and return the counts; None
         if it still runs after ``timeout`` seconds."""
         try:
@@ -133,9 +139,10 @@ class SparkStream:
         return self._finish()
 
 
-def feed_stream(cluster, streaming_df, *, checkpoint_location: str, trigger: Optional[dict] = None,
-                query_name: Optional[str] = None, feed_timeout: float = 600.0,
-                balance: bool = True, ragged: Sequence[str] = ()) -> SparkStream:
+def feed_stream(cluster: Cluster, streaming_df: DataFrame, *, checkpoint_location: str,
+                trigger: Optional[dict] = None, query_name: Optional[str] = None,
+                feed_timeout: float = 600.0, balance: bool = True,
+                ragged: Sequence[str] = ()) -> SparkStream:
     """Start a streaming query that trains ``cluster`` from ``streaming_df``.
 
     Each micro-batch is fed, through ``foreachBatch``, as one chunk of an open feed

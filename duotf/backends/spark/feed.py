@@ -11,6 +11,7 @@ import time
 from typing import Dict, List, Optional
 
 from duotf.errors import ConfigError, InsufficientSlotsError
+from duotf.reports import FeedAdapterReport
 from duotf.backends.base import EngineJob, FeedAdapter, ThreadJob, work_name
 from duotf.backends.spark.frames import (INDEX_SCHEMA, MIN_FREE_BYTES, MIN_FREE_FRACTION,
                                         CachedPartition, FeedCache, JvmKept, arrow_source,
@@ -345,13 +346,15 @@ class SparkFeed(FeedAdapter):
 
         return call
 
-    def report(self) -> dict:
-        by_reference = {"epochs_fed_by_reference": self.epochs_by_reference} if self.cache is not None \
-            or self.kept is not None else {}
-        if self.kept is None:
-            return by_reference
-        return {"converted_once": True, "converted_in_jvm": self.converted_in_jvm,
-                "partitions_kept": sum(1 for p in self.kept.parts if p.path), **by_reference}
+    def report(self) -> FeedAdapterReport:
+        report: FeedAdapterReport = {}
+        if self.kept is not None:
+            report["converted_once"] = True
+            report["converted_in_jvm"] = self.converted_in_jvm
+            report["partitions_kept"] = sum(1 for p in self.kept.parts if p.path)
+        if self.cache is not None or self.kept is not None:
+            report["epochs_fed_by_reference"] = self.epochs_by_reference
+        return report
 
     def close(self) -> None:
         kept, self.kept = self.kept, None
