@@ -14,6 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import duotf
+from duotf.reports import DaskStreamReport, SparkStreamReport
+from duotf.testing.suite.typed import mismatches
 from examples import streaming
 from tests.conftest import QUIET_TF
 from tests.engines import poll_for
@@ -99,6 +101,7 @@ def test_a_micro_batch_replayed_after_a_restart_is_not_fed_again(backend, engine
             second = stream.stop()
         second_ids = _ids(cluster.wait(timeout=120))
     assert not stream.query.isActive and second["ended"]
+    assert mismatches(first, SparkStreamReport) == mismatches(second, SparkStreamReport) == []
     assert second["batches_skipped"] == 1 and second["batches_fed"] == 1
     assert second_ids == list(range(300, 340))  # the replayed batch's rows are not fed again
 
@@ -147,6 +150,7 @@ def test_dask_futures_feed_one_stream_and_a_failed_future_fails_it(backend, engi
         counts = duotf.dask.feed_stream(cluster, iter(futures))
         results = cluster.wait(timeout=120)
     assert counts["futures"] == 5 and counts["rows_fed"] == 250 and counts["ended"]
+    assert mismatches(counts, DaskStreamReport) == []
     assert _ids(results) == list(range(250))
     assert all(r["epochs"] == 0 for r in results)  # no epoch marker: one stream
 

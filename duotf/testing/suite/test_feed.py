@@ -8,9 +8,11 @@ import pytest
 
 import duotf
 from duotf.testing import shutdown_quietly
+from duotf.reports import TrainReport
 from duotf.testing.suite import mains
 from duotf.testing.suite.data import (FED, SIZES, fed_every_epoch, frames, kept_frame_folders, row_parts,
                               tensor_blocks)
+from duotf.testing.suite.typed import mismatches
 
 
 def test_train_epochs_balanced_across_workers(backend, engine):
@@ -18,6 +20,7 @@ def test_train_epochs_balanced_across_workers(backend, engine):
     with duotf.run(mains.feed_train_main, {"batch": 4}, backend, duotf.ClusterSpec(workers=2)) as cluster:
         report = cluster.train(data, epochs=3)
         first, second = cluster.wait(timeout=120)
+    assert mismatches(report, TrainReport) == []  # every key declared, of its declared type
     assert report["rows"] == 45 and report["rows_per_worker"] == 22
     assert report["rows_dropped_per_epoch"] == 1 and report["rows_fed"] == 3 * 44
     # a Spark RDD too is converted once, in epoch 1, and fed from what it kept after
@@ -42,6 +45,7 @@ def test_a_dataframe_fed_several_epochs_arrives_once_an_epoch_and_leaves_nothing
         report = cluster.train(df, epochs=3)
         left = kept_frame_folders() - before  # train has returned: what it kept is gone
         first, second = cluster.wait(timeout=120)
+    assert mismatches(report, TrainReport) == []  # Spark's keys of what it kept too
     assert report["rows_fed"] == 3 * 44 and first["epochs"] == second["epochs"] == 3
     assert fed_every_epoch([i for r in (first, second) for ids in r["ids"].values() for i in ids], 3)
     for epoch in range(3):

@@ -23,10 +23,12 @@ import pytest
 
 import duotf
 from duotf.errors import NodeFailedError
+from duotf.reports import TrainReport
 from duotf.testing import QUIET_TF, poll_for
 from duotf.testing.suite import mains
 from duotf.testing.suite.data import kept_frame_folders
 from duotf.testing.suite.test_orphans import job_folders
+from duotf.testing.suite.typed import mismatches
 from duotf.testing.suite.test_determinism import (BATCH, EPOCHS, LR, WIDTH, one_process_reference,
                                                   seeded_parts)
 
@@ -79,6 +81,9 @@ def _restarted_feed_run(backend, engine, tmp_path, victim="node", **run_options)
     assert restart.seconds is not None and restart.seconds > 0
     # bit for bit the uninterrupted run's weights
     assert [{"w": g["w"], "b": g["b"]} for g in got] == expected
+    # resumed while train() fed (it returns the restarted feed's report) or after it returned
+    assert mismatches(report, TrainReport) == []
+    assert report.get("resumed_at_epoch", restart.resume_epoch) == restart.resume_epoch
     # the restarted attempt read each epoch after the checkpoint once, whole, and no other
     per = report["rows_per_worker"]
     for g in got:
