@@ -38,9 +38,12 @@ stops every node).
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Union
 
 from duotf.errors import ConfigError
+
+if TYPE_CHECKING:  # TensorFlow is imported where it is used
+    import tensorflow as tf
 
 # AveragingCallback too, made on first use (module __getattr__): its base class is Keras's
 __all__ = ["WeightAverager"]
@@ -66,7 +69,7 @@ class WeightAverager:
     """
 
     def __init__(self, variables: Union[Sequence, Callable[[], Sequence]], every: int,
-                 strategy=None):
+                 strategy: Optional[tf.distribute.Strategy] = None):
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ConfigError(f"WeightAverager: every must be an int >= 1, got {every!r}")
         import tensorflow as tf

@@ -5,7 +5,14 @@ from __future__ import annotations
 import getpass
 import os
 import posixpath
-from typing import Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+
+if TYPE_CHECKING:  # what a node imports before main stays light: no numpy, no TensorFlow
+    import tensorflow as tf
+
+    from duotf._node.reports import Reporter
+    from duotf._transport.datafeed import DataFeed
+    from duotf._transport.server import FeedServer
 
 __all__ = ["NodeContext", "node_context", "check_feeds_answered"]
 
@@ -104,10 +111,10 @@ class NodeContext:
         self.executor_id = executor_id
         self.gpus: List[str] = list(gpus or [])
         self._notify: Optional[Callable[[str], None]] = None  # set by node_context
-        self._feed_server = None  # set by node_context
-        self._reporter = None  # set by node_context
-        self._feeds: list = []
-        self._server = None
+        self._feed_server: Optional[FeedServer] = None  # set by node_context
+        self._reporter: Optional[Reporter] = None  # set by node_context
+        self._feeds: List[DataFeed] = []
+        self._server: Optional[tf.distribute.Server] = None
         self.attempt = attempt
         self.resume_epoch = resume_epoch
         self.checkpoint_dir = checkpoint_dir
@@ -137,7 +144,8 @@ class NodeContext:
             path = posixpath.join("/user", getpass.getuser(), path)
         return default + path
 
-    def get_data_feed(self, train: bool = True, input_mapping: Optional[Dict[str, str]] = None):
+    def get_data_feed(self, train: bool = True,
+                      input_mapping: Optional[Dict[str, str]] = None) -> DataFeed:
         """The data that ``cluster.train(data)`` / ``cluster.inference(data)`` pushes to this node.
 
         Parameters
@@ -160,7 +168,7 @@ class NodeContext:
         self._feeds.append(feed)
         return feed
 
-    def report(self, step: Optional[int] = None, **metrics) -> bool:
+    def report(self, step: Optional[int] = None, **metrics: Any) -> bool:
         """Send metrics to the driver: ``ctx.report(step=100, loss=0.31, accuracy=0.9)``.
 
         They arrive, in the order this node made them, in ``cluster.metrics`` (a row: node,
@@ -200,7 +208,7 @@ class NodeContext:
         if self._on_checkpoint is not None:
             self._on_checkpoint({"epoch": epoch, "path": path})
 
-    def start_server(self):
+    def start_server(self) -> tf.distribute.Server:
         """Start (once) and return this node's ``tf.distribute.Server`` with the spec's protocol.
 
         Use it for TF1-style between-graph training (``tf.compat.v1`` sessions against
@@ -232,8 +240,9 @@ class NodeContext:
 
 
 # -- the node process's side (duotf._node.child): not for user code -------------------------------------
-def node_context(*, notify: Callable[[str], None], feed_server, reporter=None,
-                 on_checkpoint=None, **fields) -> NodeContext:
+def node_context(*, notify: Callable[[str], None], feed_server: Optional[FeedServer],
+                 reporter: Optional[Reporter] = None,
+                 on_checkpoint: Optional[Callable[[dict], None]] = None, **fields: Any) -> NodeContext:
     """The :class:`NodeContext` of a node process, wired to its agent and its feed.
 
     ``fields`` are :class:`NodeContext`'s own arguments; ``notify(what)`` tells the node's

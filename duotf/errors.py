@@ -52,7 +52,7 @@ __all__ = [
 class DuotfError(Exception):
     """Base of every error duotf raises."""
 
-    def __init__(self, message: str, **attrs):
+    def __init__(self, message: str, **attrs: Any):
         super().__init__(message)
         self.message = message
         self._attrs = attrs
@@ -207,14 +207,14 @@ class FeedSchemaError(FeedError):
     problem: FeedProblem
     hint: str
 
-    def __init__(self, message: str, **attrs):
+    def __init__(self, message: str, **attrs: Any):
         # A problem named by its string (an error rebuilt from JSON: the JVM feed's records)
         # becomes its member, so that ``problem`` is a FeedProblem wherever it was raised.
         if isinstance(attrs.get("problem"), str) and attrs["problem"] in _PROBLEMS:
             attrs["problem"] = FeedProblem(attrs["problem"])
         super().__init__(message, **attrs)
 
-    def located(self, partition, offset: int) -> "FeedSchemaError":
+    def located(self, partition: Optional[int], offset: int) -> "FeedSchemaError":
         """The same error, for the rows of ``partition`` that start at row ``offset``."""
         attrs = self.attributes
         attrs.update(partition=partition, row=attrs["row"] + offset)

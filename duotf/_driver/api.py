@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import IO, Any, Callable, Dict, Iterable, Literal, Optional, Tuple, Union
 
 from duotf.backends import resolve_backend
 from duotf._driver.cluster import Cluster, start
 from duotf.errors import ConfigError
 from duotf.spec import seconds
 from duotf.spec import ClusterSpec
+from duotf._driver.restarts import RestartOn
 from duotf._verbosity import node_env, set_verbose
 
 __all__ = ["run", "check_run_arguments"]
@@ -53,7 +54,7 @@ def check_run_arguments(
 def run(
     main: Callable[[Any, Any], Any],
     args: Any = None,
-    backend=None,
+    backend: Any = None,
     spec: Optional[ClusterSpec] = None,
     *,
     reservation_timeout: Optional[float] = None,
@@ -63,14 +64,14 @@ def run(
     default_fs: Optional[str] = None,
     driver_host: Optional[str] = None,
     keep_workdir: bool = False,
-    log_to_driver=True,
+    log_to_driver: Union[bool, Literal["chief"]] = True,
     log_dir: Optional[str] = None,
     tensorboard: bool = False,
     tensorboard_dir: Optional[str] = None,
-    progress=None,
+    progress: Union[bool, IO[str], None] = None,
     verbose: bool = False,
     max_restarts: int = 0,
-    restart_on=None,
+    restart_on: Union[RestartOn, Iterable[RestartOn], None] = None,
     checkpoint_dir: Optional[str] = None,
 ) -> Cluster:
     """Run ``main(args, ctx)`` once per node of a TensorFlow cluster; return when all run.

@@ -15,7 +15,8 @@ import logging
 import time
 import uuid
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, cast
+from typing import (IO, TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal, Optional, Sequence,
+                    Union, cast)
 
 from duotf._deadline import Deadline
 from duotf.errors import (ClusterClosedError, ConfigError, DuotfError, FeedError, NodesStoppedError,
@@ -25,15 +26,18 @@ from duotf._node.agent import NodeJob, OutcomeStatus, default_log_dir, default_w
 from duotf._driver.nodelogs import NodeLogs, log_node_ids
 from duotf._driver.progress import FeedProgress, check_progress
 from duotf._transport.rendezvous import Msg
-from duotf._driver.restarts import (Cause, Restart, await_capacity, check_restart_on, failure_cause, restartable,
+from duotf._driver.restarts import (Cause, Restart, RestartOn, await_capacity, check_restart_on, failure_cause, restartable,
                                     resume_point)
 from duotf.reports import TrainReport
 from duotf.spec import ClusterSpec, seconds
 from duotf._driver.nodes import TERMINAL, ClusterStatus, NodeInfo, NodeState, still_running
 from duotf._driver.supervisor import Supervisor
 
-if TYPE_CHECKING:  # the planner is imported where a feed starts
+if TYPE_CHECKING:  # the planner and pandas are imported where they are used
+    import pandas as pd
+
     from duotf._driver.planner import Stream
+    from duotf.backends.base import Backend
 
 logger = logging.getLogger("duotf.cluster")  # with the supervisor's and the metrics'
 
@@ -72,7 +76,7 @@ class Cluster:
         self,
         main: Callable,
         args: Any,
-        backend,
+        backend: Backend,
         spec: ClusterSpec,
         *,
         reservation_timeout: float,
@@ -84,13 +88,13 @@ class Cluster:
         owns_backend: bool,
         stop_timeout: float = 5.0,
         keep_workdir: bool = False,
-        log_to_driver=True,
+        log_to_driver: Union[bool, Literal["chief"]] = True,
         log_dir: Optional[str] = None,
         tensorboard: bool = False,
         tensorboard_dir: Optional[str] = None,
-        progress=None,
+        progress: Union[bool, IO[str], None] = None,
         max_restarts: int = 0,
-        restart_on=None,
+        restart_on: Union[RestartOn, Iterable[RestartOn], None] = None,
         checkpoint_dir: Optional[str] = None,
     ):
         import cloudpickle
@@ -227,7 +231,7 @@ class Cluster:
         self._tensorboard_url = report["url"]
         return self._tensorboard_url
 
-    def logs(self, node) -> str:
+    def logs(self, node: Union[int, str]) -> str:
         """Everything node ``node`` (a node id, or a role such as ``"worker:1"``) wrote to its
         stdout and stderr so far, as it reached the driver; also after :meth:`shutdown`.
 
@@ -249,7 +253,7 @@ class Cluster:
         return self._logs.text(node_id)
 
     @property
-    def metrics(self):
+    def metrics(self) -> pd.DataFrame:
         """Every node's ``ctx.report`` so far, as a pandas DataFrame: columns ``node`` (the
         role, ``"worker:1"``), ``step``, ``time`` (seconds since the epoch, when the node
         reported), then one per metric (NaN where a report lacks it); each node's rows in the
@@ -463,7 +467,7 @@ class Cluster:
             self.restarts.append(dataclasses.replace(record, seconds=time.monotonic() - failed_at))
             return True
 
-    def train(self, data, epochs: int = 1, *, feed_timeout: float = 600.0,
+    def train(self, data: Any, epochs: int = 1, *, feed_timeout: float = 600.0,
               balance: bool = True, ragged: Sequence[str] = (),
               convert_once: Optional[bool] = None) -> TrainReport:
         """Push ``data`` into the chief and workers, ``epochs`` times; return when all is queued.
@@ -551,8 +555,9 @@ class Cluster:
         _check_feed_args(1, feed_timeout)
         return planner.Stream(self.supervisor, self.backend, feed_timeout, balance, ragged)
 
-    def inference(self, data, *, keep=None, result_columns=None, feed_timeout: float = 600.0,
-                  ragged: Sequence[str] = ()):
+    def inference(self, data: Any, *, keep: Optional[Sequence[str]] = None,
+                  result_columns: Optional[Dict[str, str]] = None, feed_timeout: float = 600.0,
+                  ragged: Sequence[str] = ()) -> Any:
         """Push ``data`` through the nodes and return their results, one per input, in order.
 
         The result is a collection of the input's engine, its answers materialized while the

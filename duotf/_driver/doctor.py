@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
 from duotf._deadline import Deadline
 from duotf.backends.base import CheckStatus
@@ -93,7 +93,7 @@ class DoctorReport:
     __str__ = table
 
 
-def doctor(backend=None, spec: Optional[ClusterSpec] = None, *, url: Optional[str] = None,
+def doctor(backend: Any = None, spec: Optional[ClusterSpec] = None, *, url: Optional[str] = None,
            reach: Iterable = (), env: Optional[Dict[str, str]] = None,
            driver_host: Optional[str] = None, connect_timeout: float = 10.0,
            timeout: float = 180.0) -> DoctorReport:

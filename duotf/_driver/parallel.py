@@ -83,12 +83,12 @@ class RunResult:
 def run_parallel(
     main: Callable[[Any, Any], Any],
     args_list: Iterable[Any],
-    backend=None,
+    backend: Any = None,
     spec: Optional[ClusterSpec] = None,
     *,
     max_concurrent: Optional[int] = None,
     timeout: Optional[float] = None,
-    **run_kwargs,
+    **run_kwargs: Any,
 ) -> List[RunResult]:
     """Run ``main`` once per element of ``args_list``, each as an independent cluster of ``spec``,
     up to ``max_concurrent`` at once; return every run's :class:`RunResult`, in ``args_list``

@@ -16,11 +16,11 @@ import logging
 import re
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from duotf._deadline import Deadline
 from duotf._verbosity import is_verbose
-from duotf.backends.base import FeedOptions
+from duotf.backends.base import Backend, FeedOptions
 from duotf.errors import ConfigError, DuotfError, FeedError, cause_of
 from duotf.reports import StreamReport, TrainReport
 from duotf._transport import wire
@@ -467,8 +467,8 @@ class Stream:
     reads raise) and raises it; the stream is then closed.
     """
 
-    def __init__(self, sup: Supervisor, backend, feed_timeout: float, balanced: bool = True,
-                 ragged=()):
+    def __init__(self, sup: Supervisor, backend: Backend, feed_timeout: float, balanced: bool = True,
+                 ragged: Sequence[str] = ()):
         sup.check_running("feed a stream")
         self._sup = sup
         self._backend = backend
@@ -497,7 +497,7 @@ class Stream:
         if self.ended:
             raise ConfigError("the stream was ended: open another with cluster.open_stream()")
 
-    def feed(self, data) -> int:
+    def feed(self, data: Any) -> int:
         """Feed one chunk (any data ``cluster.train`` takes); return the rows fed once every
         node has them queued. Rows of a chunk fed after a node terminated its feed are
         dropped (0)."""

@@ -19,7 +19,7 @@ import dataclasses
 import enum
 import logging
 import threading
-from typing import Dict, FrozenSet, Iterable, Optional, Tuple
+from typing import Dict, FrozenSet, Iterable, Optional, Tuple, Type, Union
 
 from duotf._deadline import Deadline
 from duotf.errors import (BackendError, ConfigError, FeedError, InsufficientSlotsError, NodeFailedError,
@@ -27,8 +27,12 @@ from duotf.errors import (BackendError, ConfigError, FeedError, InsufficientSlot
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CAUSES", "Cause", "DEFAULT_RESTART_ON", "REPLACEMENT_WAIT", "Restart", "await_capacity",
-           "check_restart_on", "failure_cause", "resume_point"]
+__all__ = ["CAUSES", "Cause", "DEFAULT_RESTART_ON", "REPLACEMENT_WAIT", "Restart", "RestartOn",
+           "await_capacity", "check_restart_on", "failure_cause", "resume_point"]
+
+#: one item of ``duotf.run(restart_on=...)``: a cause (``"killed"``, ...), or an exception class or
+#: its name
+RestartOn = Union[str, Type[BaseException]]
 
 class Cause(str, enum.Enum):
     """What kind of failure a node's was (``restart_on`` names them by their values)."""

@@ -37,9 +37,13 @@ from duotf.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ModelSource", "Model", "TensorInfo", "OutputColumn", "Plan", "model_source",
+__all__ = ["ModelRef", "ModelSource", "Model", "TensorInfo", "OutputColumn", "Plan", "model_source",
            "get_model", "make_plan", "score_columns", "score_arrow", "score_pandas",
            "cache_stats", "DEFAULT_BATCH_SIZE"]
+
+#: what ``model=`` takes: the path or fsspec URL of a saved model (a ``.keras``/``.h5`` file or a
+#: SavedModel directory), or a loader, a function of no arguments that returns the model
+ModelRef = Union[str, "os.PathLike[str]", Callable[[], Any]]
 
 DEFAULT_BATCH_SIZE = 1024
 _KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")

@@ -7,11 +7,14 @@ import itertools
 import operator
 import os
 import re
-from typing import Any, Collection, Dict, Iterable, Iterator, List, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Any, Collection, Dict, Iterable, Iterator, List, Optional, Tuple, cast
 
 import numpy as np
 
 from duotf.errors import ConfigError, FeedProblem, FeedSchemaError, feed_schema_error
+
+if TYPE_CHECKING:  # TensorFlow is imported where a tensor is made
+    import tensorflow as tf
 
 #: a batch's columns by name: numpy arrays, RaggedColumns, or lists (of strings, of bytes)
 Columns = Dict[str, Any]
@@ -105,7 +108,7 @@ class RaggedColumn:
     def to_list(self) -> list:
         return [row.tolist() for row in self]
 
-    def to_tensor(self):
+    def to_tensor(self) -> tf.RaggedTensor:
         """The rows as a ``tf.RaggedTensor`` (``values`` and ``row_splits`` as its components)."""
         import tensorflow as tf
 

@@ -10,7 +10,7 @@ import collections
 import difflib
 import logging
 import queue
-from typing import Dict, List, Optional, cast
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Union, cast
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from duotf._transport import malloc
 from duotf._transport.server import FeedServer
 from duotf._transport.wire import Frame, Marker
 from duotf._transport.columns import Columns, RaggedColumn, concat_cols, num_rows, slice_cols
+
+if TYPE_CHECKING:  # TensorFlow is imported where a dataset is made
+    import tensorflow as tf
 
 logger = logging.getLogger(__name__)
 
@@ -215,7 +218,7 @@ class DataFeed:
         """Inference: rows read whose results have not been sent by :meth:`batch_results`."""
         return sum(rows for _, rows in self._owed)
 
-    def next_batch(self, batch_size: int):
+    def next_batch(self, batch_size: int) -> Any:
         """Up to ``batch_size`` rows: a dict of column arrays with ``input_mapping``, else a list
         of rows (tuples, or single values for one column).
 
@@ -226,14 +229,16 @@ class DataFeed:
         A batch never spans two epochs: the last batch of an epoch may be short (by the same
         amount on every worker, since ``train`` balances rows). In inference a batch is also cut
         short when no more rows are queued, as the rows' results must go back first, and reading
-        with rows still unanswered raises :class:`~duotf.errors.FeedError`."""
+        with rows still unanswered raises :class:`~duotf.errors.FeedError`.
+
+        Annotated ``Any``: a dict or a list, as ``get_data_feed(input_mapping=...)`` chose."""
         check_answered(self, "next_batch() was called")
         cols = self._take(batch_size)
         if cols is None:
             return {} if self.input_mapping else []
         return self._rows(cols)
 
-    def batches(self, batch_size: int):
+    def batches(self, batch_size: int) -> Iterator[Any]:
         """The batches of one epoch, as :meth:`next_batch` gives them: iterating stops at the
         epoch's end (nothing more once the data ended), so ``for batch in feed.batches(n)``
         is one epoch, and a checkpoint saved after it holds whole epochs (what a restart
@@ -267,8 +272,9 @@ class DataFeed:
             status = self._fill()
         return self._server.terminated.is_set() or not status
 
-    def batch_results(self, results) -> None:
-        """Send inference results for the rows read so far, in order, one per input row."""
+    def batch_results(self, results: Any) -> None:
+        """Send inference results for the rows read so far, in order, one per input row: a
+        list, a numpy array or tensor (one result column, ``prediction``), or a dict of columns."""
         cols = _as_result_columns(results)
         n = num_rows(cols)
         start = 0
@@ -291,8 +297,9 @@ class DataFeed:
         """Stop reading: pending and future data is dropped and the driver's call returns."""
         self._server.terminate()
 
-    def dataset(self, batch_size: int, *, features=None, label: Optional[str] = None,
-                per_epoch: Optional[bool] = None, block_bytes: int = 4 << 20):
+    def dataset(self, batch_size: int, *, features: Union[str, Sequence[str], None] = None,
+                label: Optional[str] = None, per_epoch: Optional[bool] = None,
+                block_bytes: int = 4 << 20) -> tf.data.Dataset:
         """A ``tf.data.Dataset`` of this node's rows in batches of ``batch_size``.
 
         Without ``features`` and ``label`` an element is a dict ``{column: tensor}``; with them

@@ -8,15 +8,22 @@ task after), and a prediction of several values a row goes back as one Arrow-bac
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, Union
 
 from duotf._ml import scoring
 from duotf.errors import ConfigError
 
+if TYPE_CHECKING:  # dask and pandas are imported where they are used
+    import dask.dataframe as dd
+    import pandas as pd
+
+#: what ``meta=`` takes: ``{column: dtype}``, or an empty frame of the output columns
+Meta = Union[Dict[str, Any], "pd.DataFrame", None]
+
 __all__ = ["predict", "predict_udf", "PredictUDF", "check_column"]
 
 
-def check_column(meta, name: str) -> None:
+def check_column(meta: pd.DataFrame, name: str) -> None:
     """Refuse the input column ``name`` of the frame ``meta`` (a Dask DataFrame's meta) where it
     is missing or does not hold numbers (a :class:`~duotf.ConfigError` naming it)."""
     import pandas as pd
@@ -78,7 +85,7 @@ class PredictUDF:
         # partition in a FeedSchemaError
         return scoring.score_pandas(self.plan, frame, (partition_info or {}).get("number"))
 
-    def output_meta(self, ddf):
+    def output_meta(self, ddf: Union[dd.DataFrame, pd.DataFrame]) -> pd.DataFrame:
         """The meta of ``ddf.map_partitions(self)``: ``ddf``'s columns and the prediction
         columns, after checking ``ddf``'s meta (each a :class:`~duotf.ConfigError` naming the
         column): an input column that is missing or not numbers, an output column that exists
@@ -103,8 +110,8 @@ class PredictUDF:
                 f"{[c.column for c in self.plan.outputs]})")
 
 
-def predict_udf(model, *, columns: Optional[Sequence[str]] = None,
-                output: Union[str, Mapping[str, str]] = "prediction", meta=None,
+def predict_udf(model: scoring.ModelRef, *, columns: Optional[Sequence[str]] = None,
+                output: Union[str, Mapping[str, str]] = "prediction", meta: Meta = None,
                 batch_size: int = scoring.DEFAULT_BATCH_SIZE) -> PredictUDF:
     """A picklable function that scores a pandas partition with a saved model: the Dask twin
     of :func:`duotf.spark.predict_udf`, for ``ddf.map_partitions``.
@@ -131,9 +138,9 @@ def predict_udf(model, *, columns: Optional[Sequence[str]] = None,
     return PredictUDF(scoring.make_plan(source, loaded, cols, outputs, batch_size))
 
 
-def predict(ddf, model, *, columns: Optional[Sequence[str]] = None,
-            output: Union[str, Mapping[str, str]] = "prediction", meta=None,
-            batch_size: int = scoring.DEFAULT_BATCH_SIZE):
+def predict(ddf: dd.DataFrame, model: scoring.ModelRef, *, columns: Optional[Sequence[str]] = None,
+            output: Union[str, Mapping[str, str]] = "prediction", meta: Meta = None,
+            batch_size: int = scoring.DEFAULT_BATCH_SIZE) -> dd.DataFrame:
     """``ddf`` with prediction columns added: lazy, one output partition per input partition,
     rows in their order, every column of ``ddf`` kept.
 

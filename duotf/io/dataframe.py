@@ -27,12 +27,18 @@ the kind its empty lists were written with, float where they name none).
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Iterator, List, Optional, Union
+from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Optional, Sequence, Union, cast
 
 from duotf.errors import ConfigError
 from duotf.io.example import (Field, Schema, example_to_row, infer_schema, is_null, numpy_kind, row_to_example)
 from duotf.io.files import expand, filesystem
 from duotf.io.tfrecord import TFRecordReader, TFRecordWriter, resolve_compression
+
+if TYPE_CHECKING:  # the engines are imported where they are used
+    import dask.dataframe as dd
+    from pyspark import SparkContext
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 __all__ = [
     "spark_to_tfrecords", "tfrecords_to_spark", "dask_to_tfrecords", "tfrecords_to_dask",
@@ -77,7 +83,8 @@ def read_rows(url: str, schema: Schema, compression: Optional[str] = "infer",
     return list(iter_rows(url, schema, compression, skip_corrupt, storage_options))
 
 
-def infer_tfrecord_schema(urls, limit: Optional[int] = 1000, bytes_as: Union[str, Dict[str, str]] = "bytes",
+def infer_tfrecord_schema(urls: Union[str, Sequence[str]], limit: Optional[int] = 1000,
+                          bytes_as: Union[str, Dict[str, str]] = "bytes",
                           compression: Optional[str] = "infer",
                           storage_options: Optional[dict] = None) -> Schema:
     """Infer a schema from up to ``limit`` records, taken across the files in turn."""
@@ -129,7 +136,7 @@ def to_spark_schema(schema: Schema):
     ])
 
 
-def spark_to_tfrecords(df, url: str, *, compression: Optional[str] = None, mode: str = "error",
+def spark_to_tfrecords(df: DataFrame, url: str, *, compression: Optional[str] = None, mode: str = "error",
                        storage_options: Optional[dict] = None) -> List[str]:
     """Write a Spark DataFrame as TFRecord files, one per partition; return their URLs."""
     schema = [_field_from_spark(f) for f in df.schema.fields]
@@ -167,9 +174,11 @@ def _spark_converter(schema, struct):
     return convert
 
 
-def tfrecords_to_spark(spark, urls, *, schema=None, bytes_as: Union[str, Dict[str, str]] = "bytes",
+def tfrecords_to_spark(spark: Union[SparkSession, SparkContext], urls: Union[str, Sequence[str]], *,
+                       schema: Union[Schema, StructType, None] = None,
+                       bytes_as: Union[str, Dict[str, str]] = "bytes",
                        infer_limit: Optional[int] = 1000, compression: Optional[str] = "infer",
-                       skip_corrupt: bool = False, storage_options: Optional[dict] = None):
+                       skip_corrupt: bool = False, storage_options: Optional[dict] = None) -> DataFrame:
     """Read TFRecord files of Examples as a Spark DataFrame (one partition per file).
 
     ``schema``: a list of :class:`Field`, or a Spark ``StructType`` (such as the ``df.schema``
@@ -185,7 +194,7 @@ def tfrecords_to_spark(spark, urls, *, schema=None, bytes_as: Union[str, Dict[st
         schema = infer_tfrecord_schema(files, infer_limit, bytes_as, compression, storage_options)
     if struct is None:
         struct = to_spark_schema(schema)
-    sc = getattr(spark, "sparkContext", spark)
+    sc = cast("SparkContext", getattr(spark, "sparkContext", spark))  # a session's, or the context
     convert = _spark_converter(schema, struct)
 
     def read(url):
@@ -249,7 +258,7 @@ def _pandas_frame(rows: List[dict], schema: Schema):
     return pd.DataFrame(data, columns=[f.name for f in schema])
 
 
-def dask_to_tfrecords(ddf, url: str, *, compression: Optional[str] = None, mode: str = "error",
+def dask_to_tfrecords(ddf: dd.DataFrame, url: str, *, compression: Optional[str] = None, mode: str = "error",
                       schema: Optional[Schema] = None, storage_options: Optional[dict] = None) -> List[str]:
     """Write a Dask DataFrame as TFRecord files, one per partition; return their URLs."""
     import dask
@@ -267,9 +276,10 @@ def dask_to_tfrecords(ddf, url: str, *, compression: Optional[str] = None, mode:
     return sorted(dask.compute(*tasks))
 
 
-def tfrecords_to_dask(urls, *, schema: Optional[Schema] = None, bytes_as: Union[str, Dict[str, str]] = "bytes",
+def tfrecords_to_dask(urls: Union[str, Sequence[str]], *, schema: Optional[Schema] = None,
+                      bytes_as: Union[str, Dict[str, str]] = "bytes",
                       infer_limit: Optional[int] = 1000, compression: Optional[str] = "infer",
-                      skip_corrupt: bool = False, storage_options: Optional[dict] = None):
+                      skip_corrupt: bool = False, storage_options: Optional[dict] = None) -> dd.DataFrame:
     """Read TFRecord files of Examples as a Dask DataFrame (one partition per file)."""
     import dask
     import dask.dataframe as dd

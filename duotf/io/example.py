@@ -143,7 +143,7 @@ def _mismatch(field: Field, value, why: str) -> SchemaMismatchError:
     )
 
 
-def numpy_kind(v) -> str:
+def numpy_kind(v: Any) -> str:
     """The numpy kind letter of a numpy scalar ("i", "u", "f", "b"...), "" for anything else."""
     return getattr(getattr(v, "dtype", None), "kind", None) or ""
 
@@ -173,7 +173,7 @@ def _check_scalar(field: Field, v):
     raise _mismatch(field, v, "expected bytes")
 
 
-def is_null(v) -> bool:
+def is_null(v: Any) -> bool:
     """None, pandas' NA or NaT; not NaN, which is a float value (stored as NaN)."""
     return v is None or type(v).__name__ in ("NAType", "NaTType")
 

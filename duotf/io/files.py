@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Sequence, Union
+from typing import IO, List, Optional, Sequence, Tuple, Union
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -27,7 +27,7 @@ def _translate(url: str, exc: BaseException) -> BaseException:
     return exc
 
 
-def filesystem(url: str, storage_options: Optional[dict] = None):
+def filesystem(url: str, storage_options: Optional[dict] = None) -> Tuple[fsspec.AbstractFileSystem, str]:
     """``(fs, path)`` for ``url``, with a clear error when the scheme's package is missing."""
     try:
         return fsspec.core.url_to_fs(url, **(storage_options or {}))
@@ -35,7 +35,7 @@ def filesystem(url: str, storage_options: Optional[dict] = None):
         raise _translate(url, exc) from exc
 
 
-def open_url(url: str, mode: str = "rb", storage_options: Optional[dict] = None):
+def open_url(url: str, mode: str = "rb", storage_options: Optional[dict] = None) -> IO[bytes]:
     """An open binary file object for ``url`` (local path or any fsspec URL)."""
     fs, path = filesystem(url, storage_options)
     if "w" in mode and isinstance(fs, LocalFileSystem):

@@ -2,17 +2,42 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 from duotf.errors import ConfigError
 from duotf.io.files import expand
 from duotf.io.tfrecord import TFRecordReader, resolve_compression
 
-__all__ = ["tfrecord_dataset", "worker_rank", "shard_files"]
+if TYPE_CHECKING:  # TensorFlow is imported where a dataset is made
+    import tensorflow as tf
+
+__all__ = ["tfrecord_dataset", "worker_rank", "shard_files", "NodePlace"]
 
 
-def worker_rank(ctx) -> tuple:
-    """``(rank, count)`` of this node among the chief and workers (the chief is rank 0)."""
+class NodePlace(Protocol):
+    """Where a node sits in its cluster, as sharding by file reads it: the node's
+    :class:`duotf.NodeContext` (``ctx``) is one."""
+
+    @property
+    def job_name(self) -> str:
+        """``"chief"``, ``"worker"``, ``"ps"`` or ``"evaluator"``."""
+
+    @property
+    def task_index(self) -> int:
+        """The node's index among the nodes of its job."""
+
+    @property
+    def num_workers(self) -> int:
+        """The chief and the workers: the nodes that share the training data."""
+
+    @property
+    def cluster_spec(self) -> Dict[str, List[str]]:
+        """``{job: [host:port, ...]}``."""
+
+
+def worker_rank(ctx: NodePlace) -> Tuple[Optional[int], int]:
+    """``(rank, count)`` of this node among the chief and workers (the chief is rank 0); rank
+    None for a ps or an evaluator, which get no share."""
     has_chief = bool(ctx.cluster_spec.get("chief"))
     if ctx.job_name == "chief":
         return 0, ctx.num_workers
@@ -21,7 +46,7 @@ def worker_rank(ctx) -> tuple:
     return None, ctx.num_workers  # ps / evaluator: no share of the training data
 
 
-def shard_files(files: Sequence[str], ctx) -> list:
+def shard_files(files: Sequence[str], ctx: NodePlace) -> List[str]:
     """This node's files: every ``count``-th file from its ``rank``; all files for an evaluator."""
     rank, count = worker_rank(ctx)
     if rank is None:
@@ -41,14 +66,14 @@ def _is_local(url: str) -> bool:
 
 def tfrecord_dataset(
     urls: Union[str, Sequence[str]],
-    ctx=None,
+    ctx: Optional[NodePlace] = None,
     *,
     compression: Optional[str] = "infer",
     storage_options: Optional[dict] = None,
     num_parallel_reads: int = 4,
     reader: str = "auto",
     skip_corrupt: bool = False,
-):
+) -> tf.data.Dataset:
     """A dataset of serialized records from a URL, glob, directory or list of them.
 
     With ``ctx`` each node reads its own share of the files (see :func:`shard_files`), and the

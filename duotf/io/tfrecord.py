@@ -22,7 +22,7 @@ import logging
 import os
 import struct
 import zlib
-from typing import Any, BinaryIO, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, BinaryIO, Iterable, Iterator, List, Optional, Tuple, Union
 
 import crc32c as _crc32c
 
@@ -53,7 +53,7 @@ _ZEROS4 = b"\0\0\0\0"
 COMPRESSIONS = ("NONE", "GZIP", "ZLIB")
 
 
-def masked_crc(data) -> int:
+def masked_crc(data: Union[bytes, bytearray, memoryview]) -> int:
     crc = _crc32c.crc32c(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
@@ -419,7 +419,7 @@ def _read_more(stream, want: int) -> Tuple[bytes, Optional["_StreamDamage"]]:
         return b"", exc
 
 
-def read_records(url: str, compression: Optional[str] = None, **kwargs) -> Iterator[bytes]:
+def read_records(url: str, compression: Optional[str] = None, **kwargs: Any) -> Iterator[bytes]:
     """The records of one TFRecord file (see :class:`TFRecordReader`)."""
     return iter(TFRecordReader(url, compression, **kwargs))
 

@@ -10,10 +10,14 @@ without per-row Python, and the predictions go back as Arrow arrays.
 from __future__ import annotations
 
 import gc
-from typing import Dict, List, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Union
 
 from duotf.errors import ConfigError
 from duotf._ml import scoring
+
+if TYPE_CHECKING:  # pyspark is imported where it is used
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import DataType
 __all__ = ["predict_udf", "predict", "PredictUDF"]
 
 _NUMBERS = {"float", "double", "tinyint", "smallint", "int", "bigint", "boolean"}
@@ -54,7 +58,7 @@ class PredictUDF:
     (``udf("features")``, ``udf(*cols)``) to get the prediction column. The number of columns is
     checked against the model's inputs here, on the driver."""
 
-    def __init__(self, plan: scoring.Plan, model: scoring.Model, data_type):
+    def __init__(self, plan: scoring.Plan, model: scoring.Model, data_type: DataType):
         self.plan = plan
         self.return_type = data_type
         self._inputs = model.inputs
@@ -87,7 +91,8 @@ class PredictUDF:
         return f"PredictUDF({self.plan.source.describe()}, {self.return_type.simpleString()})"
 
 
-def predict_udf(model, return_type="double", *, batch_size: int = scoring.DEFAULT_BATCH_SIZE):
+def predict_udf(model: scoring.ModelRef, return_type: Union[str, DataType] = "double", *,
+                batch_size: int = scoring.DEFAULT_BATCH_SIZE) -> PredictUDF:
     """A Spark UDF that scores its input columns with a saved model.
 
     ``df.withColumn("pred", predict_udf("s3://m/model.keras")("features"))``, or
@@ -230,9 +235,10 @@ def _check_column(df, name: str, tensors: Mapping[str, tuple]) -> None:
                       f"{hint}", column=name, type=dt.simpleString())
 
 
-def predict(df, model, *, columns: Optional[Sequence[str]] = None,
-            output: Union[str, Mapping[str, str]] = "prediction", return_type=None,
-            batch_size: int = scoring.DEFAULT_BATCH_SIZE):
+def predict(df: DataFrame, model: scoring.ModelRef, *, columns: Optional[Sequence[str]] = None,
+            output: Union[str, Mapping[str, str]] = "prediction",
+            return_type: Union[str, DataType, None] = None,
+            batch_size: int = scoring.DEFAULT_BATCH_SIZE) -> DataFrame:
     """``df`` with prediction columns added, scored with ``mapInArrow`` (lazy, as any
     transformation: nothing runs until an action).
 

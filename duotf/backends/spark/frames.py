@@ -7,10 +7,16 @@ take that cost once instead of every epoch. Public names are re-exported by :mod
 from __future__ import annotations
 
 import json
-from typing import Dict, List, Sequence, Union
+from typing import TYPE_CHECKING, BinaryIO, Dict, List, Optional, Sequence, Tuple, Union
 
 from duotf.errors import ConfigError
 from duotf.backends.spark.tasks import ERROR_COLUMN, arrow_batches, error_json, guarded, raise_first
+
+if TYPE_CHECKING:  # pyspark is imported where it is used
+    from pyspark import RDD
+    from pyspark.sql import DataFrame
+
+    from duotf._transport.wire import FileFrame
 
 __all__ = ["pack_tensors", "FeedCache", "CachedPartition", "feed_cache"]
 
@@ -50,7 +56,7 @@ def _packer(names: Sequence[str], dtype: str, widths: Dict[str, int]):
     return pack
 
 
-def pack_tensors(df, columns: Union[str, Sequence[str]], dtype: str = "float32"):
+def pack_tensors(df: DataFrame, columns: Union[str, Sequence[str]], dtype: str = "float32") -> DataFrame:
     """A Spark DataFrame whose ``array<number>`` ``columns`` are packed as binary tensor columns.
 
     Each value becomes the raw bytes of a ``dtype`` array, and the column's metadata records
@@ -161,7 +167,7 @@ class CachedPartition:
     def rows(self) -> int:
         return sum(rows for rows, _, _ in self.frames)
 
-    def open(self):
+    def open(self) -> Optional[Tuple[BinaryIO, List[FileFrame]]]:
         """The partition's frames as :class:`~duotf._transport.wire.FileFrame`, and the open file; or
         ``None`` where the file is not on this host (the task ran on another executor), or
         where the frames were not kept (no path)."""
@@ -393,8 +399,10 @@ class FeedCache:
     """A Spark DataFrame turned into ready-to-send feed frames, held in files on the executors
     (see :func:`feed_cache`). Pass it to ``cluster.train`` instead of the DataFrame."""
 
-    def __init__(self, index, df, parts: List[CachedPartition], columns: List[str], kept=None):
-        self.index = index  # RDD: one CachedPartition per partition, kept in executor memory
+    def __init__(self, index: RDD, df: Union[DataFrame, RDD], parts: List[CachedPartition],
+                 columns: List[str], kept: Union[RDD, JvmKept, None] = None):
+        # one CachedPartition per partition, kept in executor memory (None once unpersisted)
+        self.index: Optional[RDD] = index
         self.kept = kept if kept is not None else index  # the RDD whose blocks hold them
         self.df = df  # what a partition whose file is on another host is fed from
         self.parts = parts
@@ -426,7 +434,7 @@ class FeedCache:
                 f"columns={self.columns})")
 
 
-def feed_cache(df, *, block_bytes: int = 4 << 20, ragged: Sequence[str] = ()) -> FeedCache:
+def feed_cache(df: DataFrame, *, block_bytes: int = 4 << 20, ragged: Sequence[str] = ()) -> FeedCache:
     """Convert ``df`` once into ready-to-send feed frames, kept in files on the executors, for
     training.
 
