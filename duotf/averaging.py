@@ -38,7 +38,7 @@ stops every node).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
 
 from duotf.errors import ConfigError
 
@@ -223,21 +223,21 @@ def _callback_class():
             A ``MultiWorkerMirroredStrategy`` made first in ``main`` (``None``: one is made).
         """
 
-        def __init__(self, every: int, strategy=None):
+        def __init__(self, every: int, strategy: Optional[tf.distribute.Strategy] = None):
             super().__init__()
             self.averager = WeightAverager(lambda: self.model.weights, every, strategy)
             self.every, self.strategy = every, self.averager.strategy
 
-        def on_train_begin(self, logs=None):
+        def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
             if self.averager.finished:  # a later fit: averaged anew (on every worker alike)
                 self.averager = WeightAverager(lambda: self.model.weights, self.every,
                                                self.strategy)
             self.averager.start()
 
-        def on_train_batch_end(self, batch, logs=None):
+        def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
             self.averager.step()
 
-        def on_train_end(self, logs=None):
+        def on_train_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
             self.averager.finish()
 
     _CALLBACK = AveragingCallback

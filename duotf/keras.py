@@ -47,9 +47,14 @@ import inspect
 import logging
 import os
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Dict, Literal, Optional, Union
 
 from duotf.errors import ConfigError
+
+if TYPE_CHECKING:  # Keras is imported where a callback class is made
+    import keras
+
+    from duotf.context import NodeContext
 
 # ReportCallback too, made on first use (module __getattr__): its base class is Keras's
 __all__ = ["enable_multi_worker_fit", "ENV_VAR", "TESTED_KERAS"]
@@ -367,7 +372,7 @@ def _report_callback_class():
             subject to the node's report rate (50/s; the rest is dropped and counted).
         """
 
-        def __init__(self, ctx, every="epoch"):
+        def __init__(self, ctx: NodeContext, every: Union[Literal["epoch", "batch"], int] = "epoch"):
             super().__init__()
             if every == "epoch":
                 self._batches = 0
@@ -395,11 +400,11 @@ def _report_callback_class():
             if values:
                 self.ctx.report(step=step, **values)
 
-        def on_epoch_end(self, epoch, logs=None):
+        def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
             if not self._batches:
                 self._send(epoch, logs)
 
-        def on_train_batch_end(self, batch, logs=None):
+        def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
             if self._batches:
                 self._seen += 1
                 if self._seen % self._batches == 0:
@@ -432,7 +437,7 @@ def _checkpoint_callback_class():
         are kept (at least 2: the driver may learn of the newest only after a failure).
         """
 
-        def __init__(self, ctx, keep: int = 2):
+        def __init__(self, ctx: NodeContext, keep: int = 2):
             super().__init__()
             if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
                 raise ConfigError(f"CheckpointCallback(keep={keep!r}): keep 2 or more")
@@ -440,13 +445,14 @@ def _checkpoint_callback_class():
             self.keep = keep
 
         @staticmethod
-        def path(ctx, epoch: int) -> str:
+        def path(ctx: NodeContext, epoch: int) -> str:
+            """Where the weights after ``epoch`` epochs are saved."""
             import os
 
             return os.path.join(ctx.checkpoint_dir, f"epoch-{epoch}.weights.h5")
 
         @staticmethod
-        def restore(model, ctx) -> bool:
+        def restore(model: keras.Model, ctx: NodeContext) -> bool:
             """Load ``ctx.latest_checkpoint()`` into ``model`` (built first); False when there
             is none (the first attempt)."""
             path = ctx.latest_checkpoint()
@@ -455,7 +461,7 @@ def _checkpoint_callback_class():
             model.load_weights(path)
             return True
 
-        def on_epoch_end(self, epoch, logs=None):
+        def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
             if not self.ctx.is_chief:
                 return
             import os

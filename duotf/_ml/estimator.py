@@ -48,14 +48,24 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 from duotf.errors import ConfigError, InsufficientSlotsError
+
+if TYPE_CHECKING:
+    from duotf.context import NodeContext
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["FitConfig", "FitResult", "FitGroup", "FIT_PARAMS", "fit", "keras_main", "book_slots",
-           "running_fits", "MODEL_FILE", "EXPORT_DIR"]
+           "running_fits", "MODEL_FILE", "EXPORT_DIR", "ColumnNames", "ModelFn", "TrainFn"]
+
+#: ``featuresCol`` / ``labelCol``: a column name, or a list of them (one per model input / output)
+ColumnNames = Union[str, Sequence[str]]
+#: ``modelFn``: a function of no arguments returning a compiled Keras model
+ModelFn = Callable[[], Any]
+#: ``trainFn``: the node program, ``trainFn(args, ctx)``
+TrainFn = Callable[[Dict[str, Any], "NodeContext"], Any]
 
 #: the file the chief saves a ``modelFn`` model to, in the fit's folder
 MODEL_FILE = "model.keras"

@@ -17,12 +17,17 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, TypeVar
 
 import duotf._ml.estimator as core
 from duotf._ml import scoring
 from duotf.dask._scoring import check_column, predict
 from duotf.errors import ConfigError
+
+if TYPE_CHECKING:  # dask, distributed and Keras are imported where they are used
+    import dask.dataframe as dd
+    import keras
+    from distributed import Client
 
 __all__ = ["TFEstimator", "TFModel", "SPARK_NAMES", "FIT_PARAMS"]
 
@@ -70,6 +75,9 @@ def _sklearn_tags(requires_fit: bool):
                 transformer_tags=TransformerTags(), no_validation=True, requires_fit=requires_fit)
 
 
+_P = TypeVar("_P", bound="_Params")
+
+
 class _Params:
     """scikit-learn's parameter protocol over a class's ``_PARAMS`` (its constructor's
     arguments, kept as attributes of the same names)."""
@@ -81,7 +89,7 @@ class _Params:
         is itself an estimator)."""
         return {name: getattr(self, name) for name in self._PARAMS}
 
-    def set_params(self, **params):
+    def set_params(self: _P, **params: Any) -> _P:
         """Set parameters by name; an unknown name is a ConfigError listing the known ones (a
         camelCase name, naming its snake_case spelling)."""
         unknown = set(params) - set(self._PARAMS)
@@ -126,10 +134,15 @@ class TFEstimator(_Params):
     _OWN = ("prediction_col", "argmax_col", "output_cols")
     _PARAMS = FIT_PARAMS + _OWN + ("client",)
 
-    def __init__(self, *, model_fn=None, train_fn=None, train_args=None, features_col="features",
-                 label_col="label", prediction_col="prediction", argmax_col=None, output_cols=None,
-                 num_workers=1, num_ps=0, epochs=1, batch_size=32, model_dir=None, env=None,
-                 seed=None, verbose=0, client=None, **spark_names):
+    def __init__(self, *, model_fn: Optional[core.ModelFn] = None,
+                 train_fn: Optional[core.TrainFn] = None, train_args: Any = None,
+                 features_col: core.ColumnNames = "features",
+                 label_col: Optional[core.ColumnNames] = "label", prediction_col: str = "prediction",
+                 argmax_col: Optional[str] = None, output_cols: Optional[Dict[str, str]] = None,
+                 num_workers: int = 1, num_ps: int = 0, epochs: int = 1, batch_size: int = 32,
+                 model_dir: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+                 seed: Optional[int] = None, verbose: int = 0, client: Optional[Client] = None,
+                 **spark_names: Any):
         _refuse_camel("TFEstimator", spark_names, self._PARAMS)
         # stored as given (sklearn's clone checks that get_params returns the very objects)
         self.model_fn, self.train_fn, self.train_args = model_fn, train_fn, train_args
@@ -166,7 +179,7 @@ class TFEstimator(_Params):
         except ConfigError as exc:
             raise _respelled(exc) from None
 
-    def fit(self, X, y=None) -> "TFModel":
+    def fit(self, X: dd.DataFrame, y: None = None) -> "TFModel":
         """Fit on the Dask DataFrame ``X`` (its ``features_col`` and ``label_col`` columns; ``y``
         must be None, as a scikit-learn pipeline passes it: the label is a column of ``X``).
         Returns the fitted :class:`TFModel`, also kept as ``self.model_``."""
@@ -202,11 +215,11 @@ class TFEstimator(_Params):
                               "with the TFModel that fit returned)")
         return model
 
-    def predict(self, X):
+    def predict(self, X: dd.DataFrame) -> dd.DataFrame:
         """``X`` scored by the fitted model (``self.model_``): :meth:`TFModel.predict`."""
         return self._fitted().predict(X)
 
-    def transform(self, X):
+    def transform(self, X: dd.DataFrame) -> dd.DataFrame:
         """``X`` scored by the fitted model (``self.model_``): :meth:`TFModel.transform`."""
         return self._fitted().transform(X)
 
@@ -294,9 +307,10 @@ class TFModel(_Params):
     _PARAMS = ("model_path", "features_col", "prediction_col", "argmax_col", "output_cols",
                "batch_size")
 
-    def __init__(self, model_path: Optional[str] = None, *, features_col="features",
-                 prediction_col="prediction", argmax_col=None, output_cols=None,
-                 batch_size=scoring.DEFAULT_BATCH_SIZE, **spark_names):
+    def __init__(self, model_path: Optional[str] = None, *, features_col: core.ColumnNames = "features",
+                 prediction_col: str = "prediction", argmax_col: Optional[str] = None,
+                 output_cols: Optional[Dict[str, str]] = None,
+                 batch_size: int = scoring.DEFAULT_BATCH_SIZE, **spark_names: Any):
         _refuse_camel("TFModel", spark_names, self._PARAMS)
         if model_path is None:
             raise TypeError("TFModel() missing the argument 'model_path': the saved model's path")
@@ -319,17 +333,17 @@ class TFModel(_Params):
     def __sklearn_tags__(self):
         return _sklearn_tags(requires_fit=False)
 
-    def fit(self, X=None, y=None) -> "TFModel":
+    def fit(self, X: Any = None, y: None = None) -> "TFModel":
         """Nothing to learn: the model is fitted. Returns itself (a scikit-learn pipeline calls
         ``fit`` on its last step)."""
         return self
 
-    def transform(self, ddf):
+    def transform(self, ddf: dd.DataFrame) -> dd.DataFrame:
         """``ddf`` with the prediction columns added: :meth:`predict` (the Spark twin's
         ``transform``)."""
         return self.predict(ddf)
 
-    def predict(self, ddf):
+    def predict(self, ddf: dd.DataFrame) -> dd.DataFrame:
         """``ddf`` with the prediction columns added, lazily (:func:`duotf.dask.predict`), and
         ``argmax_col`` when set."""
         import numpy as np
@@ -353,7 +367,7 @@ class TFModel(_Params):
         meta = out._meta.assign(**{self.argmax_col: np.array([], dtype=np.float64)})
         return out.map_partitions(_argmax, source, self.argmax_col, meta=meta)
 
-    def to_local(self):
+    def to_local(self) -> keras.Model:
         """The fitted Keras model, loaded in this process."""
         import keras
 

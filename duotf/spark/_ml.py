@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TypeVar
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
@@ -28,6 +28,13 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable
 import duotf._ml.estimator as core
 from duotf._ml import scoring
 from duotf.errors import ConfigError
+
+if TYPE_CHECKING:  # Keras is imported where a model is loaded
+    import keras
+    from pyspark.ml.param import ParamMap
+    from pyspark.sql import DataFrame
+
+_P = TypeVar("_P", bound=Params)
 
 logger = logging.getLogger(__name__)
 
@@ -61,14 +68,18 @@ def _any(value):
 class _SharedParams(Params):
     """The parameters both stages have."""
 
+    _input_kwargs: Dict[str, Any]  # the keywords of the call, set by pyspark's @keyword_only
+
     featuresCol = Param(Params._dummy(), "featuresCol", "feature column, or a list of them (one "
                         "per model input): numbers, array<number>, ML vectors or packed tensors",
                         typeConverter=_features)
 
-    def getFeaturesCol(self):
+    def getFeaturesCol(self) -> core.ColumnNames:
+        """The value of featuresCol."""
         return self.getOrDefault(self.featuresCol)
 
-    def setFeaturesCol(self, value):
+    def setFeaturesCol(self: _P, value: core.ColumnNames) -> _P:
+        """Set featuresCol."""
         return self._set(featuresCol=value)
 
 
@@ -132,20 +143,29 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
     verbose = Param(Params._dummy(), "verbose", "Keras fit verbosity", typeConverter=TypeConverters.toInt)
 
     @keyword_only
-    def __init__(self, *, modelFn=None, trainFn=None, trainArgs=None, featuresCol="features",
-                 labelCol="label", predictionCol="prediction", argmaxCol=None, outputCols=None,
-                 numWorkers=1, numPs=0, epochs=1, batchSize=32, modelDir=None, env=None, seed=None,
-                 verbose=0):
+    def __init__(self, *, modelFn: Optional[core.ModelFn] = None,
+                 trainFn: Optional[core.TrainFn] = None, trainArgs: Any = None,
+                 featuresCol: core.ColumnNames = "features",
+                 labelCol: Optional[core.ColumnNames] = "label", predictionCol: str = "prediction",
+                 argmaxCol: Optional[str] = None, outputCols: Optional[Dict[str, str]] = None,
+                 numWorkers: int = 1, numPs: int = 0, epochs: int = 1, batchSize: int = 32,
+                 modelDir: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+                 seed: Optional[int] = None, verbose: int = 0):
         super().__init__()
         self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
                          numWorkers=1, numPs=0, epochs=1, batchSize=32, verbose=0)
         self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
     @keyword_only
-    def setParams(self, *, modelFn=None, trainFn=None, trainArgs=None, featuresCol="features",
-                  labelCol="label", predictionCol="prediction", argmaxCol=None, outputCols=None,
-                  numWorkers=1, numPs=0, epochs=1, batchSize=32, modelDir=None, env=None,
-                  seed=None, verbose=0):
+    def setParams(self, *, modelFn: Optional[core.ModelFn] = None,
+                  trainFn: Optional[core.TrainFn] = None, trainArgs: Any = None,
+                  featuresCol: core.ColumnNames = "features",
+                  labelCol: Optional[core.ColumnNames] = "label", predictionCol: str = "prediction",
+                  argmaxCol: Optional[str] = None, outputCols: Optional[Dict[str, str]] = None,
+                  numWorkers: int = 1, numPs: int = 0, epochs: int = 1, batchSize: int = 32,
+                  modelDir: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+                  seed: Optional[int] = None, verbose: int = 0) -> "TFEstimator":
+        """Set the parameters given (those left None keep their values)."""
         return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
     def _value(self, name: str):
@@ -180,7 +200,7 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
         model.fitSeconds = result.seconds
         return model
 
-    def fitMultiple(self, dataset, paramMaps) -> "_FitGroupIterator":
+    def fitMultiple(self, dataset: DataFrame, paramMaps: Sequence[ParamMap]) -> "_FitGroupIterator":
         """One model per param map of ``paramMaps``, as ``CrossValidator`` and
         ``TrainValidationSplit`` ask (pyspark's contract: an iterator whose ``next()`` is
         thread-safe, called from their thread pool, and gives ``(index, model)``).
@@ -277,8 +297,9 @@ class TFModel(Model, _SharedParams, MLReadable, MLWritable):
                       typeConverter=TypeConverters.toInt)
 
     @keyword_only
-    def __init__(self, *, featuresCol="features", predictionCol="prediction", argmaxCol=None,
-                 outputCols=None, modelPath=None, batchSize=scoring.DEFAULT_BATCH_SIZE):
+    def __init__(self, *, featuresCol: core.ColumnNames = "features", predictionCol: str = "prediction",
+                 argmaxCol: Optional[str] = None, outputCols: Optional[Dict[str, str]] = None,
+                 modelPath: Optional[str] = None, batchSize: int = scoring.DEFAULT_BATCH_SIZE):
         super().__init__()
         self._setDefault(featuresCol="features", predictionCol="prediction",
                          batchSize=scoring.DEFAULT_BATCH_SIZE)
@@ -287,7 +308,7 @@ class TFModel(Model, _SharedParams, MLReadable, MLWritable):
         self.results: List[Any] = []
         self.fitSeconds: Optional[float] = None
 
-    def copy(self, extra=None):
+    def copy(self, extra: Optional[ParamMap] = None) -> "TFModel":
         that = super().copy(extra)
         that.history, that.results, that.fitSeconds = self.history, self.results, self.fitSeconds
         return that
@@ -299,7 +320,7 @@ class TFModel(Model, _SharedParams, MLReadable, MLWritable):
     def getModelPath(self) -> str:
         return self._value("modelPath")
 
-    def to_local(self):
+    def to_local(self) -> keras.Model:
         """The fitted Keras model, loaded in this process."""
         import keras
 
@@ -507,10 +528,10 @@ def _accessors(cls, names):
     for name in names:
         upper = name[0].upper() + name[1:]
 
-        def setter(self, value, _name=name):
+        def setter(self: _P, value: Any, _name: str = name) -> _P:
             return self._set(**{_name: value})
 
-        def getter(self, _name=name):
+        def getter(self: Params, _name: str = name) -> Any:
             return self.getOrDefault(self.getParam(_name))
 
         setter.__doc__, getter.__doc__ = f"Set {name}.", f"The value of {name}."

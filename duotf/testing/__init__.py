@@ -39,12 +39,16 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional, TypeVar
 
 from duotf.testing.engine import Engine, LocalEngine, Processes, TaskFailure, pandas_frames
 
 if TYPE_CHECKING:
     import psutil
+
+    from duotf._driver.cluster import Cluster
+
+_T = TypeVar("_T")
 
 __all__ = ["Engine", "LocalEngine", "Processes", "QUIET_TF", "SESSION_TAG", "TaskFailure",
            "node_processes", "pandas_frames", "poll_for", "shutdown_quietly"]
@@ -58,7 +62,8 @@ QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
 SESSION_TAG = "DUOTF_TEST_SESSION"
 
 
-def poll_for(predicate, timeout: float, interval: float = 0.05, what: str = "condition"):
+def poll_for(predicate: Callable[[], _T], timeout: float, interval: float = 0.05,
+             what: str = "condition") -> _T:
     """Poll ``predicate`` until it is truthy; fail the test after ``timeout`` seconds.
 
     Parameters
@@ -124,7 +129,7 @@ def node_processes(tag: Optional[str] = None) -> List[psutil.Process]:
     return found
 
 
-def shutdown_quietly(cluster, grace_secs: float = 0.0) -> None:
+def shutdown_quietly(cluster: Cluster, grace_secs: float = 0.0) -> None:
     """Shut ``cluster`` down for a test's ``finally`` block: every node stopped and every
     process, thread and port released, as ``cluster.shutdown`` does; what shutdown raises then
     (a node failure the test already saw, :class:`~duotf.errors.NodesStoppedError`) is dropped,

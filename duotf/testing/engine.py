@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import TYPE_CHECKING, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence,
+                    Tuple, Union)
 
 import duotf.backends
 
@@ -35,6 +36,10 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
     import psutil
+    import pytest
+
+    from duotf._driver.cluster import Cluster
+    from duotf.backends.base import Backend
 
 __all__ = ["Engine", "LocalEngine", "PANDAS_DTYPES", "Processes", "TaskFailure", "pandas_frames"]
 
@@ -46,7 +51,9 @@ class Engine(abc.ABC):
     """A running engine of the suite, with its duotf Backend.
 
     ``handle`` is what a program passes to ``duotf.run`` for this engine (``None`` for the
-    embedded backend, a ``distributed.Client``, a ``SparkSession``).
+    embedded backend, a ``distributed.Client``, a ``SparkSession``). A collection of the
+    engine (what the data methods return, what ``Cluster.inference`` gives back) is typed
+    ``Any``: an RDD, a DataFrame, a Bag, a list of partitions, as the engine holds data.
 
     To implement one, subclass it: ``start`` (a classmethod context manager that yields the
     engine, ``cls(backend, handle)``, and stops it on exit), every abstract method, the class
@@ -65,29 +72,29 @@ class Engine(abc.ABC):
     #: a DataFrame fed several epochs is converted into feed frames once, in the first epoch
     converts_frames_once = False
 
-    def __init__(self, backend, handle=None):
+    def __init__(self, backend: Backend, handle: Any = None):
         self.backend = backend
         self.handle = handle
 
     @classmethod
     @abc.abstractmethod
-    def start(cls, request) -> ContextManager["Engine"]:
+    def start(cls, request: pytest.FixtureRequest) -> ContextManager["Engine"]:
         """A context manager: the engine started with room for 2 nodes and for the tasks
         feeding them, stopped on exit. ``request`` is the ``backend`` fixture's, for the session
         fixtures an engine needs."""
 
     # -- plain data in --------------------------------------------------------------------------
     @abc.abstractmethod
-    def rows(self, parts: List[list]):
+    def rows(self, parts: List[list]) -> Any:
         """A collection whose partition i holds exactly the tuples ``parts[i]`` (no partition at
         all for ``[]``)."""
 
     @abc.abstractmethod
-    def frame(self, frames: List[pd.DataFrame]):
+    def frame(self, frames: List[pd.DataFrame]) -> Any:
         """A DataFrame whose partition i holds the rows of ``frames[i]`` (all of one schema)."""
 
     @abc.abstractmethod
-    def table(self, parts: List[list], schema: Dict[str, str]):
+    def table(self, parts: List[list], schema: Dict[str, str]) -> Any:
         """A DataFrame whose partition i holds the tuples ``parts[i]``, of the columns ``schema``
         (name: "long", "double", "string", "array<float>" or "array<string>"; lists for arrays);
         ``None`` is a
@@ -100,14 +107,14 @@ class Engine(abc.ABC):
         to give ``get_data_feed`` so that a node sees the blocks' own column names."""
 
     @abc.abstractmethod
-    def row_sources(self, sources: List[Callable[[], object]]):
+    def row_sources(self, sources: List[Callable[[], object]]) -> Any:
         """A collection whose partition i holds the rows that ``sources[i]()`` yields: a
         picklable callable, with ``len``, called inside the engine's tasks that read the
         partition (its count and its feed), never on the driver, so that what it raises is a
         failure of the engine's own task."""
 
     @abc.abstractmethod
-    def constant_features(self, rows: int, parts: int, width: int, chunk: int, ids: bool = False):
+    def constant_features(self, rows: int, parts: int, width: int, chunk: int, ids: bool = False) -> Any:
         """``rows`` rows of ``"0"``: ``width`` float32 values 0.5, and ``"1"``: the row's id
         modulo 10 (with ``ids``, the id itself), made on the engine (they never sit in the
         driver's memory): ``parts`` partitions, or blocks of ``chunk`` rows where the engine
@@ -115,11 +122,11 @@ class Engine(abc.ABC):
 
     # -- results out ----------------------------------------------------------------------------
     @abc.abstractmethod
-    def partitions(self, out) -> List[list]:
+    def partitions(self, out: Any) -> List[list]:
         """The rows of a collection that ``Cluster.inference`` returned, partition by partition."""
 
     @abc.abstractmethod
-    def to_pandas(self, out) -> pd.DataFrame:
+    def to_pandas(self, out: Any) -> pd.DataFrame:
         """A DataFrame that ``Cluster.inference`` returned, in order, with a fresh index."""
 
     # -- the command line -----------------------------------------------------------------------
@@ -146,20 +153,20 @@ class Engine(abc.ABC):
         """The processes the engine's feeding tasks run in (a list, or a callable giving the
         current list where they come and go)."""
 
-    def away_from_nodes(self, data, cluster):
+    def away_from_nodes(self, data: Any, cluster: Cluster) -> Any:
         """``data`` placed where the engine runs no node of ``cluster`` while it can, so that its
         feeding tasks run in processes that host no node (default: as it is: an engine whose
         feeding tasks never share a node's process)."""
         return data
 
     # -- scoring a DataFrame with a saved model (engines with a DataFrame: Dask, Spark) ---------
-    def score(self, df, model, **kwargs):
+    def score(self, df: Any, model: Any, **kwargs: Any) -> Any:
         """``df`` scored by ``model`` with the engine's DataFrame scoring function
         (``duotf.spark.predict`` / ``duotf.dask.predict``: ``columns=``, ``output=``,
         ``batch_size=``), lazily; what it refuses on the driver is raised here."""
         raise NotImplementedError(f"{type(self).__name__} scores no DataFrame")
 
-    def score_every_way(self, df, model, output: str, return_type: str = "double",
+    def score_every_way(self, df: Any, model: Any, output: str, return_type: str = "double",
                         batch_size: int = 1024) -> Dict[str, object]:
         """Each way the engine offers to score ``df``'s column ``"features"`` into the column
         ``output``, by name: the lazy scored collection, every column of ``df`` kept.
@@ -181,24 +188,24 @@ class Engine(abc.ABC):
         engine's stages spell it (Dask: snake_case, as scikit-learn and dask-ml)."""
         return name
 
-    def model_at(self, path: str):
+    def model_at(self, path: str) -> Any:
         """A TFModel of the saved model at ``path``."""
         raise NotImplementedError(f"{type(self).__name__} has no ML stages")
 
-    def apply_model(self, model, df):
+    def apply_model(self, model: Any, df: Any) -> Any:
         """``df`` scored by the TFModel ``model``, lazily (Spark: transform; Dask: predict)."""
         raise NotImplementedError(f"{type(self).__name__} has no ML stages")
 
-    def model_path(self, model) -> str:
+    def model_path(self, model: Any) -> str:
         """Where the TFModel's saved Keras model lies."""
         raise NotImplementedError(f"{type(self).__name__} has no ML stages")
 
-    def save_and_load(self, model, folder: str):
+    def save_and_load(self, model: Any, folder: str) -> Any:
         """The TFModel ``model`` saved to ``folder`` the engine's way, and loaded back."""
         raise NotImplementedError(f"{type(self).__name__} has no ML stages")
 
     @contextlib.contextmanager
-    def task_failure(self):
+    def task_failure(self) -> Iterator[TaskFailure]:
         """Expect the block to fail in an engine task: yields a ``TaskFailure`` whose ``text``
         (``"module.Type: message"`` as the task raised it, engine's context around it) is set
         when the block raised; the test fails if it did not."""
@@ -246,25 +253,26 @@ class LocalEngine(Engine):
 
     @classmethod
     @contextlib.contextmanager
-    def start(cls, request):
+    def start(cls, request: pytest.FixtureRequest) -> Iterator[LocalEngine]:
         yield cls(duotf.backends.LocalBackend(slots=4))
 
-    def rows(self, parts):
+    def rows(self, parts: List[list]) -> List[list]:
         return [list(p) for p in parts]
 
-    def frame(self, frames):
+    def frame(self, frames: List[pd.DataFrame]) -> List[pd.DataFrame]:
         return list(frames)
 
-    def table(self, parts, schema):
+    def table(self, parts: List[list], schema: Dict[str, str]) -> List[pd.DataFrame]:
         return pandas_frames(parts, schema)
 
-    def arrays(self, blocks):
+    def arrays(self, blocks: List[Dict[str, np.ndarray]]) -> Tuple[object, Optional[dict]]:
         return [dict(b) for b in blocks], None
 
-    def row_sources(self, sources):
+    def row_sources(self, sources: List[Callable[[], object]]) -> List[Callable[[], object]]:
         return list(sources)  # a callable partition: called by the count and by the feed
 
-    def constant_features(self, rows, parts, width, chunk, ids=False):
+    def constant_features(self, rows: int, parts: int, width: int, chunk: int,
+                          ids: bool = False) -> List[Callable[[], Iterator[Dict[str, np.ndarray]]]]:
         import numpy as np
 
         bounds = np.linspace(0, rows, parts + 1).astype(int)
@@ -279,18 +287,18 @@ class LocalEngine(Engine):
 
         return [part(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
-    def partitions(self, out):
+    def partitions(self, out: Any) -> List[list]:
         return [list(p) for p in out]
 
-    def to_pandas(self, out):
+    def to_pandas(self, out: Any) -> pd.DataFrame:
         import pandas as pd
 
         return pd.concat(out, ignore_index=True)
 
-    def feeding_processes(self):
+    def feeding_processes(self) -> Processes:
         import psutil
 
         return [psutil.Process()]  # the feeding threads run in this process
 
-    def cli_args(self):
+    def cli_args(self) -> List[str]:
         return ["--backend", "local"]

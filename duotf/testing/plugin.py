@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Dict, Type
+from typing import Dict, List, Optional, Type
 
 import cloudpickle
 import pytest
@@ -59,7 +59,7 @@ class EngineHooks:
     """The hook a project implements in its ``conftest.py`` to declare its engines."""
 
     @pytest.hookspec(firstresult=True)
-    def pytest_duotf_engines(self, config):
+    def pytest_duotf_engines(self, config: pytest.Config) -> Optional[Dict[str, Type[Engine]]]:
         """The engines of the ``backend`` fixture: kind (the test id) -> :class:`Engine`
         subclass, in the order they run.
 
@@ -77,7 +77,7 @@ def pytest_addhooks(pluginmanager):
     pluginmanager.add_hookspecs(EngineHooks)
 
 
-def engines_of(config) -> Dict[str, Type[Engine]]:
+def engines_of(config: pytest.Config) -> Dict[str, Type[Engine]]:
     """The engines the project declares (``pytest_duotf_engines``), asked once a session."""
     if _ENGINES not in config.stash:
         found = config.hook.pytest_duotf_engines(config=config)
@@ -136,7 +136,8 @@ def pytest_collection_modifyitems(config, items):
     """``engines(...)`` deselects a test on the other engines; ``xfail_on(...)`` marks it a
     strict xfail on the engines named. Both keep the one ``backend`` fixture, so each engine is
     still started once and two engines of one kind never overlap."""
-    kept, dropped = [], []
+    kept: List[pytest.Item] = []
+    dropped: List[pytest.Item] = []
     for item in items:
         for marker in item.iter_markers("xfail_on"):
             if _kind_in(item, marker):
@@ -183,5 +184,5 @@ def no_leaks(request):
     poll_for(lambda: not node_processes(), 15, what="no duotf node or TensorBoard process left")
     leaked = leaked_threads(threads)
     assert not leaked, describe_threads(leaked)
-    leaked = listening_ports() - before
-    assert not leaked, f"listening ports left open: {sorted(leaked)}"
+    ports = listening_ports() - before
+    assert not ports, f"listening ports left open: {sorted(ports)}"
