@@ -449,6 +449,20 @@ class SparkConnectEngine(SparkEngine):
     converts_frames_once = False
 
     @classmethod
+    @contextlib.contextmanager
+    def start(cls, request):
+        # pyspark marks the whole process "remote" (SPARK_CONNECT_MODE_ENABLED) as a Connect
+        # session starts, and its functions and ML classes then take the Connect path: unmarked
+        # after, so that classic sessions later in this process work as before
+        marked = "SPARK_CONNECT_MODE_ENABLED" in os.environ
+        try:
+            with super(SparkConnectEngine, cls).start(request) as engine:
+                yield engine
+        finally:
+            if not marked:
+                os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+
+    @classmethod
     def _session(cls, request):
         from pyspark.sql import SparkSession
 

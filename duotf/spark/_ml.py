@@ -191,7 +191,7 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
             checks.check(data, config)
         session = dataset.sparkSession
         backend = SparkBackend(session)
-        result = core.fit(config, backend, id(backend.sc), data, feed_slots=1, group=group)
+        result = core.fit(config, backend, backend.client.key, data, feed_slots=1, group=group)
         model = TFModel(featuresCol=self.getFeaturesCol(), predictionCol=self._value("predictionCol"),
                         argmaxCol=self._value("argmaxCol"), outputCols=self._value("outputCols"),
                         modelPath=result.modelPath)
@@ -487,7 +487,7 @@ class _Writer(MLWriter):
             if source is not None:
                 name = source.rstrip("/").rsplit("/", 1)[-1]
                 extra.update(modelFile=name, history=inst.history, fitSeconds=inst.fitSeconds)
-        DefaultParamsWriter.saveMetadata(inst, path, self.sc, extraMetadata=extra, paramMap=plain)
+        DefaultParamsWriter.saveMetadata(inst, path, self.sparkSession, extraMetadata=extra, paramMap=plain)
         if isinstance(inst, TFModel) and source is not None:
             core.copy_model(source, path.rstrip("/") + f"/{_MODEL_FOLDER}/{name}")
         functions = {p.name: v for p, v in inst._paramMap.items() if p.name in _FUNCTIONS}
@@ -506,7 +506,7 @@ class _Reader(MLReader):
 
         from duotf.io.files import filesystem, open_url
 
-        metadata = DefaultParamsReader.loadMetadata(path, self.sc)
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         inst = self.cls()
         inst._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(inst, metadata)

@@ -168,6 +168,15 @@ def feed_stream(cluster: Cluster, streaming_df: DataFrame, *, checkpoint_locatio
     :meth:`SparkStream.stop` (or wait for one that ends by itself with :meth:`SparkStream.wait`):
     either ends the nodes' feed after the rows fed.
     """
+    from duotf.backends.spark.client import is_connect
+
+    if is_connect(streaming_df):
+        raise ConfigError(
+            "feed_stream needs a classic SparkSession: on Spark Connect, foreachBatch runs its "
+            "function in a Python process of the server, not in this one, where the cluster's "
+            "feed is. Write the stream to a table or files with its own query, and train on "
+            "each new part with cluster.train(spark.read...), or run this driver where a "
+            "classic session (SparkSession.builder.master(...)) reaches the cluster")
     if not checkpoint_location or not isinstance(checkpoint_location, str):
         raise ConfigError(f"checkpoint_location={checkpoint_location!r}: give the query's "
                           "checkpoint directory (a path or URL every restart of the driver sees)")

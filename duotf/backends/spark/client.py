@@ -60,6 +60,12 @@ class SparkClient:
         """Whether Spark runs in local mode (one executor: the driver's own process)."""
         return self.master.startswith("local")
 
+    @property
+    def key(self) -> int:
+        """The same number for every client of one Spark application in this process (fits
+        of one application share its task slots)."""
+        raise NotImplementedError
+
     def conf(self, key: str, default: str = "") -> str:
         raise NotImplementedError
 
@@ -118,6 +124,10 @@ class ClassicClient(SparkClient):
     @property
     def master(self) -> str:
         return self.sc.master
+
+    @property
+    def key(self) -> int:
+        return id(self.sc)
 
     def conf(self, key: str, default: str = "") -> str:
         return self.sc.getConf().get(key, default)
@@ -199,6 +209,10 @@ class ConnectClient(SparkClient):
     @property
     def master(self) -> str:
         return self.conf("spark.master", "unknown")
+
+    @property
+    def key(self) -> int:
+        return hash(("connect", self.conf("spark.app.id")))
 
     def conf(self, key: str, default: str = "") -> str:
         value = self.spark.conf.get(key, None)

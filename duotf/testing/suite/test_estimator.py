@@ -19,7 +19,7 @@ WIDTH, BATCH, EPOCHS, WORKERS, SEED, LR = 3, 8, 2, 2, 7, 0.05
 TRUE_W = np.array([1.5, -2.0, 0.5])
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
 SCHEMA = {"id": "long", "features": "array<float>", "label": "double"}
-SPARK = ("spark-local", "spark-standalone")
+SPARK = ("spark-local", "spark-standalone", "spark-connect")
 
 #: predictions per engine seen in this session: the same seed must give the same bits
 _PREDICTIONS: dict = {}
