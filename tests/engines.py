@@ -444,9 +444,6 @@ class SparkConnectEngine(SparkEngine):
 
     slots = 4
     executors = 2
-    # the first epoch's frames are kept in an RDD on classic Spark; a Connect session reads the
-    # DataFrame again every epoch (docs/cluster.md, Spark Connect)
-    converts_frames_once = False
 
     @classmethod
     @contextlib.contextmanager
@@ -466,8 +463,11 @@ class SparkConnectEngine(SparkEngine):
     def _session(cls, request):
         from pyspark.sql import SparkSession
 
-        url = request.getfixturevalue("spark_connect_server")
-        return SparkSession.builder.remote(url).getOrCreate()
+        cls.url = request.getfixturevalue("spark_connect_server")
+        return SparkSession.builder.remote(cls.url).getOrCreate()
+
+    def cli_args(self):
+        return ["--spark-master", self.url]
 
     def _app_id(self) -> str:
         return self.session.conf.get("spark.app.id")

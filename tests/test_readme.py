@@ -60,6 +60,7 @@ RUN_BY = {
     "python3 -m duotf run": "test_the_run_command_prints_every_main_value_as_json",
     "def summaries_main(args, ctx):": "test_the_tensorboard_block_serves_and_keeps_the_events",
     "def resumable_main(args, ctx):": "test_the_restart_block_trains_and_reports_its_restarts",
+    "def count_main(args, ctx):": "test_the_spark_connect_block_feeds_every_row_once_an_epoch",
 }
 
 #: a line of each block that cannot run here -> why
@@ -364,6 +365,14 @@ def _scoring_model(tmp_path, width: int = 6):
     return path, model
 
 
+@pytest.mark.engines("spark-connect")
+def test_the_spark_connect_block_feeds_every_row_once_an_epoch(backend, spark_connect_server, capsys):
+    ns = run_block(block("def count_main(args, ctx):",
+                         {"sc://connect-server:15002": spark_connect_server}))
+    assert ns["cluster"].backend.client.connect  # the session the block made is a Connect one
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "2000"
+
+
 @pytest.mark.engines("spark-local")
 def test_the_spark_scoring_block_scores_every_row(backend, engine, tmp_path):
     path, model = _scoring_model(tmp_path)
@@ -513,7 +522,7 @@ def test_the_doctor_command_names_the_faults_and_exits_1(backend, engine, tmp_pa
     assert "fix: install one TensorFlow" in rows and "check(s) failed" in rows
 
 
-@pytest.mark.engines("local", "dask")
+@pytest.mark.engines("local", "dask", "spark-connect")
 def test_the_run_command_prints_every_main_value_as_json(backend, engine):
     command = block("python3 -m duotf run", {
         "python3": sys.executable, "mypackage.train:main": "tests.suite.mains:argv_main",

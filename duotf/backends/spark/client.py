@@ -12,6 +12,8 @@ nodes             a barrier RDD stage                       ``mapInArrow(..., ba
 task slots        the scheduler's ``maxNumConcurrentTasks``  ``local[N]``, or a probe job: each
                                                             executor's cores (its JVM's
                                                             ``--cores``) over ``spark.task.cpus``
+                                                            (16 tasks, doubled while each found
+                                                            an executor of its own)
 grouping, cancel  job groups (``setJobGroup``)             operation tags (``addTag``,
                                                             ``interruptTag``)
 settings          ``SparkConf``                            ``spark.conf`` (the server's)
@@ -187,6 +189,9 @@ class ClassicClient(SparkClient):
         return SparkSession.getActiveSession() or SparkSession(self.sc)
 
 
+#: the tasks of the first probe job (:meth:`ConnectClient._executor_cores`)
+_FIRST_PROBE = 16
+
 #: the probe's answer is reused this long (seconds): check_capacity asks again and again while
 #: executors register, and each ask is a Spark job
 _PROBE_TTL = 2.0
@@ -199,6 +204,15 @@ class ConnectClient(SparkClient):
     connect = True
 
     def __init__(self, session):
+        import pyspark
+
+        from duotf.errors import ConfigError
+
+        major, minor = (int(part) for part in pyspark.__version__.split(".")[:2])
+        if (major, minor) < (3, 5):
+            raise ConfigError(f"duotf runs nodes on a Spark Connect session with mapInArrow(..., "
+                              f"barrier=True), which pyspark {pyspark.__version__} lacks: install "
+                              "pyspark >= 3.5 (and a server as new), or use a classic session")
         self.spark = session
         self._probed: Optional[Tuple[float, Dict[str, int]]] = None
         self._lock = threading.Lock()
@@ -236,12 +250,17 @@ class ConnectClient(SparkClient):
             if self._probed is not None and time.monotonic() - self._probed[0] < _PROBE_TTL:
                 return self._probed[1]
             fallback = int(self.conf("spark.executor.cores", "1") or 1)
-            # far more tasks than executors are likely to have slots: the scheduler offers
-            # every free slot of every executor in turn, so each one runs some
-            n = 64
-            out = self.spark.range(0, n, 1, n).mapInArrow(
-                _probe_executor(fallback), "executor string, cores long").collect()
-            found = {row.executor: int(row.cores) for row in out}
+            # Spark's scheduler hands out a stage's tasks one per free executor in turn, so n
+            # tasks reach min(n, executors) executors: n is doubled while every task found an
+            # executor of its own (there may be more), from 16
+            n, found = _FIRST_PROBE, {}
+            while True:
+                out = self.spark.range(0, n, 1, n).mapInArrow(
+                    _probe_executor(fallback), "executor string, cores long").collect()
+                found = {row.executor: int(row.cores) for row in out}
+                if len(found) < n:
+                    break
+                n *= 2
             self._probed = (time.monotonic(), found)
             return found
 

@@ -14,11 +14,13 @@ from duotf.errors import ConfigError, InsufficientSlotsError
 from duotf.reports import FeedAdapterReport
 from duotf.backends.base import EngineJob, FeedAdapter, ThreadJob, work_name
 from duotf.backends.spark.frames import (INDEX_SCHEMA, MIN_FREE_BYTES, MIN_FREE_FRACTION,
-                                        CachedPartition, FeedCache, JvmKept, arrow_source,
+                                        CachedPartition, DataFrameKept, FeedCache, JvmKept,
+                                        arrow_source,
                                         cached_partition, rdd_spiller, spiller, sweeper,
                                         teed_partition)
-from duotf.backends.spark.tasks import (ERROR_COLUMN, arrow_batches, arrow_counts, arrow_infer,
-                                       arrow_train, cached_files, infer_rdd, is_error,
+from duotf.backends.spark.tasks import (ERROR_COLUMN, arrow_batches, arrow_cached_files,
+                                       arrow_counts, arrow_infer, arrow_some, arrow_train,
+                                       cached_files, infer_rdd, is_error,
                                        raise_first, rdd_counts, train_rdd)
 
 logger = logging.getLogger(__name__)
@@ -178,8 +180,7 @@ class SparkFeed(FeedAdapter):
                 return ThreadJob(self._train_by_reference(job), cancel=lambda: None,
                                  name="feed-by-reference")
             return self._job(job, *self._train_cached(job))
-        if job.epoch == 1 and job.epochs > 1 and self.options.convert_once is not False \
-                and not self.client.connect:  # kept frames live in an RDD: none on Connect
+        if job.epoch == 1 and job.epochs > 1 and self.options.convert_once is not False:
             return self._job(job, self._train_converting(job))
         if self.df is not None:
             def run_df():
@@ -260,7 +261,7 @@ class SparkFeed(FeedAdapter):
     def _train_cached(self, job):
         """``(the engine call of a cached epoch, each task's partitions where a task feeds
         several)``."""
-        cache, sc = self.cache, self.backend.sc
+        cache = self.cache
         index, runs = cache.index, None
         free = max(self.backend.slots() - len(job.addresses), 1)
         if len({part.host for part in cache.parts}) == 1 and len(cache.parts) > free:
@@ -271,10 +272,19 @@ class SparkFeed(FeedAdapter):
             # (and so its file) is.
             per = -(-len(cache.parts) // free)
             runs = [cache.parts[i:i + per] for i in range(0, len(cache.parts), per)]
-            index = sc.parallelize(runs, len(runs)).flatMap(lambda run: run)
+            if not self.client.connect:
+                index = self.backend.sc.parallelize(runs, len(runs)).flatMap(lambda run: run)
 
         def call():
-            out = index.mapPartitions(cached_files(job)).collect()
+            if self.client.connect:  # a DataFrame index (no RDD), or a range over the runs
+                if runs is None:
+                    feeding = index.mapInArrow(arrow_cached_files(job), _CACHED_SCHEMA)
+                else:
+                    feeding = self._session().range(0, len(runs), 1, len(runs)).mapInArrow(
+                        arrow_cached_files(job, runs), _CACHED_SCHEMA)
+                out = [(row.pid, row.rows, row[ERROR_COLUMN]) for row in feeding.collect()]
+            else:
+                out = index.mapPartitions(cached_files(job)).collect()
             raise_first(error for _, _, error in out)
             sent = {pid: rows for pid, rows, _ in out}
             missed = sorted(pid for pid, rows in sent.items() if rows is None)
@@ -282,14 +292,20 @@ class SparkFeed(FeedAdapter):
                 logger.info("duotf: %d cached partitions were on another host; feeding them "
                             "from the DataFrame", len(missed))
                 source = cache.df  # a DataFrame, or the RDD converted in the first epoch
-                if hasattr(source, "mapInArrow"):
+                if self.client.connect:
+                    source, tensors = arrow_source(source)
+                    fed = source.mapInArrow(arrow_some(arrow_train(job, tensors), missed),
+                                            f"rows long, {ERROR_COLUMN} string").collect()
+                    again = [(row.rows, row[ERROR_COLUMN]) for row in fed]
+                elif hasattr(source, "mapInArrow"):
+                    sc = self.backend.sc
                     source, tensors = arrow_source(source)
                     fed = source.mapInArrow(arrow_train(job, tensors),
                                             f"rows long, {ERROR_COLUMN} string").rdd
                     again = [(row.rows, row[ERROR_COLUMN]) for row in sc.runJob(fed, lambda rows: rows, missed)]
                 else:
-                    again = sc.runJob(source.mapPartitionsWithIndex(train_rdd(job)),
-                                      lambda rows: rows, missed)
+                    again = self.backend.sc.runJob(source.mapPartitionsWithIndex(train_rdd(job)),
+                                                   lambda rows: rows, missed)
                 raise_first(error for _, error in again)
                 for pid, (rows, _) in zip(missed, again):
                     sent[pid] = rows
@@ -309,6 +325,8 @@ class SparkFeed(FeedAdapter):
         self._converting = cache_id
 
         def call():
+            if self.client.connect:
+                return self._convert_df_index(job, cache_id)
             if self.df is not None:
                 read, tensors = self._arrow()
                 task = spiller(cache_id, tensors, 4 << 20, job.ragged, job=job)
@@ -345,6 +363,25 @@ class SparkFeed(FeedAdapter):
             return [rows[pid] for pid in sorted(rows)]
 
         return call
+
+    def _convert_df_index(self, job, cache_id: str) -> List[int]:
+        """The first epoch of :meth:`_train_converting` on a Spark Connect session: the index
+        of kept frames is the feeding tasks' output, locally checkpointed as a DataFrame (made
+        once, eagerly: a lost block is never recomputed, which would feed the epoch again);
+        each later task that reads an entry runs where its block, and so its file, is."""
+        read, tensors = self._arrow()
+        task = spiller(cache_id, tensors, 4 << 20, job.ragged, job=job)
+        index = read.mapInArrow(task, INDEX_SCHEMA).localCheckpoint(eager=True)
+        out = [teed_partition(row) for row in index.collect()]
+        parts = sorted((e for e, _ in out if isinstance(e, CachedPartition)), key=lambda p: p.pid)
+        cache = FeedCache(index, self.df, parts, list(self.df.columns), kept=DataFrameKept(index))
+        errors = sorted((e for e, _ in out if isinstance(e, str)), key=lambda e: json.loads(e)["partition"])
+        if errors:
+            cache.unpersist()
+            raise_first(errors)
+        self.kept = self.cache = cache
+        rows = {entry.pid: n for entry, n in out if isinstance(entry, CachedPartition)}
+        return [rows[pid] for pid in sorted(rows)]
 
     def report(self) -> FeedAdapterReport:
         report: FeedAdapterReport = {}
@@ -450,6 +487,10 @@ class SparkFeed(FeedAdapter):
             return jvm.unpack(out, T.StructType(unpacked.fields[:-1])) if unpacked != schema else out
 
         return run
+
+
+#: what :func:`~duotf.backends.spark.tasks.arrow_cached_files` yields
+_CACHED_SCHEMA = f"pid long, rows long, {ERROR_COLUMN} string"
 
 
 def _one_line(exc: BaseException) -> str:

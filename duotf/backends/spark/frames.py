@@ -384,6 +384,13 @@ def _remove_local(index, parts):
     yield sum(part.remove() for part in parts if isinstance(part, CachedPartition))
 
 
+def _arrow_remove_local(batches):
+    import pyarrow as pa
+
+    parts = [teed_partition(row)[0] for batch in batches for row in batch.to_pylist()]
+    yield pa.RecordBatch.from_pydict({"n": [sum(p.remove() for p in parts if isinstance(p, CachedPartition))]})
+
+
 class JvmKept:
     """The JVM RDD that keeps the index of frames the JVM wrote (:func:`duotf.backends.spark.jvm.spill`), as
     :class:`FeedCache` releases what it keeps."""
@@ -395,14 +402,27 @@ class JvmKept:
         self.jrdd.unpersist(False)
 
 
+class DataFrameKept:
+    """A locally checkpointed DataFrame that keeps an index of kept frames (a Spark Connect
+    session's, which has no RDD), as :class:`FeedCache` releases what it keeps."""
+
+    def __init__(self, df):
+        self.df = df
+
+    def unpersist(self) -> None:
+        self.df.unpersist()
+
+
 class FeedCache:
     """A Spark DataFrame turned into ready-to-send feed frames, held in files on the executors
     (see :func:`feed_cache`). Pass it to ``cluster.train`` instead of the DataFrame."""
 
-    def __init__(self, index: RDD, df: Union[DataFrame, RDD], parts: List[CachedPartition],
-                 columns: List[str], kept: Union[RDD, JvmKept, None] = None):
-        # one CachedPartition per partition, kept in executor memory (None once unpersisted)
-        self.index: Optional[RDD] = index
+    def __init__(self, index: Union[RDD, DataFrame], df: Union[DataFrame, RDD],
+                 parts: List[CachedPartition], columns: List[str],
+                 kept: Union[RDD, JvmKept, DataFrameKept, None] = None):
+        # one CachedPartition per partition, kept in executor memory (None once unpersisted):
+        # an RDD of them, or (Spark Connect) a locally checkpointed DataFrame of index rows
+        self.index: Optional[Union[RDD, DataFrame]] = index
         self.kept = kept if kept is not None else index  # the RDD whose blocks hold them
         self.df = df  # what a partition whose file is on another host is fed from
         self.parts = parts
@@ -422,7 +442,10 @@ class FeedCache:
         if self.index is None:
             return
         try:
-            self.index.mapPartitionsWithIndex(_remove_local).collect()
+            if hasattr(self.index, "mapInArrow"):  # a DataFrame index (Spark Connect)
+                self.index.mapInArrow(_arrow_remove_local, "n long").collect()
+            else:
+                self.index.mapPartitionsWithIndex(_remove_local).collect()
         finally:
             for part in self.parts:  # the files on the driver's own host (local mode)
                 part.remove()

@@ -234,6 +234,45 @@ def cached_files(job):
     return run
 
 
+def arrow_cached_files(job, runs=None):
+    """:func:`cached_files` as a ``mapInArrow`` task over a DataFrame index (a Spark Connect
+    session's, which has no RDD): each row of the partition a
+    :class:`~duotf.backends.spark.frames.CachedPartition`; with ``runs``, the task of partition
+    ``i`` of a ``range`` feeds ``runs[i]`` instead. Yields ``pid, rows, error`` rows."""
+    feed = cached_files(job)
+
+    def run(batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        from duotf.backends.spark.frames import teed_partition
+
+        parts = [teed_partition(row)[0] for batch in batches for row in batch.to_pylist()]
+        if runs is not None:
+            parts = runs[TaskContext.get().partitionId()]
+        out = list(feed(parts))
+        yield pa.RecordBatch.from_pydict(
+            {"pid": [p for p, _, _ in out], "rows": [r for _, r, _ in out],
+             ERROR_COLUMN: [e for _, _, e in out]},
+            schema=pa.schema([("pid", pa.int64()), ("rows", pa.int64()), (ERROR_COLUMN, pa.string())]))
+
+    return run
+
+
+def arrow_some(task, pids):
+    """A ``mapInArrow`` task that runs ``task`` in the partitions ``pids`` only (the others
+    yield nothing): Spark Connect's stand-in for ``SparkContext.runJob`` on some partitions."""
+    wanted = frozenset(pids)
+
+    def run(batches):
+        from pyspark import TaskContext
+
+        if TaskContext.get().partitionId() in wanted:
+            yield from task(batches)
+
+    return run
+
+
 def train_rdd(job):
     def run(index, rows):
         from duotf._transport.tasks import train_partition

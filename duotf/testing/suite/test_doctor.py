@@ -33,7 +33,7 @@ def closed_port() -> socket.socket:
 
 # CI time (a TensorFlow import per executor): the engines of separate executors; local and
 # procpool pass every other check in the test below
-@pytest.mark.engines("dask", "spark-standalone")
+@pytest.mark.engines("dask", "spark-standalone", "spark-connect")
 def test_every_check_passes_on_the_test_cluster(backend, engine):
     report = duotf.doctor(backend, duotf.ClusterSpec(workers=2))
     assert report.ok, report.table()
@@ -46,7 +46,7 @@ def test_every_check_passes_on_the_test_cluster(backend, engine):
 
 
 # Three engines of five (CI time): the in-process backend, a Dask worker and a standalone executor.
-@pytest.mark.engines("local", "dask", "spark-standalone")
+@pytest.mark.engines("local", "dask", "spark-standalone", "spark-connect")
 def test_another_tensorflow_and_a_closed_port_fail_with_the_fix(backend, tmp_path):
     shadow = shadow_tensorflow(tmp_path)
     with closed_port() as sock:

@@ -14,7 +14,7 @@ from duotf.testing.suite import mains
 
 # Three engines of five (CI time): in-process, Dask workers and standalone executors; procpool
 # and Spark local supervise through the same agent and driver code.
-pytestmark = pytest.mark.engines('local', 'dask', 'spark-standalone')
+pytestmark = pytest.mark.engines('local', 'dask', 'spark-standalone', 'spark-connect')
 
 
 def test_unsupported_protocol_rejected_before_user_code(backend, tmp_path):

@@ -19,7 +19,7 @@ from duotf.testing import QUIET_TF, shutdown_quietly
 from duotf.testing.suite import mains
 
 # Four engines of five (CI time): procpool feeds through the local backend's task code.
-pytestmark = pytest.mark.engines('local', 'dask', 'spark-local', 'spark-standalone')
+pytestmark = pytest.mark.engines('local', 'dask', 'spark-local', 'spark-standalone', 'spark-connect')
 
 
 def test_a_node_that_takes_no_data_gives_a_typed_feed_error(backend, engine, tmp_path):

@@ -105,7 +105,7 @@ def _check(engine, cluster, outcome, since):
 
 
 @pytest.mark.slow
-@pytest.mark.engines("procpool", "dask", "spark-local", "spark-standalone")
+@pytest.mark.engines("procpool", "dask", "spark-local", "spark-standalone", "spark-connect")
 def test_a_feeding_process_killed_mid_epoch_never_duplicates_rows(backend, engine, tmp_path, monkeypatch):
     # Spark's feeding tasks are what is killed: not the driver naming kept frames to the nodes
     import duotf.backends.spark.feed as spark_feed

@@ -82,7 +82,7 @@ def _figures(name: str, **values: float) -> None:
     print(f"\n[figures] {name}: " + ", ".join(f"{k}={v:.2f} s" for k, v in values.items()))
 
 
-@pytest.mark.engines("procpool", "dask", "spark-local", "spark-standalone")
+@pytest.mark.engines("procpool", "dask", "spark-local", "spark-standalone", "spark-connect")
 @pytest.mark.parametrize("ender", ["node", "driver"])
 def test_a_stalled_engine_task_leaves_no_node_behind(backend, engine, tmp_path, monkeypatch, ender):
     """SIGSTOP of the process running node 1's engine task (a pool worker, the Dask worker, the

@@ -109,7 +109,7 @@ def test_a_hung_node_is_killed_and_the_cluster_restarts(backend, engine, tmp_pat
                         heartbeat_timeout=3)
 
 
-@pytest.mark.engines("spark-standalone")
+@pytest.mark.engines("spark-standalone", "spark-connect")
 def test_an_executor_jvm_killed_mid_training_restarts_on_a_replacement(backend, engine, tmp_path,
                                                                        caplog):
     before = kept_frame_folders()
@@ -152,7 +152,7 @@ FEEDER_ROWS, FEEDER_PARTS = 48_000, 4  # 2 KiB rows: a partition's range is 6 fr
 
 
 @pytest.mark.slow
-@pytest.mark.engines("dask", "spark-standalone")
+@pytest.mark.engines("dask", "spark-standalone", "spark-connect")
 @pytest.mark.parametrize("max_restarts", [1, 0])
 def test_a_feeding_process_lost_mid_range_restarts_once_or_names_the_feeder(
         backend, engine, tmp_path, max_restarts):
@@ -218,7 +218,7 @@ def _train_into(cluster, data, outcome):
 
 # TensorFlow in every node of two attempts (CI time): the in-process engine, a standalone
 # executor and a Dask worker; the engine-fed restart above runs on every engine.
-@pytest.mark.engines("local", "spark-standalone", "dask")
+@pytest.mark.engines("local", "spark-standalone", "dask", "spark-connect")
 def test_tf_reading_files_resumes_from_the_chiefs_checkpoint(backend, tmp_path):
     data = mains.make_regression(str(tmp_path / "data.npz"))
     args = {"data": data, "batch": 32, "lr": 0.05, "epochs": 3, "steps_per_epoch": 5,

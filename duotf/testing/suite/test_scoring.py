@@ -15,7 +15,7 @@ import duotf._ml.scoring
 from duotf.testing.suite import mains
 from duotf.testing.suite.data import SCORING_ROWS as ROWS, scoring_table as _table
 
-pytestmark = pytest.mark.engines("dask", "spark-local", "spark-standalone")
+pytestmark = pytest.mark.engines("dask", "spark-local", "spark-standalone", "spark-connect")
 
 
 @pytest.mark.parametrize("kind", ["keras", "savedmodel"])

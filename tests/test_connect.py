@@ -1,0 +1,52 @@
+"""What a Spark Connect session does differently, on the suite's real Connect server (the
+``spark-connect`` engine of tests/engines.py); the behaviour suite itself runs on that engine as
+on the others (tests/suite/)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import duotf
+from duotf.errors import ConfigError
+from duotf.testing.suite import mains
+
+pytestmark = pytest.mark.engines("spark-connect")
+
+
+def test_the_connect_client_counts_slots_and_executors_with_a_probe_job(backend, engine):
+    # the server's application: 2 executors of 2 cores (spark.executor.cores=2, cores.max=4)
+    assert backend.client.connect and not backend.client.local
+    assert backend.slots() == 4
+    assert backend._executors() == 2
+    assert backend.client.java_version().startswith("17")
+    assert backend.default_fs() == "file://"
+
+
+def test_doctor_reaches_the_cluster_through_an_sc_url(backend, engine):
+    out = subprocess.run([sys.executable, "-m", "duotf", "doctor", *engine.cli_args(),
+                          "--workers", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert "connect" in out.stdout.splitlines()[0]  # the backend it checked
+    assert "all checks passed" in out.stdout
+    assert "java" in out.stdout  # the server's Java, read through SQL (the client has none)
+
+
+def test_feed_stream_refuses_a_connect_stream_before_anything_starts(backend, engine, tmp_path):
+    from duotf.spark import feed_stream
+
+    stream = engine.session.readStream.format("rate").option("rowsPerSecond", 10).load()
+    with duotf.run(mains.argv_main, ["--epochs", "1"], backend, duotf.ClusterSpec(workers=1)) as cluster:
+        with pytest.raises(ConfigError, match="foreachBatch runs its function in a Python process "
+                                              "of the server"):
+            feed_stream(cluster, stream, checkpoint_location=str(tmp_path / "ckpt"))
+        [result] = cluster.wait(timeout=120)  # the cluster itself is unharmed
+    assert result["args"] == ["--epochs", "1"]
+    assert not engine.session.streams.active  # no query was started
+
+
+def test_an_rdd_cannot_be_asked_of_a_connect_backend(backend):
+    with pytest.raises(ConfigError, match="no SparkContext"):
+        backend.sc
