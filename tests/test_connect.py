@@ -10,12 +10,18 @@ import sys
 import pytest
 
 import duotf
+from duotf.backends.spark.client import local_threads
 from duotf.errors import ConfigError
 from duotf.testing.suite import mains
 
-pytestmark = pytest.mark.engines("spark-connect")
+@pytest.mark.parametrize("master, threads", [
+    ("local", 1), ("local[3]", 3), ("local[4, 2]", 4), ("local[*]", None), ("local[*,3]", None),
+    ("spark://host:7077", None), ("yarn", None), ("k8s://https://api:6443", None)])
+def test_local_masters_give_their_threads_and_others_need_a_probe(master, threads):
+    assert local_threads(master) == threads
 
 
+@pytest.mark.engines("spark-connect")
 def test_the_connect_client_counts_slots_and_executors_with_a_probe_job(backend, engine):
     # the server's application: 2 executors of 2 cores (spark.executor.cores=2, cores.max=4)
     assert backend.client.connect and not backend.client.local
@@ -25,6 +31,7 @@ def test_the_connect_client_counts_slots_and_executors_with_a_probe_job(backend,
     assert backend.default_fs() == "file://"
 
 
+@pytest.mark.engines("spark-connect")
 def test_doctor_reaches_the_cluster_through_an_sc_url(backend, engine):
     out = subprocess.run([sys.executable, "-m", "duotf", "doctor", *engine.cli_args(),
                           "--workers", "2"], capture_output=True, text=True, timeout=300)
@@ -34,6 +41,7 @@ def test_doctor_reaches_the_cluster_through_an_sc_url(backend, engine):
     assert "java" in out.stdout  # the server's Java, read through SQL (the client has none)
 
 
+@pytest.mark.engines("spark-connect")
 def test_feed_stream_refuses_a_connect_stream_before_anything_starts(backend, engine, tmp_path):
     from duotf.spark import feed_stream
 
@@ -47,6 +55,7 @@ def test_feed_stream_refuses_a_connect_stream_before_anything_starts(backend, en
     assert not engine.session.streams.active  # no query was started
 
 
+@pytest.mark.engines("spark-connect")
 def test_an_rdd_cannot_be_asked_of_a_connect_backend(backend):
     with pytest.raises(ConfigError, match="no SparkContext"):
         backend.sc

@@ -232,16 +232,6 @@ class ConnectClient(SparkClient):
         value = self.spark.conf.get(key, None)
         return default if value is None else str(value)
 
-    def _local_threads(self) -> Optional[int]:
-        """N of ``local[N]`` / ``local[N,F]``; None for ``local[*]`` and cluster masters."""
-        master = self.master
-        if not master.startswith("local"):
-            return None
-        if master == "local":
-            return 1
-        inside = master[master.find("[") + 1:master.find("]")].split(",")[0].strip()
-        return int(inside) if inside.isdigit() else None
-
     def _executor_cores(self) -> Dict[str, int]:
         """``{executor: cores}`` of the executors that ran a task of a probe job (each
         executor's JVM, found as its Python worker's grandparent, and the ``--cores`` it was
@@ -265,7 +255,7 @@ class ConnectClient(SparkClient):
             return found
 
     def slots(self) -> int:
-        local = self._local_threads()
+        local = local_threads(self.master)
         if local is not None:
             return local // self.task_cpus()
         return sum(cores // self.task_cpus() for cores in self._executor_cores().values())
@@ -343,6 +333,17 @@ class ConnectClient(SparkClient):
             return probe.getsockname()[0]
         finally:
             probe.close()
+
+
+def local_threads(master: str) -> Optional[int]:
+    """N of ``local``, ``local[N]`` or ``local[N,F]``; None for ``local[*]`` (the server's
+    cores, which the client does not know: a probe job counts them) and cluster masters."""
+    if not master.startswith("local"):
+        return None
+    if master == "local":
+        return 1
+    inside = master[master.find("[") + 1:master.find("]")].split(",")[0].strip()
+    return int(inside) if inside.isdigit() else None
 
 
 def _probe_executor(fallback: int):
