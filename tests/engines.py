@@ -496,7 +496,9 @@ class SparkConnectEngine(SparkEngine):
         n = max(len(parts), 1)
         if not parts:
             parts = [[]]
-        return self.session.range(0, n, 1, n).mapInArrow(make, schema)
+        # made once, kept where it was made: reading it runs no Python (a task of a later
+        # mapInArrow then has one Python worker, as on a classic DataFrame of local rows)
+        return self.session.range(0, n, 1, n).mapInArrow(make, schema).localCheckpoint(eager=True)
 
     def rows(self, parts):
         pytest.skip("a Spark Connect session has no RDD: rows feed as RDDs on classic Spark only")

@@ -59,3 +59,25 @@ def test_feed_stream_refuses_a_connect_stream_before_anything_starts(backend, en
 def test_an_rdd_cannot_be_asked_of_a_connect_backend(backend):
     with pytest.raises(ConfigError, match="no SparkContext"):
         backend.sc
+
+
+@pytest.mark.engines("spark-connect")
+def test_feed_cache_on_connect_feeds_every_epoch_from_its_frames_and_unpersists(backend, engine):
+    from duotf.spark import feed_cache
+    from duotf.testing.suite.data import kept_frame_folders
+
+    before = kept_frame_folders()
+    df = engine.session.range(0, 400, 1, 4).selectExpr("id * 1.0 AS x", "id")
+    cache = feed_cache(df)  # the index: a locally checkpointed DataFrame (no RDD on Connect)
+    try:
+        assert cache.rows == 400 and len(cache.parts) == 4
+        assert kept_frame_folders() - before  # the frames lie in the executors' local dirs
+        with duotf.run(mains.feed_train_main, {"batch": 8}, backend, duotf.ClusterSpec(workers=2)) as cluster:
+            report = cluster.train(cache, epochs=2)
+            results = cluster.wait(timeout=120)
+    finally:
+        cache.unpersist()
+    assert report["rows_fed"] == 800
+    for epoch in (0, 1):  # every id once an epoch, across the two nodes
+        assert sorted(i for r in results for i in r["ids"][epoch]) == list(range(400))
+    assert not kept_frame_folders() - before

@@ -43,7 +43,18 @@ def code_of(thread: threading.Thread) -> str:
 
 def kept_by_an_engine(thread: threading.Thread) -> bool:
     """Whether ``thread`` is one an engine or library keeps for the life of the process."""
-    return code_of(thread).startswith(ENGINE_MODULES) or thread.name.startswith(ENGINE_NAMES)
+    return (code_of(thread).startswith(ENGINE_MODULES) or thread.name.startswith(ENGINE_NAMES)
+            or thread in _spark_connect_pool())
+
+
+def _spark_connect_pool() -> Set[threading.Thread]:
+    """The threads of the pool a Spark Connect client keeps, once made, for the process's life
+    to release its finished operations on the server (a plain ThreadPoolExecutor's workers:
+    known by the pool, not by name or code)."""
+    reattach = sys.modules.get("pyspark.sql.connect.client.reattach")
+    iterator = getattr(reattach, "ExecutePlanResponseReattachableIterator", None)
+    pool = getattr(iterator, "_release_thread_pool_instance", None)
+    return set(getattr(pool, "_threads", ()))
 
 
 def leaked_threads(before: Iterable[threading.Thread], grace: float = 15.0) -> List[threading.Thread]:

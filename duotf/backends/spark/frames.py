@@ -482,14 +482,23 @@ def feed_cache(df: DataFrame, *, block_bytes: int = 4 << 20, ragged: Sequence[st
 
     from duotf._transport.columns import ragged_columns
 
+    from duotf.backends.spark.client import is_connect
+
     source, tensors = arrow_source(df)
     spill = spiller(uuid.uuid4().hex[:16], tensors, block_bytes, ragged_columns(ragged))
-    index = source.mapInArrow(spill, INDEX_SCHEMA).rdd.map(cached_partition)
-    index.persist(StorageLevel.MEMORY_ONLY)
-    with arrow_batches(getattr(df, "sparkSession", None)):
-        collected = index.collect()
+    kept: Optional[DataFrameKept] = None
+    if is_connect(df):  # no RDD: the index a DataFrame, made once and kept where it was made
+        with arrow_batches(df.sparkSession):
+            index = source.mapInArrow(spill, INDEX_SCHEMA).localCheckpoint(eager=True)
+            collected = [cached_partition(row) for row in index.collect()]
+        kept = DataFrameKept(index)
+    else:
+        index = source.mapInArrow(spill, INDEX_SCHEMA).rdd.map(cached_partition)
+        index.persist(StorageLevel.MEMORY_ONLY)
+        with arrow_batches(getattr(df, "sparkSession", None)):
+            collected = index.collect()
     parts = sorted((p for p in collected if isinstance(p, CachedPartition)), key=lambda part: part.pid)
-    cache = FeedCache(index, df, parts, list(df.columns))
+    cache = FeedCache(index, df, parts, list(df.columns), kept=kept)
     errors = sorted((e for e in collected if isinstance(e, str)), key=lambda e: json.loads(e)["partition"])
     if errors:
         cache.unpersist()

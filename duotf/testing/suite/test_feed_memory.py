@@ -55,7 +55,7 @@ class _Peak:
 
 # Two engines of five (CI time): the Dask and Spark feeding tasks; local and procpool feed through
 # the same task code (feed.tasks) and the 3.1 GB test below covers Spark standalone.
-@pytest.mark.engines("dask", "spark-local", "spark-connect")
+@pytest.mark.engines("dask", "spark-local")
 def test_million_row_feed_has_bounded_memory(backend, engine):
     data = engine.constant_features(ROWS, PARTS, width=784, chunk=CHUNK)
     feeders = engine.feeding_processes()  # Spark's: every Python worker, nodes' tasks included
@@ -107,7 +107,7 @@ class _PeakEach(_Peak):
         return sorted(round((self.each[pid] - self.first[pid]) / 2**20) for pid in self.each)
 
 
-@pytest.mark.engines("spark-standalone", "spark-connect")
+@pytest.mark.engines("spark-standalone")
 @pytest.mark.timeout(600)
 def test_a_dataframe_larger_than_the_executors_heaps_is_fed_and_cached_whole(backend, engine):
     """At Spark's default executor memory (1 GiB) and Arrow batch size, 3.1 GB of rows (both
