@@ -67,7 +67,7 @@ def test_feed_cache_on_connect_feeds_every_epoch_from_its_frames_and_unpersists(
     from duotf.testing.suite.data import kept_frame_folders
 
     before = kept_frame_folders()
-    df = engine.session.range(0, 400, 1, 4).selectExpr("id * 1.0 AS x", "id")
+    df = engine.session.range(0, 400, 1, 4).selectExpr("CAST(id AS DOUBLE) AS x", "id")
     cache = feed_cache(df)  # the index: a locally checkpointed DataFrame (no RDD on Connect)
     try:
         assert cache.rows == 400 and len(cache.parts) == 4

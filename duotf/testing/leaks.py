@@ -48,24 +48,34 @@ def kept_by_an_engine(thread: threading.Thread) -> bool:
 
 
 def _spark_connect_pool() -> Set[threading.Thread]:
-    """The threads of the pool a Spark Connect client keeps, once made, for the process's life
-    to release its finished operations on the server (a plain ThreadPoolExecutor's workers:
-    known by the pool, not by name or code)."""
+    """The threads of the pools a Spark Connect client's result iterators keep to release
+    finished operations on the server (plain ThreadPoolExecutor workers: known by their pools,
+    not by name or code). pyspark 4.x makes one a live iterator; its threads end when it is
+    collected."""
     reattach = sys.modules.get("pyspark.sql.connect.client.reattach")
     iterator = getattr(reattach, "ExecutePlanResponseReattachableIterator", None)
-    pool = getattr(iterator, "_release_thread_pool_instance", None)
-    return set(getattr(pool, "_threads", ()))
+    if iterator is None:
+        return set()
+    owners = [iterator, *list(getattr(iterator, "_instances", ()))]
+    pools = [vars(owner).get("_release_thread_pool_instance") for owner in owners]
+    return {thread for pool in pools if pool is not None for thread in getattr(pool, "_threads", ())}
 
 
 def leaked_threads(before: Iterable[threading.Thread], grace: float = 15.0) -> List[threading.Thread]:
     """The threads alive now that were not in ``before`` and that no engine keeps, once each
     had up to ``grace`` seconds to end (as dask/distributed's ``check_thread_leak``)."""
+    import gc
+
     before = set(before)
     deadline = time.monotonic() + grace
+    collected = False
     while True:
         leaked = [t for t in threading.enumerate() if t not in before and not kept_by_an_engine(t)]
         if not leaked or time.monotonic() > deadline:
             return leaked
+        if not collected:  # a pool's workers end once it is collected (the Connect client's)
+            gc.collect()
+            collected = True
         time.sleep(0.05)
 
 
