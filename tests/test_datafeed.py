@@ -741,3 +741,17 @@ def test_arrays_of_strings_or_nested_arrays_are_refused_not_sent_as_pointers():
     arrays[0], arrays[1] = np.zeros(2), np.ones(2)
     with pytest.raises(TypeError, match="column 'c': a ndarray value in a column of str/bytes"):
         wire.pack_frame({"c": arrays})
+
+
+def test_a_decimal_column_is_refused_with_the_cast_to_make():
+    """Spark SQL makes ``long * 1.0`` a decimal: the feed refuses it by name rather than fail
+    on its Decimal objects or round them silently."""
+    from decimal import Decimal
+
+    batch = pa.RecordBatch.from_pydict({"id": [1, 2], "x": pa.array([Decimal("1.5"), Decimal("2.0")],
+                                                                   pa.decimal128(5, 1))})
+    with pytest.raises(FeedSchemaError) as info:
+        from_arrow(batch)
+    err = info.value
+    assert (err.column, err.problem, err.row) == ("x", "type", 0)
+    assert "decimal128(5, 1)" in str(err) and "cast('double')" in err.hint

@@ -521,6 +521,12 @@ def from_arrow(batch, tensors: Optional[Dict[str, Tuple[str, Optional[tuple]]]] 
             cols[name] = _list_column(name, column, ragged)
         elif VALIDATE and column.null_count:
             raise _null(name, _first_true(column.is_null().to_numpy(zero_copy_only=False)))
+        elif pa.types.is_decimal(t):
+            raise feed_schema_error(
+                name, 0, FeedProblem.TYPE,
+                f"a {t} column at {{where}}: decimals are refused rather than rounded to "
+                "binary floats", f"cast it first: df.withColumn({name!r}, "
+                f"df[{name!r}].cast('double')) (Spark), or astype('float64') (pandas, Dask)")
         elif (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
               or pa.types.is_large_binary(t)):
             cols[name] = column.to_pylist()
