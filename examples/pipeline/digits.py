@@ -107,9 +107,9 @@ def dask_pipeline(client, workers: int = 2, epochs: int = 10, model_dir=None, se
 
 
 def pipeline(engine, **kwargs) -> float:
-    """:func:`spark_pipeline` for a ``SparkSession``, :func:`dask_pipeline` for a Dask ``Client``
-    (the same keyword arguments)."""
-    run = spark_pipeline if hasattr(engine, "sparkContext") else dask_pipeline
+    """:func:`spark_pipeline` for a ``SparkSession`` (classic or Spark Connect),
+    :func:`dask_pipeline` for a Dask ``Client`` (the same keyword arguments)."""
+    run = spark_pipeline if type(engine).__module__.startswith("pyspark") else dask_pipeline
     return run(engine, **kwargs)
 
 

@@ -58,7 +58,7 @@ def test_digits_example_trains_from_the_engine_feed(backend, engine, tmp_path):
     assert [line.split(":")[0] for line in progress] == [f"epoch {e}" for e in range(1, 16)]
 
 
-@pytest.mark.engines("spark-standalone", "dask")
+@pytest.mark.engines("spark-standalone", "dask", "spark-connect")
 def test_pipeline_example_fits_transforms_and_is_accurate(backend, engine, tmp_path):
     """examples/pipeline: DataFrame -> TFEstimator.fit -> TFModel.transform (Spark, in a
     Pipeline after a VectorAssembler) or TFModel.predict (Dask) -> accuracy."""
