@@ -161,20 +161,25 @@ def spark_connect_server(spark_standalone_master):
     """A real Spark Connect server (pyspark's own ``sbin/start-connect-server.sh``, in the
     foreground) whose application runs on ``spark_standalone_master`` with 2 executors of 2
     cores; yields its ``sc://127.0.0.1:PORT`` URL and stops it (and its executors) after the run."""
+    yield from connect_server(spark_standalone_master, {"spark.executor.cores": "2", "spark.cores.max": "4"})
+
+
+def connect_server(master: str, conf: dict = None):
+    """Start a Spark Connect server whose application runs on ``master`` (with ``conf`` added
+    to its settings) on a free port of 127.0.0.1, yield its ``sc://`` URL, stop it (its
+    executors go with it) and remove its folder. The benchmarks start theirs with it too."""
     root = tempfile.mkdtemp(prefix="duotf-connect-")
     port = _free_port()
     env = dict(os.environ, SPARK_HOME=_spark_home(), SPARK_LOCAL_IP="127.0.0.1",
                PYSPARK_PYTHON=sys.executable, SPARK_NO_DAEMONIZE="1", SPARK_LOG_DIR=root,
                SPARK_PID_DIR=root)
-    conf = {"spark.connect.grpc.binding.port": str(port),
-            "spark.connect.grpc.binding.address": "127.0.0.1",
-            "spark.executor.cores": "2", "spark.cores.max": "4", "spark.executor.memory": "1g",
-            "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1",
-            "spark.executorEnv.PYSPARK_PYTHON": sys.executable}
-    args = [os.path.join(_spark_home(), "sbin", "start-connect-server.sh"),
-            "--master", spark_standalone_master]
-    for key, value in conf.items():
+    settings = {"spark.connect.grpc.binding.port": str(port),
+                "spark.connect.grpc.binding.address": "127.0.0.1",
+                "spark.executor.memory": "1g", "spark.ui.enabled": "false",
+                "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+                "spark.executorEnv.PYSPARK_PYTHON": sys.executable, **(conf or {})}
+    args = [os.path.join(_spark_home(), "sbin", "start-connect-server.sh"), "--master", master]
+    for key, value in settings.items():
         args += ["--conf", f"{key}={value}"]
     log_path = os.path.join(root, "connect.log")
     with open(log_path, "wb") as log:
