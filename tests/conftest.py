@@ -150,6 +150,25 @@ def _standalone_cluster(workers: int, cores: int, env: dict = None):
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _classic_pyspark_outside_connect_tests(request):
+    """pyspark marks the whole process "remote" (``SPARK_CONNECT_MODE_ENABLED``) once a Spark
+    Connect session starts: its functions and ML classes then take the Connect path, and so
+    would a classic session made here or a ``spark-submit`` this process starts. Unmarked for
+    every test but those of the ``spark-connect`` engine and those of its server."""
+    callspec = getattr(request.node, "callspec", None)
+    if (callspec is not None and callspec.params.get("backend") == "spark-connect") \
+            or "spark_connect_server" in request.fixturenames:
+        yield
+        return
+    marked = os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    try:
+        yield
+    finally:
+        if marked is not None:
+            os.environ["SPARK_CONNECT_MODE_ENABLED"] = marked
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

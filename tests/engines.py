@@ -236,6 +236,7 @@ class SparkEngine(Engine):
     #: the task slots Spark has once every executor registered
     slots = 0
     converts_frames_once = True
+    converts_in_jvm = True
     gpu_setting = "spark.executor.resource.gpu.amount="
 
     @classmethod
@@ -444,6 +445,7 @@ class SparkConnectEngine(SparkEngine):
 
     slots = 4
     executors = 2
+    converts_in_jvm = False  # no JVM handle to load duotf's jar into: the frames come from Arrow
 
     @classmethod
     @contextlib.contextmanager

@@ -13,7 +13,7 @@ engines a project declares. To implement one:
   (``rows``, ``frame``, ``table``, ``arrays``, ``row_sources``, ``constant_features``), the
   results out (``partitions``, ``to_pandas``) and ``feeding_processes``;
 - set the class attributes that describe the engine (``executors``, ``gpu_setting``,
-  ``feeds_beside_nodes``, ``converts_frames_once``);
+  ``feeds_beside_nodes``, ``converts_frames_once``, ``converts_in_jvm``);
 - override the optional methods the engine has (``cli_args``, ``work_names``, scoring, ML
   stages): the tests that need them are kept to the engines that have them;
 - an engine whose collection is "a list of partitions", like the in-process backend, subclasses
@@ -71,6 +71,8 @@ class Engine(abc.ABC):
     feeds_beside_nodes = False
     #: a DataFrame fed several epochs is converted into feed frames once, in the first epoch
     converts_frames_once = False
+    #: ... and that conversion runs in the engine's JVM (duotf's jar in a classic Spark session)
+    converts_in_jvm = False
 
     def __init__(self, backend: Backend, handle: Any = None):
         self.backend = backend
