@@ -3,6 +3,7 @@
     python -m benchmarks.feed [--spark-master spark://HOST:PORT] [--with-tfos [WHEEL]]
                               [--rows 250000 --epochs 50] [--tiny-rows 4000000 --tiny-epochs 20]
                               [--rdd-rows 100000 --rdd-epochs 10] [--backends spark dask]
+                              [--json PATH]
     python -m benchmarks.feed --malloc ROUNDS [--rows N --epochs E]
     python -m benchmarks.feed --arrow-batches ROUNDS --spark-master URL [--rows N --epochs E]
     python -m benchmarks.feed --rounds ROUNDS --spark-master URL [--rows N --epochs E]
@@ -56,6 +57,9 @@ default ``train(df, epochs)`` and ``inference(df)``.
 session after the warm-up, each with where its time went, beside the limit: how a session's
 runs differ as it warms.
 
+``--json PATH`` also writes the summary's rates, the limits and the run's command, settings
+and machine to PATH (``benchmarks/record.py``; ``benchmarks/charts.py`` draws them).
+
 ``--default-rows N [N ...]`` also runs the default ``train(df, epochs)`` at these row counts,
 each beside the limit measured on that many rows: how the fixed costs (a count job, one engine
 job an epoch) weigh as the data grows.
@@ -73,6 +77,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TF loads, here and 
 import numpy as np  # noqa: E402
 
 import duotf  # noqa: E402
+from benchmarks.record import Record  # noqa: E402
 
 BATCH = 100
 
@@ -500,7 +505,13 @@ def cli():
     parser.add_argument("--malloc", type=int, default=0, metavar="ROUNDS",
                         help="only compare dataset()'s C heap settings (TF's, duotf's) on Dask, "
                              "ROUNDS rounds of each")
+    parser.add_argument("--json", metavar="PATH",
+                        help="also write the summary's rates, the limits and the run's command, "
+                             "settings and machine to PATH (benchmarks/record.py)")
     opts = parser.parse_args()
+    if opts.json and (opts.malloc or opts.rounds or opts.arrow_batches):
+        parser.error("--json records the main run, not --malloc, --rounds or --arrow-batches")
+    record = Record("feed", vars(opts)) if opts.json else None
 
     if opts.malloc:
         from distributed import Client, LocalCluster
@@ -574,6 +585,8 @@ def cli():
         session.sparkContext.setLogLevel("ERROR")
         try:
             print(f"Spark {opts.spark_master}:")
+            if record:  # the cores of the cluster's executors (of local[N]: N)
+                record.settings["spark_default_parallelism"] = session.sparkContext.defaultParallelism
             # The session's first feed starts the executors' Python workers and warms their
             # JVMs (Arrow conversion code compiled): shown, and not among the figures below,
             # as the limit leaves TF's first dataset out.
@@ -611,6 +624,14 @@ def cli():
                 rate = run_duotf(session, df, opts.epochs, 3144,
                                  f"array<float> (default), {rows} rows", breakdown=True)
                 print(f"    = {rate / there:.0%} of the limit on {rows} rows ({there:,.0f} rows/s)", flush=True)
+                if record:
+                    chart = "the default train(df, epochs) by rows"
+                    record.add("rows/s", "rows/s", [rate], peer="duotf", backend="spark",
+                               case=f"mnist-{rows}-rows", chart=chart,
+                               label=f"array<float> (default), {rows:,} rows")
+                    record.add("rows/s", "rows/s", [there], peer="in-process limit",
+                               case=f"mnist-{rows}-rows", chart=chart,
+                               label=f"from_tensor_slices, {rows:,} rows")
                 df.unpersist()
             df = spark_data(session, opts.tiny_rows, True, 8)
             rates["spark", "tiny"] = run_duotf(session, df, opts.tiny_epochs, 8, "tiny DataFrame")
@@ -686,6 +707,63 @@ def cli():
         if engine != "tfos" and tfos in rates:
             line += f", {rate / rates[tfos]:.0f}x TFoS"
         print(line)
+    if record:
+        record_rates(record, rates, mnist_limit, tiny_limit)
+        record.write(opts.json)
+
+
+#: what each rate of the summary fed, as a chart labels it, by engine
+LABELS = {
+    "spark": {
+        "mnist": "array<float> DataFrame (default)",
+        "mnist-every-epoch": "array<float>, convert_once=False",
+        "mnist-cache": "feed_cache(df)",
+        "mnist-packed": "pack_tensors column",
+        "mnist-rdd-numpy-next_batch": "RDD (float32[784], label), next_batch",
+        "mnist-rdd-numpy-dataset": "RDD (float32[784], label), dataset()",
+        "mnist-rdd-lists-next_batch": "RDD ([784 floats], label), next_batch",
+        "mnist-rdd-lists-dataset": "RDD ([784 floats], label), dataset()",
+        "mnist-1-epoch": "array<float>, one epoch of training",
+        "mnist-inference": "array<float>, inference",
+        "mnist-label-inference": "array<float>, inference, keep=['label']",
+        "mnist-packed-1-epoch": "packed column, one epoch of training",
+        "mnist-packed-inference": "packed column, inference",
+        "tiny": "tiny rows (one int64)",
+    },
+    "dask": {
+        "mnist": "arrays (x, y)",
+        "tiny": "tiny array (one int64)",
+        "mnist-1-epoch": "DataFrame, one epoch of training",
+        "mnist-inference": "DataFrame, inference",
+    },
+    "tfos": {
+        "mnist": "RDD ([784 floats], label), next_batch",
+        "mnist-numpy": "RDD (float32[784], label), next_batch",
+        "mnist-inference": "RDD ([784 floats], label), inference",
+        "tiny": "RDD of (i,), next_batch",
+    },
+}
+
+
+def record_rates(record, rates: dict, mnist_limit: float, tiny_limit: float) -> None:
+    """The summary's rates and the limits as rows of ``record``, one chart a comparison:
+    MNIST-like rows fed for training, tiny rows, and inference beside one epoch of training."""
+    def chart(kind):
+        if kind == "tiny":
+            return "tiny rows, fed for training"
+        if kind.endswith(("inference", "1-epoch")):
+            return "MNIST-like rows: inference and one epoch of training"
+        return "MNIST-like rows, fed for training"
+
+    for case, rate in (("mnist", mnist_limit), ("tiny", tiny_limit)):
+        record.add("rows/s", "rows/s", [rate], peer="in-process limit", case=case,
+                   chart=chart(case), label="limit: from_tensor_slices(...).batch(100)",
+                   reference=True)
+    for (engine, kind), rate in sorted(rates.items()):
+        peer, backend = ("TensorFlowOnSpark 2.2.5", "spark") if engine == "tfos" else ("duotf", engine)
+        record.add("rows/s", "rows/s", [rate], peer=peer, backend=backend, case=kind,
+                   chart=chart(kind), label=LABELS[engine].get(kind, kind))
+
 
 if __name__ == "__main__":
     cli()

@@ -2,7 +2,7 @@
 ``duotf.dask.predict``, beside one process running ``model.predict`` over the same rows.
 
     python -m benchmarks.scoring [--rows 50000] [--spark-master local[2]] [--workers 2]
-                                 [--with-tfos [WHEEL]] [--backends spark dask]
+                                 [--with-tfos [WHEEL]] [--backends spark dask] [--json PATH]
 
 The model is an MNIST-sized MLP (784 -> 256 relu -> 10; ``--hidden 2048 --layers 3`` makes one
 whose compute outweighs moving its rows), saved as ``.keras`` and exported as a
@@ -17,6 +17,8 @@ and one TensorFlow thread), which is what one worker of one core can do: the goa
 that per-worker rate times the workers. With --with-tfos,
 TensorFlowOnSpark 2.2.5's ``TFModel.transform`` on the same Spark session and DataFrame (its
 wheel fetched with ``pip download`` unless given, never installed: put on the workers' path).
+``--json PATH`` also writes the summary's rates, the baselines and the run's command, settings
+and machine to PATH (``benchmarks/record.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TF loads, here and 
 
 import numpy as np  # noqa: E402
 
+from benchmarks.record import Record  # noqa: E402
+
 WIDTH, CLASSES = 784, 10
+#: seconds of each case's first (cold) run, by its label, as ``timed`` printed them
+COLD_SECONDS: dict = {}
 
 
 def make_model(folder: str, hidden: int = 256, layers: int = 1):
@@ -98,6 +104,7 @@ def timed(label: str, run, rows: int, rates: dict) -> None:
     run(1)
     warm = time.perf_counter() - t0
     rates[label] = rows / warm
+    COLD_SECONDS[label] = cold
     print(f"  {label:<46} {rows / warm:>10,.0f} rows/s  ({warm:5.1f} s; cold {cold:5.1f} s)", flush=True)
 
 
@@ -214,8 +221,12 @@ def cli():
     parser.add_argument("--backends", nargs="*", default=["spark", "dask"])
     parser.add_argument("--with-tfos", nargs="?", const="", default=None, metavar="WHEEL",
                         help="also run TensorFlowOnSpark 2.2.5's TFModel (optionally from this wheel)")
+    parser.add_argument("--json", metavar="PATH",
+                        help="also write the summary's rates, the baselines and the run's command, "
+                             "settings and machine to PATH (benchmarks/record.py)")
     opts = parser.parse_args()
     opts.spark_master = opts.spark_master or f"local[{opts.workers}]"
+    record = Record("scoring", vars(opts)) if opts.json else None
 
     folder = tempfile.mkdtemp(prefix="duotf-scoring-")
     model, keras_path, export = make_model(folder, opts.hidden, opts.layers)
@@ -248,6 +259,25 @@ def cli():
         if tfos and not label.startswith("TFoS"):
             line += f", {r / tfos:5.1f}x TFoS"
         print(line)
+    if record:
+        record_rates(record, rates, every, rate, opts.workers)
+        record.write(opts.json)
+
+
+def record_rates(record, rates: dict, every: float, one_core: float, workers: int) -> None:
+    """The summary's rates, the ``model.predict`` baselines and the goal as rows of ``record``."""
+    chart = "DataFrame scoring"
+    record.add("rows/s", "rows/s", [every], peer="model.predict", case="all cores", chart=chart,
+               label=f"model.predict in one process, {os.cpu_count()} cores")
+    record.add("rows/s", "rows/s", [one_core], peer="model.predict", case="one core", chart=chart,
+               label="model.predict in one process held to one core")
+    record.add("rows/s", "rows/s", [0.8 * workers * one_core], peer="goal", case="goal",
+               chart=chart, label=f"goal: 0.8 x {workers} workers x one core", reference=True)
+    for label, r in rates.items():
+        tfos = label.startswith("TFoS")
+        record.add("rows/s", "rows/s", [r], peer="TensorFlowOnSpark 2.2.5" if tfos else "duotf",
+                   backend="spark" if tfos else label.split()[0], case=label, chart=chart,
+                   label=label, cold_seconds=COLD_SECONDS.get(label))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python benchmarks/startup.py                     # local, dask, spark local[2]
     python benchmarks/startup.py --spark-master spark://127.0.0.1:7077
+    python -m benchmarks.startup --json startup.json  # also the figures as JSON (benchmarks/record.py)
 
 startup   : from calling duotf.run() to every node's main running (its first line)
 ready     : from duotf.run() to every main having imported TensorFlow (a TF program's real start)
@@ -13,12 +14,17 @@ Goal: startup + TF import (ready) <= one TF import + 2 s; shutdown < 2 s. Median
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
 import time
 
-import duotf
+if not __package__:  # run as a script (python benchmarks/startup.py): benchmarks/ from its root
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import duotf  # noqa: E402
+from benchmarks.record import Record  # noqa: E402
 
 
 def tf_import_seconds() -> float:
@@ -81,9 +87,14 @@ def backends(opts):
 def cli():
     parser = argparse.ArgumentParser(description="duotf startup/shutdown benchmark")
     add_backend_options(parser, repeat=3)
+    parser.add_argument("--json", metavar="PATH",
+                        help="also write every run's seconds and the run's command, settings and "
+                             "machine to PATH (benchmarks/record.py)")
     opts = parser.parse_args()
+    record = Record("startup", vars(opts)) if opts.json else None
 
-    tf_import = statistics.median(tf_import_seconds() for _ in range(opts.repeat))
+    imports = [tf_import_seconds() for _ in range(opts.repeat)]
+    tf_import = statistics.median(imports)
     print(f"bare 'import tensorflow' (fresh process): {tf_import:.2f} s")
     print(f"{'backend':<22}{'startup':>9}{'ready(+TF)':>12}{'goal':>8}{'shutdown':>10}")
     for name, backend, close in backends(opts):
@@ -95,6 +106,28 @@ def cli():
         startup, ready, shutdown = (statistics.median(r[i] for r in runs) for i in range(3))
         print(f"{name:<22}{startup:>8.2f}s{ready:>11.2f}s{tf_import + 2:>7.2f}s{shutdown:>9.2f}s"
               f"   ready/goal={ready / (tf_import + 2):.2f}")
+        if record:
+            record_runs(record, name, runs)
+    if record:
+        record.add("seconds", "s", imports, peer="TensorFlow", case="import tensorflow",
+                   chart=STARTED, label="bare 'import tensorflow' (fresh process)")
+        record.add("seconds", "s", [tf_import + 2], peer="goal", case="ready", chart=STARTED,
+                   label="goal for ready: one TF import + 2 s", reference=True)
+        record.add("seconds", "s", [2.0], peer="goal", case="shutdown", chart=SHUTDOWN,
+                   label="goal: 2 s", reference=True)
+        record.write(opts.json)
+
+
+STARTED = "run() to every main running (startup) and to TF imported in every main (ready)"
+SHUTDOWN = "shutdown() of a 1 worker + 1 ps cluster, as soon as run() returns"
+
+
+def record_runs(record, name: str, runs) -> None:
+    """One backend's runs as rows of ``record``: each run's startup, ready and shutdown."""
+    for i, (case, chart) in enumerate([("startup", STARTED), ("ready", STARTED),
+                                       ("shutdown", SHUTDOWN)]):
+        record.add("seconds", "s", [r[i] for r in runs], peer="duotf", backend=name, case=case,
+                   chart=chart, label=f"{name}: {case}")
 
 
 if __name__ == "__main__":
