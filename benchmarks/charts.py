@@ -43,7 +43,7 @@ def file_name(doc: Dict[str, Any], chart: str, unit: str) -> str:
     """The PNG's name: ``BENCHMARK-CHART.png`` (the unit added where one chart has two)."""
     units = {u for c, u in comparisons(doc) if c == chart}
     title = chart if len(units) == 1 else f"{chart} {unit}"
-    slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:60].rstrip("-")
+    slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:48].rstrip("-")
     return f"{doc['benchmark']}-{slug}.png"
 
 
@@ -75,7 +75,7 @@ def _label(row: Dict[str, Any]) -> str:
 
 def _format(value: float, unit: str) -> str:
     if unit == "s":
-        return f"{value:.2f} s"
+        return f"{value:.3f} s" if value < 0.1 else f"{value:.2f} s"
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
@@ -109,9 +109,9 @@ def draw(doc: Dict[str, Any], chart: str, unit: str, rows: List[Dict[str, Any]],
     top = max([v for r in rows for v in r["values"]] + [r["median"] for r in rows])
     ax.set_xlim(right=top * (4 if ax.get_xscale() == "log" else 1.22))
     for yi, row in zip(y, bars):  # the median, right of the bar and of its dots
-        ax.text(max(row["values"] + [row["median"]]), yi, "  " + _format(row["median"], unit),
-                va="center", fontsize=8,
-                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8})
+        ax.annotate(_format(row["median"], unit), (max(row["values"] + [row["median"]]), yi),
+                    xytext=(6, 0), textcoords="offset points", va="center", fontsize=8,
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8})
     handles, labels = [], []
     peers = [p for p in colours if any(r["peer"] == p for r in bars)]
     if len(peers) > 1:  # whose bar is whose

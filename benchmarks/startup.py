@@ -118,8 +118,10 @@ def cli():
         record.write(opts.json)
 
 
-STARTED = "run() to every main running (startup) and to TF imported in every main (ready)"
-SHUTDOWN = "shutdown() of a 1 worker + 1 ps cluster, as soon as run() returns"
+#: the charts: run() to every main running (startup) and to every main having imported TF
+#: (ready); shutdown() of a 1 worker + 1 ps cluster, called as soon as run() returns
+STARTED = "startup and ready (TF imported)"
+SHUTDOWN = "shutdown of a serving ps"
 
 
 def record_runs(record, name: str, runs) -> None:
