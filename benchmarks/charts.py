@@ -85,6 +85,7 @@ def draw(doc: Dict[str, Any], chart: str, unit: str, rows: List[Dict[str, Any]],
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
     bars = [r for r in rows if not r.get("reference")]
     lines = [r for r in rows if r.get("reference")]
@@ -124,6 +125,9 @@ def draw(doc: Dict[str, Any], chart: str, unit: str, rows: List[Dict[str, Any]],
     if handles:
         ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8,
                   frameon=False)
+    if ax.get_xscale() == "linear":  # 120,000 rather than 1.2e5 or digits run together
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(6))
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,.{0 if top >= 10 else 1}f}"))
     ax.set_yticks(y)
     ax.set_yticklabels([_label(r) for r in bars], fontsize=8)
     metric = rows[0]["metric"]

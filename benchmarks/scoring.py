@@ -277,7 +277,8 @@ def record_rates(record, rates: dict, every: float, one_core: float, workers: in
         tfos = label.startswith("TFoS")
         record.add("rows/s", "rows/s", [r], peer="TensorFlowOnSpark 2.2.5" if tfos else "duotf",
                    backend="spark" if tfos else label.split()[0], case=label, chart=chart,
-                   label=label, cold_seconds=COLD_SECONDS.get(label))
+                   label=label.replace("TFoS 2.2.5 ", "") if tfos else label,
+                   cold_seconds=COLD_SECONDS.get(label))
 
 
 if __name__ == "__main__":
