@@ -65,8 +65,10 @@ def caption(doc: Dict[str, Any]) -> str:
 
 
 def _label(row: Dict[str, Any]) -> str:
+    """A bar's name: its label (or its backend and case), after its peer where that is a
+    baseline the label does not name, else after its backend where the label does not name it."""
     text = row.get("label") or " ".join(x for x in (row["backend"], row["case"]) if x)
-    if row["peer"] not in ("duotf",) and not row.get("reference"):
+    if row["peer"] != "duotf" and not row.get("reference"):
         text = f"{row['peer']}: {text}" if row["peer"] not in text else text
     elif row["backend"] and row["backend"] not in text:
         text = f"{row['backend']}: {text}"
@@ -127,7 +129,7 @@ def draw(doc: Dict[str, Any], chart: str, unit: str, rows: List[Dict[str, Any]],
                   frameon=False)
     if ax.get_xscale() == "linear":  # 120,000 rather than 1.2e5 or digits run together
         ax.xaxis.set_major_locator(ticker.MaxNLocator(6))
-        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,.{0 if top >= 10 else 1}f}"))
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1e5 else f"{v:,g}"))
     ax.set_yticks(y)
     ax.set_yticklabels([_label(r) for r in bars], fontsize=8)
     metric = rows[0]["metric"]
