@@ -425,6 +425,50 @@ def spark_data(session, rows: int, tiny: bool, partitions: int, packed: bool = F
     return df
 
 
+def connect_rates(opts) -> dict:
+    """The DataFrame cases through a Spark Connect session: a Connect server (pyspark's own
+    ``sbin/start-connect-server.sh``, started here and stopped after) whose application runs on
+    the same master as the classic session above, which has ended by then (its executors are
+    free again). The client has no RDD: those cases are classic Spark's only."""
+    from pyspark.sql import SparkSession
+
+    from duotf.spark import feed_cache
+    from tests.conftest import connect_server
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    rates = {}
+    server = connect_server(opts.spark_master, {"spark.executorEnv.PYTHONPATH": os.pathsep.join(paths),
+                                                "spark.ui.showConsoleProgress": "false"})
+    url = next(server)
+    session = SparkSession.builder.remote(url).getOrCreate()
+    try:
+        print(f"Spark Connect ({url}, its application on {opts.spark_master}; the same settings):")
+        df = spark_data(session, opts.rows, False, 8)
+        run_duotf(session, df, 2, 3144, "first feed of the session (warm-up, 2 epochs)")
+        rates["spark-connect", "mnist"] = run_duotf(session, df, opts.epochs, 3144,
+                                                    "MNIST-like array<float> column (default)")
+        rates["spark-connect", "mnist-every-epoch"] = run_duotf(
+            session, df, opts.epochs, 3144, "MNIST-like array<float>, convert_once=False",
+            convert_once=False)
+        cache = feed_cache(df)
+        rates["spark-connect", "mnist-cache"] = run_duotf(session, cache, opts.epochs, 3144,
+                                                          "MNIST-like feed_cache(DataFrame)")
+        cache.unpersist()
+        rates["spark-connect", "mnist-1-epoch"] = run_duotf(session, df, 1, 3144, "array<float>, 1 epoch")
+        rates["spark-connect", "mnist-inference"] = run_inference(
+            session, df, 3144, "array<float> column", lambda out: out.count())
+        df.unpersist()
+        df = spark_data(session, opts.tiny_rows, True, 8)
+        rates["spark-connect", "tiny"] = run_duotf(session, df, opts.tiny_epochs, 8, "tiny DataFrame")
+        df.unpersist()
+    finally:
+        session.stop()
+        os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)  # pyspark's process-wide mark
+        next(server, None)  # stops the server
+    return rates
+
+
 def spark_rdd(session, rows: int, numpy_rows: bool, partitions: int):
     """A converted TensorFlowOnSpark program's data: an RDD of ``(features, label)`` tuples, the
     features a float32 numpy array of 784 values or a list of 784 floats (as TFoS's examples
@@ -487,7 +531,7 @@ def cli():
     parser.add_argument("--epochs", type=int, default=50)
     parser.add_argument("--tiny-rows", type=int, default=4_000_000)
     parser.add_argument("--tiny-epochs", type=int, default=20)
-    parser.add_argument("--backends", nargs="*", default=["spark", "dask"])
+    parser.add_argument("--backends", nargs="*", default=["spark", "spark-connect", "dask"])
     parser.add_argument("--spark-master", default="local[3]")
     parser.add_argument("--with-tfos", nargs="?", const="", default=None, metavar="WHEEL",
                         help="also run TensorFlowOnSpark 2.2.5 (optionally from this wheel file)")
@@ -676,6 +720,8 @@ def cli():
                                                              "lists", inference=True)
             rates["tfos", "mnist-numpy"] = tfos_feed.run(opts.spark_master, wheel, opts.tfos_rows, "numpy")
             rates["tfos", "tiny"] = tfos_feed.run(opts.spark_master, wheel, opts.tfos_rows * 3, "tiny")
+    if "spark-connect" in opts.backends:
+        rates.update(connect_rates(opts))
     if "dask" in opts.backends:
         from distributed import Client, LocalCluster
 
@@ -696,7 +742,7 @@ def cli():
         base = kind.split("-")[0]
         lim = mnist_limit if base == "mnist" else tiny_limit
         row_bytes = 3144 if base == "mnist" else 8
-        line = (f"  {engine:<6}{kind:<32}{rate:>11,.0f} rows/s {rate * row_bytes / 1e6:>6.0f} MB/s "
+        line = (f"  {engine:<14}{kind:<32}{rate:>11,.0f} rows/s {rate * row_bytes / 1e6:>6.0f} MB/s "
                 f"= {rate / lim:5.0%} of the limit")
         tfos = ("tfos", "mnist-numpy") if "numpy" in kind else ("tfos", base)
         if kind.endswith("inference"):
@@ -728,6 +774,14 @@ LABELS = {
         "mnist-label-inference": "array<float>, inference, keep=['label']",
         "mnist-packed-1-epoch": "packed column, one epoch of training",
         "mnist-packed-inference": "packed column, inference",
+        "tiny": "tiny rows (one int64)",
+    },
+    "spark-connect": {
+        "mnist": "array<float> DataFrame (default)",
+        "mnist-every-epoch": "array<float>, convert_once=False",
+        "mnist-cache": "feed_cache(df)",
+        "mnist-1-epoch": "array<float>, one epoch of training",
+        "mnist-inference": "array<float>, inference",
         "tiny": "tiny rows (one int64)",
     },
     "dask": {
