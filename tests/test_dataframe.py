@@ -128,10 +128,23 @@ def test_explicit_schema_and_mismatch_names_the_column(spark, tmp_path):
     assert rows == [{"id": 1, "tag": "x"}]
 
 
+def test_a_value_too_wide_for_the_given_spark_type_names_its_column(spark, tmp_path):
+    from pyspark.sql import types as T
+
+    path = str(tmp_path / "w" / "part-0.tfrecord")
+    write_records(path, [encode_example({"id": ("int64", [1]), "n": ("int64", [300])})])
+    narrow = T.StructType([T.StructField("id", T.LongType()), T.StructField("n", T.ByteType())])
+    with pytest.raises(Exception) as info:
+        dfio.tfrecords_to_spark(spark, path, schema=narrow).collect()
+    assert "SchemaMismatchError: column 'n' (int8) of" in str(info.value)
+    assert "cannot hold 300" in str(info.value) and "wider type" in str(info.value)
+
+
 def test_a_spark_read_streams_each_file(spark, tmp_path):
-    """tfrecords_to_spark's tasks take a file's rows as they are read: a record is decoded when
-    the task asks for its row, never the whole file first (a 208 MB file of 784-float rows is
-    1.2 GB as Python rows)."""
+    """tfrecords_to_spark's tasks take a file's rows as they are read: iter_rows decodes a record
+    when its row is asked for, and a Spark task hands Spark an Arrow batch for each batch of
+    records the reader reads (about 1 MiB), never the whole file first (a 208 MB file of
+    784-float rows is 1.2 GB as Python rows)."""
     path = str(tmp_path / "s" / "part-0.tfrecord")
     write_records(path, [encode_example({"id": ("int64", [i])}) for i in range(3)])
     rows = dfio.iter_rows(path, [Field("id", "int64")])

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Optional, Sequence, Union, cast
 
-from duotf.errors import ConfigError
+from duotf.errors import ConfigError, SchemaMismatchError
 from duotf.io.example import (Field, Schema, example_to_row, infer_schema, is_null, numpy_kind, row_to_example)
 from duotf.io.files import expand, filesystem
 from duotf.io.tfrecord import TFRecordReader, TFRecordWriter, resolve_compression
@@ -136,18 +136,38 @@ def to_spark_schema(schema: Schema):
     ])
 
 
+def _partition() -> int:
+    """The partition of the Spark task this runs in."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        raise RuntimeError("not in a Spark task: a partition's function runs in one")
+    return context.partitionId()
+
+
 def spark_to_tfrecords(df: DataFrame, url: str, *, compression: Optional[str] = None, mode: str = "error",
                        storage_options: Optional[dict] = None) -> List[str]:
-    """Write a Spark DataFrame as TFRecord files, one per partition; return their URLs."""
+    """Write a Spark DataFrame as TFRecord files, one per partition; return their URLs.
+
+    ``df`` may be a classic DataFrame or a Spark Connect one: each partition is written by a
+    ``mapInArrow`` task (an empty partition writes an empty file).
+    """
     schema = [_field_from_spark(f) for f in df.schema.fields]
     codec = resolve_compression(compression)
     _prepare_dir(url, mode, storage_options)
 
-    def write(index, rows):  # booleans are written as int64 0/1
-        yield write_partition((row.asDict() for row in rows), url, index, schema, codec,
-                              storage_options)
+    def write(batches):
+        import pyarrow as pa
 
-    return sorted(df.rdd.mapPartitionsWithIndex(write).collect())
+        # the partition's rows one Arrow batch at a time, as Row.asDict() gives them: bools,
+        # lists, bytes, None for a null (booleans are written as int64 0/1)
+        rows = (row for batch in batches for row in batch.to_pylist())
+        index = _partition()
+        target = write_partition(rows, url, index, schema, codec, storage_options)
+        yield pa.RecordBatch.from_pydict({"url": [target]}, schema=pa.schema([("url", pa.string())]))
+
+    return sorted(row.url for row in df.mapInArrow(write, "url string").collect())
 
 
 def _spark_converter(schema, struct):
@@ -174,6 +194,37 @@ def _spark_converter(schema, struct):
     return convert
 
 
+def _arrow_batch(rows: List[tuple], arrow_schema, url: str):
+    """One Arrow record batch of ``rows`` (tuples in the order of ``arrow_schema``). A value its
+    column's type cannot hold (300 in a byte column) raises :class:`SchemaMismatchError` naming
+    the column, the value and the file."""
+    import pyarrow as pa
+
+    try:
+        return pa.RecordBatch.from_struct_array(pa.array(rows, type=pa.struct(list(arrow_schema))))
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        for i, field in enumerate(arrow_schema):
+            for row in rows:
+                try:
+                    pa.array([row[i]], type=field.type)
+                except (pa.ArrowInvalid, pa.ArrowTypeError) as why:
+                    raise SchemaMismatchError(
+                        f"column {field.name!r} ({field.type}) of {url} cannot hold {row[i]!r}: "
+                        f"{why}; read it as a wider type (long, double)",
+                        column=field.name, expected=str(field.type), value=row[i]) from exc
+        raise
+
+
+def _session(spark: Union[SparkSession, SparkContext]) -> SparkSession:
+    """``spark`` itself when it is a SparkSession (classic or Connect), else a classic session of
+    the SparkContext ``spark``."""
+    if hasattr(spark, "createDataFrame"):  # a session; Connect's is no classic SparkSession
+        return cast("SparkSession", spark)
+    from pyspark.sql import SparkSession
+
+    return SparkSession(spark)
+
+
 def tfrecords_to_spark(spark: Union[SparkSession, SparkContext], urls: Union[str, Sequence[str]], *,
                        schema: Union[Schema, StructType, None] = None,
                        bytes_as: Union[str, Dict[str, str]] = "bytes",
@@ -181,11 +232,16 @@ def tfrecords_to_spark(spark: Union[SparkSession, SparkContext], urls: Union[str
                        skip_corrupt: bool = False, storage_options: Optional[dict] = None) -> DataFrame:
     """Read TFRecord files of Examples as a Spark DataFrame (one partition per file).
 
+    ``spark``: a SparkSession (classic or Spark Connect) or a SparkContext. Task ``i`` of a
+    ``mapInArrow`` over ``range`` reads file ``i``, handing Spark its rows as they are read: an
+    Arrow batch for each batch of records the reader reads (about 1 MiB of them).
+
     ``schema``: a list of :class:`Field`, or a Spark ``StructType`` (such as the ``df.schema``
     the files were written from): its columns come back with exactly those types.
     """
     files = expand(urls, storage_options)
     from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import to_arrow_schema
 
     struct = None
     if isinstance(schema, T.StructType):
@@ -194,17 +250,19 @@ def tfrecords_to_spark(spark: Union[SparkSession, SparkContext], urls: Union[str
         schema = infer_tfrecord_schema(files, infer_limit, bytes_as, compression, storage_options)
     if struct is None:
         struct = to_spark_schema(schema)
-    sc = cast("SparkContext", getattr(spark, "sparkContext", spark))  # a session's, or the context
     convert = _spark_converter(schema, struct)
+    arrow_schema = to_arrow_schema(struct)
 
-    def read(url):
-        return iter_rows(url, schema, compression, skip_corrupt, storage_options)
+    def read(batches):
+        for _ in batches:  # the range's one row: which file is this task's is its partition
+            pass
+        url = files[_partition()]
+        reader = TFRecordReader(url, compression, skip_corrupt=skip_corrupt, storage_options=storage_options)
+        for records in reader.batches():  # about 1 MiB of records: never the file's rows at once
+            yield _arrow_batch([convert(example_to_row(r, schema)) for r in records], arrow_schema, url)
 
-    rdd = sc.parallelize(files, len(files)).flatMap(read).map(convert)
-    from pyspark.sql import SparkSession
-
-    session = spark if isinstance(spark, SparkSession) else SparkSession(sc)
-    return session.createDataFrame(rdd, struct)
+    n = len(files)
+    return _session(spark).range(0, n, 1, n).mapInArrow(read, struct)
 
 
 # -- Dask -------------------------------------------------------------------------------------
