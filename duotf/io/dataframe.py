@@ -1,6 +1,7 @@
 """Spark and Dask DataFrames to TFRecord files of ``tf.train.Example`` (one file per partition)
 and back, over any fsspec URL. Files written from Spark read into Dask as the same rows, and the
-other way round.
+other way round. Spark's functions run ``mapInArrow`` tasks: the same on a classic session and
+on a Spark Connect one.
 
 Column types map to features as follows (``list`` = Spark ``array<...>`` / a Python list):
 
