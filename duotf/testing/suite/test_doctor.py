@@ -46,7 +46,7 @@ def test_every_check_passes_on_the_test_cluster(backend, engine):
 
 
 # Three engines of five (CI time): the in-process backend, a Dask worker and a standalone executor.
-@pytest.mark.engines("local", "dask", "spark-standalone", "spark-connect")
+@pytest.mark.engines("local", "dask", "spark-standalone")
 def test_another_tensorflow_and_a_closed_port_fail_with_the_fix(backend, tmp_path):
     shadow = shadow_tensorflow(tmp_path)
     with closed_port() as sock:

@@ -116,7 +116,7 @@ def test_fit_transform_save_load_with_the_same_predictions_on_every_engine(backe
                                   local.predict(x, verbose=0)[:, 0])
 
 
-@pytest.mark.engines("spark-local", "spark-connect")
+@pytest.mark.engines("spark-local")
 def test_a_train_fn_fits_as_tensorflowonspark_does(backend, engine, tmp_path):
     """trainFn(args, ctx), TFoS style: the user's node program gets the estimator's params and
     trainArgs, saves to args["modelPath"]; its chief's dict is the history."""
@@ -222,7 +222,7 @@ def _two_io_reference(parts):
     return y[:, 0], z
 
 
-@pytest.mark.engines("dask", "spark-local", "spark-connect")
+@pytest.mark.engines("dask", "spark-local")
 def test_a_model_of_two_inputs_and_two_outputs_fits_and_scores_each_output(backend, engine, tmp_path):
     """featuresCol and labelCol as lists (one column per model input and output, in order), the
     fitted model's outputCols, and the engine's predict with both outputs as columns: the same

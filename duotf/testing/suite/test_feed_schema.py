@@ -65,7 +65,7 @@ CASES = {
 # tests/test_datafeed.py
 # Three engines of five (CI time): the in-process feed, a Dask task and a Spark mapInArrow task, the
 # three feeding paths; procpool and Spark standalone feed through the same task code.
-@pytest.mark.engines("local", "dask", "spark-local", "spark-connect")
+@pytest.mark.engines("local", "dask", "spark-local")
 @pytest.mark.parametrize("case,shape", [(case, shape) for case in CASES for shape in ("rows", "table")
                                         if not (case.startswith("type") and shape == "rows")])
 def test_refused_data_gives_a_feed_schema_error(backend, engine, tmp_path, case, shape):
@@ -104,7 +104,7 @@ def test_refused_data_gives_a_feed_schema_error(backend, engine, tmp_path, case,
 
 # Three engines of five (CI time): the in-process feed, a Dask task and a Spark mapInArrow task, the
 # three feeding paths; procpool and Spark standalone feed through the same task code.
-@pytest.mark.engines("local", "dask", "spark-local", "spark-connect")
+@pytest.mark.engines("local", "dask", "spark-local")
 @pytest.mark.parametrize("reader", ["next_batch", "dataset"])
 @pytest.mark.parametrize("shape", ["rows", "table"])
 def test_a_column_declared_ragged_arrives_row_by_row(backend, engine, reader, shape):

@@ -67,7 +67,7 @@ def _write_files(tmp_path, worker_rows):
 
 # Three engines of five (CI time): in-process, a Dask worker and a standalone executor; every engine
 # trains under MultiWorkerMirroredStrategy in test_lifecycle and test_determinism.
-@pytest.mark.engines("local", "dask", "spark-standalone", "spark-connect")
+@pytest.mark.engines("local", "dask", "spark-standalone")
 def test_keras_fit_on_the_engine_feed_and_on_files(backend, engine, tmp_path):
     blocks = _blocks()
     fed = _fed_rows(blocks)

@@ -76,7 +76,7 @@ def test_failed_node_error_carries_its_last_output(backend, caplog):
 
 # Three engines of five (CI time): what is not sent is decided by the node agent, the same on
 # every engine.
-@pytest.mark.engines('local', 'dask', 'spark-standalone', 'spark-connect')
+@pytest.mark.engines('local', 'dask', 'spark-standalone')
 def test_log_to_driver_false_sends_nothing(backend, caplog):
     caplog.set_level(logging.INFO, logger="duotf.node")
     with duotf.run(mains.talk_main, None, backend, duotf.ClusterSpec(workers=1),

@@ -218,7 +218,7 @@ def _train_into(cluster, data, outcome):
 
 # TensorFlow in every node of two attempts (CI time): the in-process engine, a standalone
 # executor and a Dask worker; the engine-fed restart above runs on every engine.
-@pytest.mark.engines("local", "spark-standalone", "dask", "spark-connect")
+@pytest.mark.engines("local", "spark-standalone", "dask")
 def test_tf_reading_files_resumes_from_the_chiefs_checkpoint(backend, tmp_path):
     data = mains.make_regression(str(tmp_path / "data.npz"))
     args = {"data": data, "batch": 32, "lr": 0.05, "epochs": 3, "steps_per_epoch": 5,
