@@ -225,18 +225,25 @@ def spark_standalone_master_log(spark_standalone_master) -> str:
 
 @pytest.fixture(scope="module")
 def spark():
-    """A SparkSession for tests outside the shared suite: the suite's own, when one is active,
-    else a local[2] session for this module."""
+    """A classic SparkSession for tests outside the shared suite: the suite's own, when one is
+    active, else a local[2] session for this module. Never the Spark Connect engine's session:
+    pyspark's process-wide remote mark is lifted while the module runs (see
+    ``_classic_pyspark_outside_connect_tests``), as it is for each of its tests."""
     from pyspark.sql import SparkSession
 
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        yield active  # the shared suite's session, stopped by its own fixture
-        return
-    session = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-               .config("spark.driver.host", "127.0.0.1").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
+    marked = os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     try:
-        yield session
+        active = SparkSession.getActiveSession()
+        if active is not None and not type(active).__module__.startswith("pyspark.sql.connect"):
+            yield active  # the shared suite's session, stopped by its own fixture
+            return
+        session = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+                   .config("spark.driver.host", "127.0.0.1").getOrCreate())
+        session.sparkContext.setLogLevel("ERROR")
+        try:
+            yield session
+        finally:
+            session.stop()
     finally:
-        session.stop()
+        if marked is not None:
+            os.environ["SPARK_CONNECT_MODE_ENABLED"] = marked

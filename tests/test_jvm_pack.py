@@ -187,7 +187,7 @@ def test_the_jvm_leaves_a_partition_the_feed_refuses_to_the_dataframe_and_counts
         kept.unpersist(False)
 
 
-def test_the_jvm_writes_only_dataframes_of_numbers():
+def test_the_jvm_writes_only_dataframes_of_numbers(spark):  # fromDDL asks for a classic session
     from pyspark.sql.types import StructType
 
     assert jvm.spillable(StructType.fromDDL("a float, b array<double>, c tinyint, d array<bigint>"))
