@@ -94,6 +94,29 @@ def test_the_spark_and_dask_stages_take_the_same_parameters():
     assert TFModel(modelPath="m.keras").setPredictionCol("p").getPredictionCol() == "p"
 
 
+def test_the_repeated_signatures_stay_one():
+    """pyspark's ``@keyword_only`` needs ``__init__`` and ``setParams`` to spell out the same
+    keywords, and the Dask twin repeats them in snake_case, so each signature is written out
+    where users read it (help(), an IDE). They may not drift apart: the same names, defaults
+    and annotations, in the same order."""
+    import inspect
+    import re
+
+    import duotf.dask
+    from duotf.spark import TFEstimator
+
+    def keywords(fn, snake=False):
+        out = []
+        for p in inspect.signature(fn).parameters.values():
+            if p.kind is p.KEYWORD_ONLY and p.name != "client":
+                name = re.sub(r"(?<=[a-z])([A-Z])", r"_\1", p.name).lower() if snake else p.name
+                out.append((name, p.default, p.annotation))
+        return out
+
+    assert keywords(TFEstimator.__init__) == keywords(TFEstimator.setParams)
+    assert keywords(TFEstimator.__init__, snake=True) == keywords(duotf.dask.TFEstimator.__init__)
+
+
 class FakeEngine:
     """What the ledger asks of a backend."""
 
