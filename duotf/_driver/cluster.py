@@ -338,7 +338,7 @@ class Cluster:
         log_dir = default_log_dir(workdir_root) if self._owns_log_dir else self._node_log_dir
         job = NodeJob(
             job_id=self.job_id,
-            driver_address=sup.server.address,
+            driver_address=sup.open_route(self.backend.route),
             secret=sup.secret,
             payload=self._payload,
             protocol=self.spec.protocol,

@@ -311,7 +311,10 @@ def _count(sup: Supervisor, adapter, targets: List[FeedTarget]) -> List[int]:
 def _end_feeds(sup: Supervisor, targets: List[FeedTarget], why: str) -> None:
     """The feed failed: tell every node at once (a "fail" marker, not queued behind data), so
     that its reads raise ``why`` and the tasks waiting on it are refused. Best effort: a node
-    that is gone needs nothing."""
+    that is gone needs nothing. Through a relay the driver cannot reach the nodes: they hear
+    of it as their cluster stops."""
+    if sup.relayed:
+        return
     for target in targets:
         try:
             sock = wire.connect(target.address, sup.secret, 5.0)

@@ -27,6 +27,7 @@ from duotf._driver.nodes import (ENDED, LIVE, REPORTED, TERMINAL, ClusterStatus,
                                  NodeState, kill_node_process)
 from duotf._driver.watchdog import Watchdog
 from duotf._transport import rendezvous
+from duotf.backends.base import Route
 from duotf._transport.rendezvous import Msg
 from duotf.errors import BackendError, ClusterClosedError, DuotfError
 from duotf.spec import ClusterSpec, Job
@@ -126,6 +127,25 @@ class Supervisor:
         self._threads: List[threading.Thread] = []
         self.server = rendezvous.RendezvousServer(self.secret, self._on_message, self._on_close,
                                                   host=driver_host)
+        self._route: Optional[Route] = None
+
+    def open_route(self, route_to: Callable[..., Route]) -> Tuple[str, int]:
+        """The address the nodes reach the rendezvous server at: ``route_to`` (the backend's
+        :meth:`~duotf.backends.base.Backend.route`) decides, directly or through a relay
+        that fails the cluster if it is lost. Closed with the server."""
+        idle = max(2 * self.heartbeat_timeout, 60.0)
+        self._route = route_to(self.server.address, lambda why: self.fail(BackendError(why)), idle)
+        return self._route.address
+
+    @property
+    def relayed(self) -> bool:
+        """Whether the nodes reach the driver through a relay (the driver cannot reach them)."""
+        return self._route is not None and self._route.relayed
+
+    def _close_server(self) -> None:
+        self.server.close()
+        if self._route is not None:
+            self._route.close()
 
     # -- waiting ------------------------------------------------------------------------------
     def wait_for(self, predicate: Callable[[], bool], deadline: Deadline, *,
@@ -416,7 +436,8 @@ class Supervisor:
                             on_job_ended=self._finish,
                             stall_due=lambda: (None if self._first_return is None
                                                else self._first_return + stalled_after),
-                            on_stall=self._note_stalled)
+                            on_stall=self._note_stalled,
+                            clock=self._route.clock if self._route is not None else time.monotonic)
         self._threads.append(watchdog.start())
 
     def _note_stalled(self) -> None:
@@ -478,7 +499,7 @@ class Supervisor:
             self.fail(BackendError(
                 f"the {self.backend_name} job ended while nodes had not: {', '.join(pending)}"))
         else:
-            self.server.close()  # every node has ended: nothing more to hear from them
+            self._close_server()  # every node has ended: nothing more to hear from them
 
     def behind(self, work: Callable[[], None], name: str) -> None:
         """Run ``work`` in a thread of its own, which :meth:`close` joins (a failure's
@@ -571,7 +592,7 @@ class Supervisor:
             # for long: every agent is gone, and a stalled one ends by itself when it resumes.
             gang.join(1 if given_up else 5)
         # A failed cluster releases its port and threads by itself, shut down or not.
-        self.server.close()
+        self._close_server()
 
     def close(self) -> Optional[DuotfError]:
         """After :meth:`stop_nodes`: join the supervisor's threads and mark the cluster closed.
@@ -582,7 +603,7 @@ class Supervisor:
         with self._cond:
             self.status = ClusterStatus.CLOSED
             self._cond.notify_all()
-        self.server.close()
+        self._close_server()
         if self.error is not None and not self._error_delivered:
             self._error_delivered = True
             return self.error

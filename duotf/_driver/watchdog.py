@@ -47,13 +47,18 @@ class Watchdog:
         ``stall_due()`` (called under ``cond``) gives the ``time.monotonic()`` at which to call
         ``on_stall()`` (without the lock), or None while there is nothing to check; it is
         called once at most.
+    clock:
+        ``time.monotonic()`` up to which the driver has heard all that the nodes said (a
+        relay's last exchange; see :class:`~duotf.backends.base.Route`): silence is measured
+        up to it, so a relay that lags fails no node.
     """
 
     def __init__(self, cond: threading.Condition, nodes: List[NodeInfo], status: Callable, gang,
                  heartbeat_timeout: float, *, on_stale: Callable[[NodeInfo], None],
                  on_job_failed: Callable[[BaseException], None], on_job_ended: Callable[[], None],
                  stall_due: Callable[[], Optional[float]] = lambda: None,
-                 on_stall: Callable[[], None] = lambda: None):
+                 on_stall: Callable[[], None] = lambda: None,
+                 clock: Callable[[], float] = time.monotonic):
         self._cond = cond
         self._nodes = nodes
         self._status = status
@@ -64,6 +69,7 @@ class Watchdog:
         self._on_job_ended = on_job_ended
         self._stall_due = stall_due
         self._on_stall = on_stall
+        self._clock = clock
 
     def start(self) -> threading.Thread:
         """Start watching on a daemon thread of its own (``duotf-monitor``); return it."""
@@ -96,10 +102,14 @@ class Watchdog:
                     continue
                 else:
                     watched = [x for x in self._nodes if x.state not in unwatched]
-                    stale = [x for x in watched if now - x.last_seen > self._timeout]
+                    # silence up to what the driver has heard by (now, unless a relay lags)
+                    heard = min(now, self._clock())
+                    stale = [x for x in watched if heard - x.last_seen > self._timeout]
                     if not done and not stale:
                         # sleep until the next heartbeat deadline, or until something changes
                         due = min((x.last_seen + self._timeout for x in watched), default=None)
+                        if due is not None and due <= now:
+                            due = now + _RELAY_RECHECK  # due by now, not yet by what was heard
                         self._cond.wait(_until(now, due, stall))
                         continue
             if stalled:
@@ -113,6 +123,9 @@ class Watchdog:
             else:
                 self._on_job_ended()
                 return
+
+
+_RELAY_RECHECK = 0.5  #: seconds: a lagging relay's next look at the nodes
 
 
 def _until(now: float, *deadlines: Optional[float]) -> Optional[float]:

@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import socket
 import threading
+import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from duotf._enum import StrEnum
@@ -32,13 +33,34 @@ from duotf.reports import FeedAdapterReport
 
 logger = logging.getLogger("duotf.feed")
 
-__all__ = ["Backend", "FeedAdapter", "EngineJob", "ThreadJob", "NodeFunction", "routable_ip",
-           "work_name", "count_error"]
+__all__ = ["Backend", "FeedAdapter", "EngineJob", "ThreadJob", "NodeFunction", "Route",
+           "routable_ip", "work_name", "count_error"]
 
 
 #: ``fn(node_id, executor_id, attempt, gpus=()) -> NodeOutcome``; runs a node to its end.
 #: ``gpus``: the addresses of the GPUs the engine holds for the node (see :mod:`duotf._node.gpus`).
 NodeFunction = Callable[..., NodeOutcome]
+
+
+class Route:
+    """How the nodes reach the driver's rendezvous server: at its own address (this class), or
+    through a relay in the cluster when the engine's tasks cannot reach the driver
+    (:mod:`duotf._transport.relay`; Spark Connect)."""
+
+    relayed = False
+
+    def __init__(self, address: Tuple[str, int]):
+        #: the address the nodes connect to
+        self.address = address
+
+    def clock(self) -> float:
+        """``time.monotonic()`` up to which the driver has heard all the nodes said (now,
+        for a direct route; a relay's last completed exchange): the heartbeat watchdog
+        measures a node's silence up to it."""
+        return time.monotonic()
+
+    def close(self) -> None:
+        """Release the route (idempotent); called when the rendezvous server closes."""
 
 
 class EngineJob(abc.ABC):
@@ -322,6 +344,12 @@ class Backend(abc.ABC):
     def driver_host(self) -> str:
         """The driver address that the engine's tasks can reach."""
         return "127.0.0.1"
+
+    def route(self, address: Tuple[str, int], on_lost: Callable[[str], None], idle: float) -> Route:
+        """How the nodes reach the rendezvous server at ``address``: directly, unless the
+        engine's tasks cannot (then a relay: ``on_lost(why)`` once if it is lost, its hub
+        ending after ``idle`` seconds without the driver)."""
+        return Route(address)
 
     def default_fs(self) -> str:
         return "file://"
