@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import re
 import threading
@@ -311,20 +312,20 @@ def _count(sup: Supervisor, adapter, targets: List[FeedTarget]) -> List[int]:
 def _end_feeds(sup: Supervisor, targets: List[FeedTarget], why: str) -> None:
     """The feed failed: tell every node at once (a "fail" marker, not queued behind data), so
     that its reads raise ``why`` and the tasks waiting on it are refused. Best effort: a node
-    that is gone needs nothing. Through a relay the driver cannot reach the nodes: they hear
-    of it as their cluster stops."""
-    if sup.relayed:
-        return
-    for target in targets:
+    that is gone needs nothing."""
+    pending = list(targets)
+    while pending:
         try:
-            sock = wire.connect(target.address, sup.secret, 5.0)
-            try:
-                wire.send_frame(sock, wire.Frame.MARKER, marker=wire.Marker.FAIL, why=why[:4000])
-                wire.recv_frame(sock)
-            finally:
-                sock.close()
-        except (OSError, wire.FeedProtocolError) as exc:
-            logger.debug("could not tell %s that the feed failed: %s", target.label, exc)
+            sent, error = sup.reach(functools.partial(
+                wire.send_markers, [t.address for t in pending], sup.secret, wire.Marker.FAIL, 5.0,
+                why=why[:4000]))
+        except Exception as exc:  # noqa: BLE001 - the engine job that would reach them failed
+            sent, error = 0, f"{type(exc).__name__}: {exc}"
+            pending = pending[:1]
+        if error is None:
+            return
+        logger.debug("could not tell %s that the feed failed: %s", pending[sent].label, error)
+        pending = pending[sent + 1:]
 
 
 def _end_feeds_for(sup: Supervisor, targets: List[FeedTarget], exc: BaseException) -> None:
@@ -336,20 +337,19 @@ def _end_feeds_for(sup: Supervisor, targets: List[FeedTarget], exc: BaseExceptio
 def _markers(sup: Supervisor, targets: List[FeedTarget], kind: wire.Marker, timeout: float,
              epoch: Optional[int] = None) -> None:
     """Queue an epoch/end marker on every target, on the data path, and wait for each ack."""
-    for target in targets:
-        try:
-            sock = wire.connect(target.address, sup.secret, timeout)
-            try:
-                wire.send_frame(sock, wire.Frame.MARKER, marker=kind)
-                wire.recv_frame(sock)  # ACK, or TERMINATED
-            finally:
-                sock.close()
-        except OSError as exc:
-            if sup.takes_no_feed(target.node_id):
-                continue  # this node needs no marker any more
-            sup.expect_failure(3.0)
-            raise FeedError(f"could not send the {kind} marker to {target.label}: {exc}",
-                            epoch=epoch, node=target.label) from exc
+    pending = list(targets)
+    while pending:
+        sent, error = sup.reach(functools.partial(
+            wire.send_markers, [t.address for t in pending], sup.secret, kind, timeout))
+        if error is None:
+            return
+        target = pending[sent]
+        pending = pending[sent + 1:]
+        if sup.takes_no_feed(target.node_id):
+            continue  # this node needs no marker any more
+        sup.expect_failure(3.0)
+        raise FeedError(f"could not send the {kind} marker to {target.label}: {error}",
+                        epoch=epoch, node=target.label)
 
 
 @contextlib.contextmanager

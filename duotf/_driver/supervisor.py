@@ -137,6 +137,11 @@ class Supervisor:
         self._route = route_to(self.server.address, lambda why: self.fail(BackendError(why)), idle)
         return self._route.address
 
+    def reach(self, call: Callable[[], Any]) -> Any:
+        """``call()`` where the nodes' own ports can be reached: in this process, or in an
+        engine task when a relay stands between (the driver cannot reach the nodes)."""
+        return call() if self._route is None else self._route.run(call)
+
     @property
     def relayed(self) -> bool:
         """Whether the nodes reach the driver through a relay (the driver cannot reach them)."""

@@ -190,6 +190,25 @@ def connect(address: Tuple[str, int], secret: bytes, timeout: float) -> socket.s
         delay = min(delay * 2, 1.0)
 
 
+def send_markers(addresses: List[Tuple[str, int]], secret: bytes, marker: "Marker", timeout: float,
+                 **fields) -> Tuple[int, Optional[str]]:
+    """Send ``marker`` (with ``fields``) to the feed servers at ``addresses`` in turn, each on a
+    connection of its own, and wait for each answer. Returns how many took it, and the error
+    that stopped it at the next one (None: all took it). The driver calls it where it
+    reaches the nodes: in its own process, or in an engine task when a relay stands between."""
+    for i, address in enumerate(addresses):
+        try:
+            sock = connect(address, secret, timeout)
+            try:
+                send_frame(sock, Frame.MARKER, marker=marker, **fields)
+                recv_frame(sock)  # ACK, or TERMINATED
+            finally:
+                sock.close()
+        except OSError as exc:  # (FeedProtocolError is one)
+            return i, str(exc) or type(exc).__name__
+    return len(addresses), None
+
+
 def _encode_column(name: str, values) -> Tuple[list, list]:
     if isinstance(values, RaggedColumn):
         flat = np.ascontiguousarray(values.values)

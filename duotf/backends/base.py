@@ -59,6 +59,11 @@ class Route:
         measures a node's silence up to it."""
         return time.monotonic()
 
+    def run(self, call: Callable[[], Any]) -> Any:
+        """``call()`` where the nodes' ports can be reached (here, for a direct route; in an
+        engine task, for a relay): how the driver sends them feed markers."""
+        return call()
+
     def close(self) -> None:
         """Release the route (idempotent); called when the rendezvous server closes."""
 

@@ -247,9 +247,12 @@ def arrow_cached_files(job, runs=None):
 
         from duotf.backends.spark.frames import teed_partition
 
-        parts = [teed_partition(row)[0] for batch in batches for row in batch.to_pylist()]
-        if runs is not None:
+        if runs is None:
+            parts = [teed_partition(row)[0] for batch in batches for row in batch.to_pylist()]
+        else:  # the rows are the range's ids: this task's run is its partition's
             parts = runs[TaskContext.get().partitionId()]
+            for _ in batches:
+                pass
         out = list(feed(parts))
         yield pa.RecordBatch.from_pydict(
             {"pid": [p for p, _, _ in out], "rows": [r for _, r, _ in out],
