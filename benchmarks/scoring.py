@@ -2,12 +2,19 @@
 ``duotf.dask.predict``, beside one process running ``model.predict`` over the same rows.
 
     python -m benchmarks.scoring [--rows 50000] [--spark-master local[2]] [--workers 2]
-                                 [--with-tfos [WHEEL]] [--backends spark dask] [--json PATH]
+                                 [--with-tfos [WHEEL]] [--backends spark spark-connect dask]
+                                 [--json PATH]
 
 The model is an MNIST-sized MLP (784 -> 256 relu -> 10; ``--hidden 2048 --layers 3`` makes one
 whose compute outweighs moving its rows), saved as ``.keras`` and exported as a
 SavedModel; every row is 784 float32 values. Each engine runs ``--workers`` worker processes
-(Spark ``local[N]``/a standalone master, a Dask ``LocalCluster`` of N single-thread processes).
+(Spark ``local[N]``, or a standalone master of which a session takes N cores:
+``spark.cores.max``; a Dask ``LocalCluster`` of N single-thread processes). The
+``spark-connect`` backend runs the Spark cases again through a Spark Connect session: a Connect
+server (``tests.conftest.connect_server``: pyspark's ``sbin/start-connect-server.sh``, started
+here and stopped after) whose application runs on the same master with the same settings, once
+the classic session has ended; its rows are printed beside the classic ones, with their ratio
+to them (TensorFlowOnSpark needs an RDD: classic Spark only).
 Every figure is the second of two runs over the same cached data (the first loads TF and the
 model in every worker process; its time is printed as "cold"; each run is a new graph, so
 Dask computes it again rather than handing back results it still holds). Printed beside,
@@ -105,55 +112,94 @@ def timed(label: str, run, rows: int, rates: dict) -> None:
     warm = time.perf_counter() - t0
     rates[label] = rows / warm
     COLD_SECONDS[label] = cold
-    print(f"  {label:<46} {rows / warm:>10,.0f} rows/s  ({warm:5.1f} s; cold {cold:5.1f} s)", flush=True)
+    print(f"  {label:<54} {rows / warm:>10,.0f} rows/s  ({warm:5.1f} s; cold {cold:5.1f} s)", flush=True)
+
+
+def spark_settings(opts, site=None) -> dict:
+    """The settings of both Spark sessions, classic and Connect's: this checkout (after
+    ``site``, where given) on the executors' ``PYTHONPATH``, and on a standalone master a
+    session takes ``--workers`` cores (``local[N]`` has N already)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = [p for p in [site, root] + os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    conf = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+            "spark.driver.memory": "2g", "spark.executorEnv.PYTHONPATH": os.pathsep.join(path)}
+    if opts.spark_master.startswith("spark://"):
+        conf["spark.cores.max"] = str(opts.workers)
+    return conf
 
 
 def spark_bench(opts, paths, rates, tfos_site=None):
     from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(opts.spark_master).appName("duotf-scoring-bench")
+    for key, value in spark_settings(opts, tfos_site).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        print(f"Spark {opts.spark_master} ({opts.rows} rows, {opts.partitions} partitions, cached):")
+        spark_cases(session, "spark", opts, paths, rates, tfos_site)
+    finally:
+        session.stop()
+
+
+def connect_bench(opts, paths, rates):
+    """The Spark cases through a Spark Connect session, on a Connect server whose application
+    runs on ``--spark-master`` with the classic session's settings (which has ended by then:
+    its executors are free)."""
+    from pyspark.sql import SparkSession
+
+    from tests.conftest import connect_server
+
+    server = connect_server(opts.spark_master, spark_settings(opts))
+    url = next(server)
+    try:
+        session = SparkSession.builder.remote(url).getOrCreate()
+        try:
+            print(f"Spark Connect ({url}, its application on {opts.spark_master}; {opts.rows} rows, "
+                  f"{opts.partitions} partitions, cached):")
+            spark_cases(session, "spark-connect", opts, paths, rates)
+        finally:
+            session.stop()
+    finally:
+        os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)  # pyspark's process-wide mark
+        next(server, None)  # stops the server
+
+
+def spark_cases(session, engine: str, opts, paths, rates, tfos_site=None):
+    """The Spark cases on ``session`` (classic or Connect), each labelled after ``engine``."""
     from pyspark.sql import functions as F
 
     import duotf
     import duotf.spark
 
     keras_path, export = paths
-    builder = (SparkSession.builder.master(opts.spark_master).appName("duotf-scoring-bench")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.driver.memory", "2g"))
+    df = session.range(0, opts.rows, numPartitions=opts.partitions).select(
+        "id", F.array_repeat((F.col("id") % 255 / 255.0).cast("float"), WIDTH).alias("features"))
+    df = df.cache()
+    df.count()
+    packed = duotf.spark.pack_tensors(df, "features").cache()
+    packed.count()
+
+    def noop(frame):
+        return lambda _: frame.write.format("noop").mode("overwrite").save()
+
+    def same(batches):  # no model: what moving the rows to Python and back costs alone
+        yield from batches
+
+    timed(f"{engine} mapInArrow, packed, no model (transport)",
+          noop(packed.mapInArrow(same, packed.schema)), opts.rows, rates)
+    udf = duotf.predict_udf(keras_path, "array<float>", batch_size=opts.batch)
+    timed(f"{engine} predict_udf, array<float> column", noop(df.withColumn("p", udf("features"))),
+          opts.rows, rates)
+    timed(f"{engine} predict_udf, packed tensor column", noop(packed.withColumn("p", udf("features"))),
+          opts.rows, rates)
+    timed(f"{engine} predict (mapInArrow), packed, SavedModel",
+          noop(duotf.spark.predict(packed, export, batch_size=opts.batch)), opts.rows, rates)
     if tfos_site:
-        path = os.pathsep.join(p for p in (tfos_site, os.environ.get("PYTHONPATH")) if p)
-        builder = builder.config("spark.executorEnv.PYTHONPATH", path)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    try:
-        df = session.range(0, opts.rows, numPartitions=opts.partitions).select(
-            "id", F.array_repeat((F.col("id") % 255 / 255.0).cast("float"), WIDTH).alias("features"))
-        df = df.cache()
-        df.count()
-        packed = duotf.spark.pack_tensors(df, "features").cache()
-        packed.count()
-        print(f"Spark {opts.spark_master} ({opts.rows} rows, {opts.partitions} partitions, cached):")
-
-        def noop(frame):
-            return lambda _: frame.write.format("noop").mode("overwrite").save()
-
-        def same(batches):  # no model: what moving the rows to Python and back costs alone
-            yield from batches
-
-        timed("spark mapInArrow, packed, no model (transport)",
-              noop(packed.mapInArrow(same, packed.schema)), opts.rows, rates)
-        udf = duotf.predict_udf(keras_path, "array<float>", batch_size=opts.batch)
-        timed("spark predict_udf, array<float> column", noop(df.withColumn("p", udf("features"))),
-              opts.rows, rates)
-        timed("spark predict_udf, packed tensor column", noop(packed.withColumn("p", udf("features"))),
-              opts.rows, rates)
-        timed("spark predict (mapInArrow), packed, SavedModel",
-              noop(duotf.spark.predict(packed, export, batch_size=opts.batch)), opts.rows, rates)
-        if tfos_site:
-            tfos_bench(df, export, opts, rates)
-        df.unpersist()
-        packed.unpersist()
-    finally:
-        session.stop()
+        tfos_bench(df, export, opts, rates)
+    df.unpersist()
+    packed.unpersist()
 
 
 def tfos_bench(df, export, opts, rates):
@@ -218,7 +264,8 @@ def cli():
     parser.add_argument("--hidden", type=int, default=256, help="units of each hidden layer")
     parser.add_argument("--layers", type=int, default=1, help="hidden layers")
     parser.add_argument("--spark-master", default=None, help="default: local[--workers]")
-    parser.add_argument("--backends", nargs="*", default=["spark", "dask"])
+    parser.add_argument("--backends", nargs="*", default=["spark", "spark-connect", "dask"],
+                        choices=["spark", "spark-connect", "dask"])
     parser.add_argument("--with-tfos", nargs="?", const="", default=None, metavar="WHEEL",
                         help="also run TensorFlowOnSpark 2.2.5's TFModel (optionally from this wheel)")
     parser.add_argument("--json", metavar="PATH",
@@ -249,15 +296,20 @@ def cli():
         sys.path.insert(0, site)
     if "spark" in opts.backends:
         spark_bench(opts, (keras_path, export), rates, site)
+    if "spark-connect" in opts.backends:
+        connect_bench(opts, (keras_path, export), rates)
     if "dask" in opts.backends:
         dask_bench(opts, (keras_path, export), rates)
     print("summary (rows/s; x: of model.predict in one process held to one core):")
     tfos = rates.get("TFoS 2.2.5 TFModel.transform (SavedModel)")
     for label, r in rates.items():
-        line = (f"  {label:<46} {r:>10,.0f}  {r / rate:4.2f}x one core, "
+        line = (f"  {label:<54} {r:>10,.0f}  {r / rate:4.2f}x one core, "
                 f"{r / (rate * opts.workers):4.2f}x per worker")
         if tfos and not label.startswith("TFoS"):
             line += f", {r / tfos:5.1f}x TFoS"
+        classic = rates.get(label.replace("spark-connect ", "spark ", 1))
+        if label.startswith("spark-connect ") and classic:
+            line += f", {r / classic:4.2f}x classic"
         print(line)
     if record:
         record_rates(record, rates, every, rate, opts.workers)
