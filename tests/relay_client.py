@@ -1,6 +1,6 @@
 """A Spark Connect client that the executors cannot reach, run by tests/test_connect_relay.py
 inside a network namespace of its own (tests/hosts.py): it trains, reads node output and a
-node's failure through the relay, and prints what it saw as one JSON line.
+node's failure through the relay, runs `duotf.doctor`, and prints what it saw as one JSON line.
 
     python tests/relay_client.py sc://127.0.0.1:15002
 """
@@ -59,6 +59,8 @@ def main(url: str) -> None:
             cluster.wait()
     except NodeFailedError as exc:
         out["failure"] = str(exc).splitlines()[0]
+    report = duotf.doctor(spark, duotf.ClusterSpec(workers=2))
+    out["doctor"] = {check.name: [str(check.status), check.detail] for check in report.checks}
     spark.stop()
     print(json.dumps(out), flush=True)
 

@@ -4,7 +4,7 @@ the Connect server's port and nothing else, and no executor can open one to it. 
 that out by itself, runs the nodes' rendezvous through a relay in the cluster
 (duotf/_transport/relay.py, duotf/backends/spark/relay.py), and the job runs as it would
 beside the cluster: every row once an epoch, node output and metrics at the client, a node's
-failure raised there; no relay process is left behind."""
+failure raised there; `duotf.doctor` says it relays; no relay process is left behind."""
 
 from __future__ import annotations
 
@@ -50,4 +50,6 @@ def test_a_client_the_executors_cannot_reach_trains_through_the_relay(spark_conn
     assert sum(rows for _, rows in out["metrics"]) == 2000
     assert "[worker:1] node 1 says hello" in log and "[worker:0] node 0 says hello" in log
     assert "worker:1" in out["failure"] and "worker 1 fails on purpose" in out["failure"]
+    status, detail = out["doctor"]["driver port"]
+    assert status.lower() == "ok" and "through a relay in the cluster" in detail, out["doctor"]
     poll_for(lambda: not _relays(), 30, 0.1, "every relay hub to end")

@@ -287,6 +287,7 @@ class _Exchange:
 
 class _Doctor:
     def __init__(self, backend, spec, url, reach, env, driver_host, connect_timeout, timeout):
+        self.relayed = False  # the probes reached this process through a relay
         self.backend = backend
         self.spec = spec
         self.url = url
@@ -341,8 +342,19 @@ class _Doctor:
         job_id = "doctor-" + uuid.uuid4().hex[:8]
         secret = rendezvous.new_secret()
         exchange = _Exchange(secret, self.driver_host)
+        try:  # directly, or through a relay where the executors cannot reach this process
+            route = self.backend.route(exchange.server.address, lambda why: exchange.notify(), 60.0)
+        except Exception as exc:
+            exchange.server.close()
+            self.add("driver port", CheckStatus.FAIL, f"the executors cannot reach {self.driver_host}, "
+                     f"and the relay through the cluster did not start: {exc}",
+                     "run the driver where the executors can reach it (driver_host=...)")
+            return []
+        self.relayed = route.relayed
+        if route.relayed and n > 1:
+            n -= 1  # a slot for the relay's polls, which the probes' exchanges go through
         job = ProbeJob(
-            job_id=job_id, driver_address=exchange.server.address, secret=secret,
+            job_id=job_id, driver_address=route.address, secret=secret,
             connect_timeout=self.connect_timeout,
             exchange_timeout=self.connect_timeout + 30.0,
             protocol=self.spec.protocol, env=self.env, url=self.url,
@@ -352,6 +364,7 @@ class _Doctor:
             engine_job = self.backend.start_nodes(functools.partial(run_probe, job), n, job_id)
         except Exception as exc:
             exchange.server.close()
+            route.close()
             self.add("probes", CheckStatus.FAIL, f"the {self.backend.name} backend could not start "
                      f"{n} probe tasks: {exc}", self.backend.capacity_hint())
             return []
@@ -379,6 +392,7 @@ class _Doctor:
                 return []
         finally:
             exchange.server.close()
+            route.close()
         return [json.loads(o.payload) for o in sorted(outcomes, key=lambda o: o.node_id)]
 
     # -- what the probes saw --------------------------------------------------------------------
@@ -475,8 +489,11 @@ class _Doctor:
         address = "the driver"
         bad = [f"{_where(p)}: {p['driver_error']}" for p in probes if p.get("driver_error")]
         bad += [f"{_where(p)}: {p['exchange_error']}" for p in probes if p.get("exchange_error")]
+        how = (" through a relay in the cluster (the executors cannot open a connection to "
+               "this process: each exchange is a Spark job, so nodes start a few seconds later)"
+               if self.relayed else "")
         self.verdict("driver port", bad,
-                     f"{len(probes)} probe tasks reached {address} at {self.driver_host}",
+                     f"{len(probes)} probe tasks reached {address} at {self.driver_host}{how}",
                      "set driver_host (--driver-host; Spark: spark.driver.host) to an address of this "
                      "machine the executors can reach, and let them connect to its ports")
 
