@@ -7,6 +7,7 @@
     python -m benchmarks.feed --malloc ROUNDS [--rows N --epochs E]
     python -m benchmarks.feed --arrow-batches ROUNDS --spark-master URL [--rows N --epochs E]
     python -m benchmarks.feed --rounds ROUNDS --spark-master URL [--rows N --epochs E]
+    python -m benchmarks.feed --jar ROUNDS --spark-master spark://HOST:PORT [--rows N --epochs E]
 
 Each of 2 worker nodes drains ``ctx.get_data_feed().dataset(100)`` (feed only, no model). A
 node first imports TensorFlow and says so; the driver starts the feed once both have, and a
@@ -57,6 +58,16 @@ default ``train(df, epochs)`` and ``inference(df)``.
 session after the warm-up, each with where its time went, beside the limit: how a session's
 runs differ as it warms.
 
+``--jar ROUNDS`` only measures what duotf's jar is worth on Spark, and so what a Spark Connect
+session, which does not load it (see ``duotf/backends/spark/jvm``), costs: ``train(df,
+epochs=1)`` (the array column packed in the JVM, or converted by Spark's Arrow writer) and the
+default ``train(df, epochs)`` (the first epoch's frames written by the JVM, or converted through
+Arrow and Python) on the ``array<float>`` DataFrame, on a classic session with the jar and with
+``DUOTF_SPARK_PACK_ARRAYS=0``, and on a Spark Connect session, in rounds that alternate the
+three (a classic application and a Connect server's on the master at once, 4 cores each: a
+cluster of 8 cores); each path warmed by a run of one and of two epochs first, then the medians
+of the rounds, in one run.
+
 ``--json PATH`` also writes the summary's rates, the limits and the run's command, settings
 and machine to PATH (``benchmarks/record.py``; ``benchmarks/charts.py`` draws them).
 
@@ -71,6 +82,7 @@ import argparse
 import os
 import shutil
 import time
+from contextlib import contextmanager
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TF loads, here and in the nodes
 
@@ -469,6 +481,105 @@ def connect_rates(opts) -> dict:
     return rates
 
 
+@contextmanager
+def pack_arrays(on: bool):
+    """``DUOTF_SPARK_PACK_ARRAYS`` unset (duotf's jar packs array columns and writes the first
+    epoch's frames) or ``0`` (Spark's Arrow writer and Python do both) in this process, the
+    driver, where duotf reads it before each job; as it was after."""
+    before = os.environ.pop("DUOTF_SPARK_PACK_ARRAYS", None)
+    if not on:
+        os.environ["DUOTF_SPARK_PACK_ARRAYS"] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop("DUOTF_SPARK_PACK_ARRAYS", None)
+        if before is not None:
+            os.environ["DUOTF_SPARK_PACK_ARRAYS"] = before
+
+
+@contextmanager
+def remote_mark(on: bool):
+    """pyspark's process-wide Spark Connect mark (``SPARK_CONNECT_MODE_ENABLED``, which its
+    functions read to choose their classic or Connect form) set or lifted, as it was after: a
+    classic session and a Connect one used in turn in one process."""
+    before = os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    if on:
+        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+        if before is not None:
+            os.environ["SPARK_CONNECT_MODE_ENABLED"] = before
+
+
+def jar_rates(opts) -> None:
+    """``--jar ROUNDS``: the two cases on a classic session with and without the jar and on a
+    Spark Connect session, both applications on the master at once (4 cores each), so that the
+    three alternate (each round in another order) under the same load; medians."""
+    import statistics
+
+    from pyspark.sql import SparkSession
+
+    from tests.conftest import connect_server
+
+    half = {"spark.cores.max": "4", "spark.executor.cores": "2", "spark.ui.showConsoleProgress": "false"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    server = connect_server(opts.spark_master, {"spark.executorEnv.PYTHONPATH": os.pathsep.join(paths), **half})
+    url = next(server)
+    names = ["classic, the jar", "classic, DUOTF_SPARK_PACK_ARRAYS=0", "Spark Connect"]
+    cases = [(1, "train(df, epochs=1)"), (opts.epochs, f"train(df, epochs={opts.epochs})")]
+
+    def variants(classic, remote):  # (name, session, the jar on, pyspark's Connect mark)
+        return [(names[0], classic, True, False), (names[1], classic, False, False),
+                (names[2], remote, True, True)]
+
+    remote = classic = None
+    rates = {}
+    try:
+        with remote_mark(True):  # first: pyspark starts no Connect session beside a classic one
+            remote = SparkSession.builder.remote(url).getOrCreate()
+        builder = checkout_on_executors(SparkSession.builder.master(opts.spark_master)
+                                        .config("spark.ui.enabled", "false"))
+        for key, value in half.items():
+            builder = builder.config(key, value)
+        with remote_mark(False):
+            classic = builder.getOrCreate()
+            classic.sparkContext.setLogLevel("ERROR")
+            data = {id(classic): spark_data(classic, opts.rows, False, 8)}
+        with remote_mark(True):
+            data[id(remote)] = spark_data(remote, opts.rows, False, 8)
+        print(f"duotf's jar, Spark {opts.spark_master} (a classic session and a Connect server's "
+              f"application, 4 cores each), {opts.rows} MNIST-like rows, {opts.jar} rounds:", flush=True)
+        for name, session, on, remote_on in variants(classic, remote):
+            for epochs in (1, 2):  # each path's first runs warm its JIT: shown, not counted
+                with remote_mark(remote_on), pack_arrays(on):
+                    run_duotf(session, data[id(session)], epochs, 3144, f"{name}, warm-up, {epochs} epoch(s)")
+        for r in range(opts.jar):
+            every = variants(classic, remote)
+            for name, session, on, remote_on in every[r % 3:] + every[:r % 3]:
+                for epochs, case in cases:
+                    with remote_mark(remote_on), pack_arrays(on):
+                        rates.setdefault((name, case), []).append(run_duotf(
+                            session, data[id(session)], epochs, 3144, f"{name}, {case}, round {r + 1}"))
+    finally:
+        if remote is not None:
+            with remote_mark(True):
+                remote.stop()
+        if classic is not None:
+            classic.stop()
+        next(server, None)  # stops the server
+    print("Medians (rows/s over the whole run):")
+    for epochs, case in cases:
+        base = statistics.median(rates["classic, the jar", case])
+        for name in names:
+            runs = rates[name, case]
+            rate = statistics.median(runs)
+            print(f"  {case:<22} {name:<36} {rate:>10,.0f} rows/s  ({rate / base:.2f}x the jar's; "
+                  f"runs: {', '.join(f'{x:,.0f}' for x in runs)})", flush=True)
+
+
 def spark_rdd(session, rows: int, numpy_rows: bool, partitions: int):
     """A converted TensorFlowOnSpark program's data: an RDD of ``(features, label)`` tuples, the
     features a float32 numpy array of 784 values or a list of 784 floats (as TFoS's examples
@@ -544,6 +655,10 @@ def cli():
                              "(10,000 records) on Spark, ROUNDS rounds of each")
     parser.add_argument("--rounds", type=int, default=0, metavar="ROUNDS",
                         help="only the default train(df, epochs) on Spark, ROUNDS times in one session")
+    parser.add_argument("--jar", type=int, default=0, metavar="ROUNDS",
+                        help="only compare, on Spark, a classic session with duotf's jar, one "
+                             "with DUOTF_SPARK_PACK_ARRAYS=0 and Spark Connect (which does not "
+                             "load it), ROUNDS rounds of each")
     parser.add_argument("--default-rows", type=int, nargs="*", default=[], metavar="N",
                         help="also run the default train(df, epochs) on N rows, beside the limit on N rows")
     parser.add_argument("--malloc", type=int, default=0, metavar="ROUNDS",
@@ -553,8 +668,8 @@ def cli():
                         help="also write the summary's rates, the limits and the run's command, "
                              "settings and machine to PATH (benchmarks/record.py)")
     opts = parser.parse_args()
-    if opts.json and (opts.malloc or opts.rounds or opts.arrow_batches):
-        parser.error("--json records the main run, not --malloc, --rounds or --arrow-batches")
+    if opts.json and (opts.malloc or opts.rounds or opts.arrow_batches or opts.jar):
+        parser.error("--json records the main run, not --malloc, --rounds, --arrow-batches or --jar")
     record = Record("feed", vars(opts)) if opts.json else None
 
     if opts.malloc:
@@ -565,6 +680,9 @@ def cli():
             print(f"dataset()'s C heap setting, Dask LocalCluster (2 workers), {opts.rows} "
                   f"MNIST-like rows x {opts.epochs} epochs:")
             malloc_settings(client, opts.rows, opts.epochs, opts.malloc)
+        return
+    if opts.jar:
+        jar_rates(opts)
         return
     if opts.rounds:
         from pyspark.sql import SparkSession
