@@ -445,7 +445,7 @@ class SparkConnectEngine(SparkEngine):
 
     slots = 4
     executors = 2
-    converts_in_jvm = False  # no JVM handle to load duotf's jar into: the frames come from Arrow
+    converts_in_jvm = False  # duotf's jar is not used on Connect: the frames come from Arrow
 
     @classmethod
     @contextlib.contextmanager

@@ -23,8 +23,8 @@ system                                                      ``file://``
 ================  =======================================  ========================================
 
 A Connect client has no RDDs: the feed takes DataFrames there (an RDD cannot be made), and
-the JVM helper (:mod:`duotf.backends.spark.jvm`) is not loaded, so array columns go through
-Spark's Arrow writer.
+the JVM helper (:mod:`duotf.backends.spark.jvm`) is not used (its module says why), so array
+columns go through Spark's Arrow writer and the first epoch's frames through Python.
 """
 
 from __future__ import annotations
