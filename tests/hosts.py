@@ -37,6 +37,11 @@ def unavailable() -> Optional[str]:
         return "network namespaces need root"
     if shutil.which("ip") is None:
         return "no `ip` command (iproute2)"
+    name = f"duotf-probe-{uuid.uuid4().hex[:8]}"
+    made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True, timeout=30)
+    if made.returncode:
+        return f"`ip netns add` failed: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
     return None
 
 

@@ -18,7 +18,8 @@ import pytest
 from duotf.testing import poll_for
 from tests import hosts
 
-pytestmark = [pytest.mark.skipif(hosts.unavailable() is not None, reason=str(hosts.unavailable())),
+UNAVAILABLE = hosts.unavailable()
+pytestmark = [pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE)),
               pytest.mark.timeout(420)]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
