@@ -482,35 +482,32 @@ def connect_rates(opts) -> dict:
 
 
 @contextmanager
+def _variable(name: str, value):
+    """Environment variable ``name`` set to ``value`` (None: unset) in this process; as it was
+    after."""
+    before = os.environ.pop(name, None)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+        if before is not None:
+            os.environ[name] = before
+
+
 def pack_arrays(on: bool):
     """``DUOTF_SPARK_PACK_ARRAYS`` unset (duotf's jar packs array columns and writes the first
     epoch's frames) or ``0`` (Spark's Arrow writer and Python do both) in this process, the
     driver, where duotf reads it before each job; as it was after."""
-    before = os.environ.pop("DUOTF_SPARK_PACK_ARRAYS", None)
-    if not on:
-        os.environ["DUOTF_SPARK_PACK_ARRAYS"] = "0"
-    try:
-        yield
-    finally:
-        os.environ.pop("DUOTF_SPARK_PACK_ARRAYS", None)
-        if before is not None:
-            os.environ["DUOTF_SPARK_PACK_ARRAYS"] = before
+    return _variable("DUOTF_SPARK_PACK_ARRAYS", None if on else "0")
 
 
-@contextmanager
 def remote_mark(on: bool):
     """pyspark's process-wide Spark Connect mark (``SPARK_CONNECT_MODE_ENABLED``, which its
     functions read to choose their classic or Connect form) set or lifted, as it was after: a
     classic session and a Connect one used in turn in one process."""
-    before = os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
-    if on:
-        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
-    try:
-        yield
-    finally:
-        os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
-        if before is not None:
-            os.environ["SPARK_CONNECT_MODE_ENABLED"] = before
+    return _variable("SPARK_CONNECT_MODE_ENABLED", "1" if on else None)
 
 
 def jar_rates(opts) -> None:

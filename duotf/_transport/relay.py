@@ -101,6 +101,19 @@ def _shut(sock: socket.socket) -> None:
     sock.close()
 
 
+def _drain(sock: socket.socket, take: Callable[[bytes], None]) -> None:
+    """Read ``sock`` to its end, handing ``take`` each chunk, and ``b""`` once at the end (or
+    at an error, which ends it the same way)."""
+    while True:
+        try:
+            chunk = sock.recv(1 << 16)
+        except OSError:
+            chunk = b""
+        take(chunk)
+        if not chunk:
+            return
+
+
 def exchange_with_hub(address: Tuple[str, int], request: bytes, timeout: float) -> bytes:
     """One poll, as an engine task makes it: send ``request`` (JSON bytes, from
     :meth:`Tunnel`) to the hub at ``address``, return its response's JSON bytes."""
@@ -177,22 +190,18 @@ class Hub:
             threading.Thread(target=self._read_node, args=(stream,), daemon=True).start()
 
     def _read_node(self, stream: _Stream) -> None:
-        while True:
-            with self._cond:  # back-pressure: a node waits while the driver is behind
-                while len(stream.held) >= BUFFER_BYTES and not self.stopped:
-                    self._cond.wait()
-            try:
-                chunk = stream.sock.recv(1 << 16)
-            except OSError:
-                chunk = b""
+        def take(chunk: bytes) -> None:
             with self._cond:
                 if chunk:
                     stream.held += chunk
                 else:
                     stream.eof = True
                 self._cond.notify_all()
-            if not chunk:
-                return
+                # back-pressure: the node is not read while the driver is behind
+                while len(stream.held) >= BUFFER_BYTES and not self.stopped:
+                    self._cond.wait()
+
+        _drain(stream.sock, take)
 
     def _accept_polls(self) -> None:
         while not self.stopped:
@@ -436,22 +445,17 @@ class Tunnel:
             return None
 
     def _read_local(self, sid: int, local: _Local) -> None:
-        sock = local.sock
-        assert sock is not None
-        sock.settimeout(None)
-        while True:
-            try:
-                chunk = sock.recv(1 << 16)
-            except OSError:
-                chunk = b""
+        def take(chunk: bytes) -> None:
             with self._lock:
                 if chunk:
                     local.out += chunk
                 else:
                     local.closed = True
             self._wake.set()
-            if not chunk:
-                return
+
+        assert local.sock is not None
+        local.sock.settimeout(None)
+        _drain(local.sock, take)
 
     @staticmethod
     def _shut(local: _Local) -> None:
