@@ -1,7 +1,8 @@
 """The command line: ``python -m duotf doctor`` and ``python -m duotf run`` (or ``duotf ...``).
 
 ``doctor`` prints :func:`duotf.doctor`'s table and exits 1 when a check failed. ``run`` runs
-``package.module:main`` as :func:`duotf.run` would from a driver script, shows the nodes' output
+``package.module:main`` (or a script file, ``train.py``: :mod:`duotf._node.script`) as
+:func:`duotf.run` would from a driver script, shows the nodes' output
 on stderr as it is written (the ``duotf.node`` logger), prints the values of ``main`` as JSON on
 stdout, and exits 1 with the error's message when duotf raised. The engine is
 ``--spark-master URL`` (``sc://HOST:PORT``: a Spark Connect server), ``--dask-scheduler ADDR``
@@ -69,10 +70,13 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run", help="run package.module:main on a cluster, without a driver script",
-        description="Run main(args, ctx) on every node; args is the list of strings after '--'. "
+        description="Run main(args, ctx), or a script, on every node; args is the list of "
+                    "strings after '--'. "
                     "Prints main's values (by node id) as JSON on stdout.",
-        usage="duotf run package.module:main [options] [-- args...]")
-    run.add_argument("target", metavar="package.module:main")
+        usage="duotf run package.module:main|SCRIPT.py [options] [-- args...]")
+    run.add_argument("target", metavar="package.module:main|SCRIPT.py",
+                     help="a function main(args, ctx), or a script file: its main(args, ctx) if "
+                          "it defines one, else the whole script with sys.argv = [script, args...]")
     _engine_options(run)
     _spec_options(run, workers=1)
     run.add_argument("--log-dir", default=None, help="keep each node's output file under this folder")
@@ -155,7 +159,10 @@ def _doctor(args) -> int:
 
 def load_main(target: str):
     """``package.module:function`` imported (the current folder first, as ``python -m`` does);
-    its module is pickled by value, so the executors need only the packages it imports."""
+    its module is pickled by value, so the executors need only the packages it imports. A
+    ``.py`` file instead: its source, run on every node (:mod:`duotf._node.script`)."""
+    if target.endswith(".py"):
+        return _script(target)
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"{target!r}: name the main as package.module:function")
@@ -176,6 +183,21 @@ def load_main(target: str):
 
     cloudpickle.register_pickle_by_value(module)
     return value
+
+
+def _script(path: str):
+    from duotf._node.script import ScriptMain, defines_main
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the script {path!r}: {exc.strerror or exc}") from None
+    try:
+        has_main = defines_main(source, path)
+    except SyntaxError as exc:
+        raise ConfigError(f"{path}, line {exc.lineno}: {exc.msg}: the script does not compile") from None
+    return ScriptMain(os.path.abspath(path), source, has_main)
 
 
 def _jsonable(value):
