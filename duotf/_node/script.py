@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 import os
 import sys
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 __all__ = ["ScriptMain", "defines_main"]
 
@@ -50,7 +50,7 @@ class ScriptMain:
         code = compile(self.source, self.path, "exec")
         argv = [str(a) for a in (args or [])]
         if self.has_main:
-            namespace = {"__name__": "__duotf_script__", "__file__": self.path}
+            namespace: Dict[str, Any] = {"__name__": "__duotf_script__", "__file__": self.path}
             exec(code, namespace)  # noqa: S102 - the user's own script, as python would run it
             return namespace["main"](argv, ctx)
         namespace = {"__name__": "__main__", "__file__": self.path}
