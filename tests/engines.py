@@ -182,10 +182,10 @@ class DaskEngine(Engine):
 
         return re.sub(r"(?<=[a-z])([A-Z])", r"_\1", name).lower()
 
-    def model_at(self, path):
+    def model_at(self, path, **params):
         import duotf.dask
 
-        return duotf.dask.TFModel(path)
+        return duotf.dask.TFModel(path, **params)
 
     def apply_model(self, model, df):
         return model.predict(df)
@@ -387,10 +387,10 @@ class SparkEngine(Engine):
 
         return TFEstimator, TFModel, {}
 
-    def model_at(self, path):
+    def model_at(self, path, **params):
         from duotf.spark import TFModel
 
-        return TFModel(modelPath=path)
+        return TFModel(modelPath=path, **params)
 
     def apply_model(self, model, df):
         return model.transform(df)

@@ -117,6 +117,8 @@ def test_a_model_saved_with_camel_case_keys_loads_and_saves_snake_case(backend, 
     model.save(str(tmp_path / "new"))
     saved = json.loads((tmp_path / "new" / "metadata.json").read_text())
     assert set(saved) == {"features_col", "prediction_col", "argmax_col", "output_cols",
-                          "batch_size", "history", "fit_seconds", "model_file"}
+                          "batch_size", "signature_def_key", "tag_set", "input_mapping",
+                          "output_mapping", "probability_col", "raw_prediction_col", "history",
+                          "fit_seconds", "model_file"}
     assert duotf.dask.TFModel.load(str(tmp_path / "new")).get_params() == dict(
         model.get_params(), model_path=str(tmp_path / "new" / "model" / "scalar.keras"))

@@ -115,6 +115,12 @@ def test_the_repeated_signatures_stay_one():
 
     assert keywords(TFEstimator.__init__) == keywords(TFEstimator.setParams)
     assert keywords(TFEstimator.__init__, snake=True) == keywords(duotf.dask.TFEstimator.__init__)
+    # the models too (the Dask twin takes model_path by position)
+    from duotf.spark import TFModel
+
+    spark_model = [k for k in keywords(TFModel.__init__, snake=True) if k[0] != "model_path"]
+    assert spark_model == keywords(duotf.dask.TFModel.__init__)
+    assert set(duotf.dask.TFModel._PARAMS) == {k[0] for k in spark_model} | {"model_path"}
 
 
 class FakeEngine:

@@ -4,7 +4,9 @@ The engine-neutral core of :func:`duotf.spark.predict_udf`, :func:`duotf.spark.p
 :func:`duotf.dask.predict`:
 
 - a model **source** (:func:`model_source`, on the driver): a path or fsspec URL of a ``.keras``
-  / ``.h5`` file or of a SavedModel directory, or a loader (``callable() -> model``);
+  / ``.h5`` file or of a SavedModel directory (the signature that scores and the tags it is
+  loaded with: ``serving_default`` and ``serve`` by default), or a loader (``callable() ->
+  model``);
 - a per-process model **cache** (:func:`get_model`): a model is loaded once per Python process
   (a Spark Python worker, which Spark reuses across tasks; a Dask worker) and reused by every
   task after, keyed by the path and its file's modification time and size (a model saved again
@@ -46,6 +48,8 @@ __all__ = ["ModelRef", "ModelSource", "Model", "TensorInfo", "OutputColumn", "Pl
 ModelRef = Union[str, "os.PathLike[str]", Callable[[], Any]]
 
 DEFAULT_BATCH_SIZE = 1024
+DEFAULT_SIGNATURE = "serving_default"
+DEFAULT_TAGS = ("serve",)
 _KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
 #: the output column types a plan knows, by their Spark names (Dask uses the numpy dtype)
 SCALAR_TYPES = {"double": "float64", "float": "float32", "long": "int64", "bigint": "int64",
@@ -63,22 +67,44 @@ class ModelSource:
     url: Optional[str] = None
     loader: Optional[Callable] = None
     token: str = ""
+    #: the SavedModel's signature that scores, and the tags of its MetaGraph
+    signature: str = DEFAULT_SIGNATURE
+    tags: Tuple[str, ...] = DEFAULT_TAGS
 
     def describe(self) -> str:
         return self.url if self.url is not None else f"loader {getattr(self.loader, '__name__', self.loader)!r}"
 
 
-def model_source(model) -> ModelSource:
+def tag_tuple(tags: Union[str, Sequence[str], None]) -> Tuple[str, ...]:
+    """A SavedModel's tag set as a tuple: ``"serve"``, ``"serve,gpu"`` or a list of tags."""
+    if tags is None:
+        return DEFAULT_TAGS
+    parts = tags.split(",") if isinstance(tags, str) else [str(t) for t in tags]
+    return tuple(t.strip() for t in parts if t.strip())
+
+
+def model_source(model, signature: str = DEFAULT_SIGNATURE,
+                 tags: Union[str, Sequence[str], None] = None) -> ModelSource:
     """A :class:`ModelSource` for a path/URL or a loader; a path that does not exist, or is
-    neither a Keras file nor a SavedModel directory, is a :class:`~duotf.ConfigError`."""
+    neither a Keras file nor a SavedModel directory, is a :class:`~duotf.ConfigError`, and so is
+    a ``signature`` or ``tags`` other than the defaults for a Keras file (which has neither).
+    ``signature`` names the SavedModel signature that scores, ``tags`` its MetaGraph's tag set."""
     if isinstance(model, ModelSource):
         return model
+    signature, tag_set = str(signature or DEFAULT_SIGNATURE), tag_tuple(tags)
     if isinstance(model, (str, os.PathLike)):
         url = os.fspath(model)
-        _kind(url)  # raises where the path is missing or of no known kind
-        return ModelSource(url=url)
+        # raises where the path is missing or of no known kind
+        if _kind(url) == "keras" and (signature, tag_set) != (DEFAULT_SIGNATURE, DEFAULT_TAGS):
+            raise ConfigError(
+                f"model path {url!r} is a Keras file, which has no signatures nor tags: "
+                f"signatureDefKey={signature!r} and tagSet={','.join(tag_set)!r} choose among a "
+                "SavedModel's; export one (model.export(dir), tf.saved_model.save) and give its "
+                "directory, or leave signatureDefKey='serving_default' and tagSet='serve'",
+                path=url, param="signatureDefKey")
+        return ModelSource(url=url, signature=signature, tags=tag_set)
     if callable(model):
-        return ModelSource(loader=model, token=uuid.uuid4().hex)
+        return ModelSource(loader=model, token=uuid.uuid4().hex, signature=signature, tags=tag_set)
     raise ConfigError(f"model={model!r}: pass the path or URL of a saved model (a .keras/.h5 "
                       "file or a SavedModel directory) or a loader: a function of no arguments "
                       "that returns the model", model=repr(model))
@@ -189,12 +215,19 @@ class _KerasModel(Model):
 
 
 class _SignatureModel(Model):
-    def __init__(self, loaded):
+    def __init__(self, loaded, key: str = DEFAULT_SIGNATURE, where: str = "the SavedModel"):
         self.loaded = loaded  # keeps the variables the signature reads alive
-        self.fn = loaded.signatures["serving_default"]
+        if key not in loaded.signatures:
+            raise ConfigError(f"{where} has no signature {key!r}: its signatures are "
+                              f"{sorted(loaded.signatures)}; set signatureDefKey to one of them",
+                              param="signatureDefKey", signatures=sorted(loaded.signatures))
+        self.fn = loaded.signatures[key]
         _, kwargs = self.fn.structured_input_signature
-        self.inputs = [_info(n, s.dtype, s.shape) for n, s in kwargs.items()]
-        self.outputs = [_info(n, s.dtype, s.shape) for n, s in self.fn.structured_outputs.items()]
+        # by name: a signature's inputs and outputs come from a protobuf map, whose order may
+        # differ from one process to the next (and a plan made on the driver feeds by position)
+        self.inputs = [_info(n, s.dtype, s.shape) for n, s in sorted(kwargs.items())]
+        self.outputs = [_info(n, s.dtype, s.shape)
+                        for n, s in sorted(self.fn.structured_outputs.items())]
 
     def predict(self, arrays):
         import tensorflow as tf
@@ -219,14 +252,18 @@ class _CallableModel(Model):
         return {"0": np.asarray(y)}
 
 
-def _wrap(obj, where: str) -> Model:
+def _wrap(obj, where: str, signature: str = DEFAULT_SIGNATURE) -> Model:
     if isinstance(obj, Model):
         return obj
     if hasattr(obj, "predict_on_batch") and (hasattr(obj, "input") or hasattr(obj, "inputs")):
+        if signature != DEFAULT_SIGNATURE:
+            raise ConfigError(f"{where} gave a Keras model, which has no signature {signature!r}: "
+                              "return a loaded SavedModel, or leave signatureDefKey="
+                              "'serving_default'", param="signatureDefKey")
         return _KerasModel(obj)
     signatures = getattr(obj, "signatures", None)
-    if signatures is not None and "serving_default" in signatures:
-        return _SignatureModel(obj)
+    if signatures is not None and (signature in signatures or signature != DEFAULT_SIGNATURE):
+        return _SignatureModel(obj, signature, where)
     if callable(obj):
         return _CallableModel(obj)
     raise ConfigError(f"{where} gave {type(obj).__name__}: a loader must return a Keras model, a "
@@ -267,7 +304,7 @@ def _stat_key(url: str) -> tuple:
 
 def _load(source: ModelSource) -> Model:
     if source.loader is not None:
-        return _wrap(source.loader(), source.describe())
+        return _wrap(source.loader(), source.describe(), source.signature)
     from duotf.io.files import filesystem
 
     url = source.url
@@ -287,18 +324,39 @@ def _load(source: ModelSource) -> Model:
         return _KerasModel(keras.saving.load_model(local, compile=False))
     import tensorflow as tf
 
-    loaded = tf.saved_model.load(local)
-    if "serving_default" not in loaded.signatures:
-        raise ConfigError(f"the SavedModel at {url!r} has no serving_default signature (it has "
-                          f"{sorted(loaded.signatures)}): export it with model.export(dir)", path=url)
-    return _SignatureModel(loaded)
+    try:
+        loaded = tf.saved_model.load(local, tags=list(source.tags))
+    except (RuntimeError, ValueError) as exc:
+        found = _tag_sets(local)
+        if found is None or sorted(source.tags) in found:
+            raise
+        raise ConfigError(f"the SavedModel at {url!r} has no MetaGraph of the tags "
+                          f"{','.join(source.tags)!r}: its tag sets are "
+                          f"{[','.join(t) for t in found]}; set tagSet to one of them",
+                          path=url, param="tagSet") from exc
+    return _SignatureModel(loaded, source.signature, f"the SavedModel at {url!r}")
+
+
+def _tag_sets(local: str) -> Optional[List[List[str]]]:
+    """The tag sets of the SavedModel at ``local`` (``None`` where its file cannot be read)."""
+    try:
+        from tensorflow.core.protobuf import saved_model_pb2
+
+        proto = saved_model_pb2.SavedModel()
+        with open(os.path.join(local, "saved_model.pb"), "rb") as f:
+            proto.ParseFromString(f.read())
+    except Exception:  # best effort: the load's own error stands
+        return None
+    return [sorted(m.meta_info_def.tags) for m in proto.meta_graphs]
 
 
 def get_model(source: ModelSource, task: bool = False) -> Model:
     """The model of ``source``, loaded once in this process and then taken from the cache.
     ``task``: the call that starts a task (counted as a use in :func:`cache_stats`)."""
     name = source.url if source.url is not None else source.token
-    key = (name, _stat_key(source.url)) if source.url is not None else (name,)
+    key: tuple = (name, source.signature, source.tags)
+    if source.url is not None:
+        key += (_stat_key(source.url),)
     with _lock:
         stats = _stats.setdefault(name, {"loads": 0, "uses": 0})
         stats["uses"] += bool(task)
@@ -338,6 +396,9 @@ class OutputColumn:
     column: str
     output: str
     type: str
+    #: what the column holds of the output: the output itself (""), or for a classifier's
+    #: scores "raw" (the scores), "probability" (:func:`probabilities`) or "argmax" (the class)
+    derive: str = ""
 
     @property
     def vector(self) -> bool:
@@ -421,6 +482,8 @@ def check_outputs(model: Model, outputs: Sequence[OutputColumn], what: str = "re
         return  # a plain callable: checked on its first batch
     by_name = {o.name: o for o in model.outputs}
     for col in outputs:
+        if col.derive:
+            continue  # a classifier's columns: their types follow from the scores
         info = by_name[col.output]
         shape = "x".join("?" if d is None else str(d) for d in info.shape or ()) or "a scalar"
         if not col.vector and info.size != 1 and info.shape is not None and info.size is not None:
@@ -515,6 +578,10 @@ def score_columns(plan: Plan, cols: Dict[str, Any], model: Optional[Model] = Non
         values = (np.concatenate(parts[col.column]) if parts[col.column]
                   else np.empty((0,) + ((0,) if col.vector else ()), dtype=col.dtype))
         values = values.reshape(len(values), -1)
+        if col.derive:
+            from duotf._ml.mapping import derived
+
+            values = derived(values, col.derive).reshape(len(values), -1)
         if not col.vector:
             if values.shape[1] != 1:
                 raise ConfigError(f"output column {col.column!r} is {col.type}, but the model's "

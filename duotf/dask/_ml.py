@@ -20,8 +20,8 @@ import re
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, TypeVar
 
 import duotf._ml.estimator as core
-from duotf._ml import scoring
-from duotf.dask._scoring import check_column, predict
+from duotf._ml import mapping, scoring
+from duotf.dask._scoring import check_column, predict_outputs
 from duotf.errors import ConfigError
 
 if TYPE_CHECKING:  # dask, distributed and Keras are imported where they are used
@@ -40,6 +40,9 @@ SPARK_NAMES: Dict[str, str] = {
     "env": "env", "seed": "seed", "verbose": "verbose",
     "prediction_col": "predictionCol", "argmax_col": "argmaxCol", "output_cols": "outputCols",
     "model_path": "modelPath", "fit_seconds": "fitSeconds", "model_file": "modelFile",
+    "signature_def_key": "signatureDefKey", "tag_set": "tagSet", "input_mapping": "inputMapping",
+    "output_mapping": "outputMapping", "probability_col": "probabilityCol",
+    "raw_prediction_col": "rawPredictionCol",
 }
 _DASK_NAMES = {camel: snake for snake, camel in SPARK_NAMES.items()}
 #: the fit's parameters (the core's FIT_PARAMS), in the Dask spelling and the core's order
@@ -298,6 +301,12 @@ class TFModel(_Params):
     model into a folder; :meth:`load` reads it back (also a folder an earlier duotf saved, with
     camelCase keys).
 
+    The Spark twin's choice of what scores, in snake_case: ``signature_def_key``, ``tag_set``,
+    ``input_mapping`` (``{column: signature input name}``), ``output_mapping`` (``{signature
+    output name: column}``), and a classifier's ``probability_col`` and ``raw_prediction_col``
+    (Arrow-backed lists of float64; ``prediction_col`` is then the class): see
+    :class:`duotf.spark.TFModel`.
+
     ``transform(ddf)`` is ``predict(ddf)`` (the Spark twin's name). As a scikit-learn stage:
     ``get_params``/``set_params`` of the constructor's arguments, ``fit(X, y=None)`` learns
     nothing and returns the model itself (already fitted: a pipeline may hold it as its last
@@ -305,12 +314,17 @@ class TFModel(_Params):
     """
 
     _PARAMS = ("model_path", "features_col", "prediction_col", "argmax_col", "output_cols",
-               "batch_size")
+               "batch_size", "signature_def_key", "tag_set", "input_mapping", "output_mapping",
+               "probability_col", "raw_prediction_col")
 
     def __init__(self, model_path: Optional[str] = None, *, features_col: core.ColumnNames = "features",
                  prediction_col: str = "prediction", argmax_col: Optional[str] = None,
                  output_cols: Optional[Dict[str, str]] = None,
-                 batch_size: int = scoring.DEFAULT_BATCH_SIZE, **spark_names: Any):
+                 batch_size: int = scoring.DEFAULT_BATCH_SIZE,
+                 signature_def_key: str = scoring.DEFAULT_SIGNATURE, tag_set: str = "serve",
+                 input_mapping: Optional[Dict[str, str]] = None,
+                 output_mapping: Optional[Dict[str, str]] = None, probability_col: str = "",
+                 raw_prediction_col: str = "", **spark_names: Any):
         _refuse_camel("TFModel", spark_names, self._PARAMS)
         if model_path is None:
             raise TypeError("TFModel() missing the argument 'model_path': the saved model's path")
@@ -320,6 +334,9 @@ class TFModel(_Params):
         self.argmax_col = argmax_col
         self.output_cols = output_cols
         self.batch_size = batch_size
+        self.signature_def_key, self.tag_set = signature_def_key, tag_set
+        self.input_mapping, self.output_mapping = input_mapping, output_mapping
+        self.probability_col, self.raw_prediction_col = probability_col, raw_prediction_col
         self.history: Dict[str, List[float]] = {}
         self.results: List[Any] = []
         self.fit_seconds: Optional[float] = None
@@ -349,17 +366,21 @@ class TFModel(_Params):
         import numpy as np
 
         try:
-            names = list(core.feature_names(self.features_col))
+            plan = mapping.model_outputs(
+                self.model_path, features=self.features_col, prediction=self.prediction_col,
+                output_cols=self.output_cols, signature=self.signature_def_key, tags=self.tag_set,
+                input_mapping=self.input_mapping, output_mapping=self.output_mapping,
+                probability=self.probability_col, raw=self.raw_prediction_col, argmax=self.argmax_col)
         except ConfigError as exc:
             raise _respelled(exc) from None
-        output = self.output_cols or self.prediction_col
-        out = predict(ddf, self.model_path, columns=names, output=output, batch_size=self.batch_size)
-        if self.argmax_col is None:
+        out = predict_outputs(ddf, plan.source, plan.model, plan.columns, plan.outputs, self.batch_size)
+        output = plan.outputs[0].column
+        if self.argmax_col is None or plan.classifier:  # a classifier's: scored as a column
             return out
         if self.argmax_col in out.columns:
             raise ConfigError(f"argmax_col {self.argmax_col!r} is already a column of the "
                               "DataFrame: name it otherwise", param="argmax_col")
-        source = output if isinstance(output, str) else next(iter(output))
+        source = output
         if out._meta[source].dtype != object and not hasattr(out._meta[source].dtype, "pyarrow_dtype"):
             raise ConfigError(f"argmax_col={self.argmax_col!r}: the model's output {source!r} is "
                               "one value a row; argmax_col needs an output of several (a class's "
@@ -375,7 +396,8 @@ class TFModel(_Params):
         return keras.saving.load_model(self.model_path)
 
     _FIELDS = ("features_col", "prediction_col", "argmax_col", "output_cols", "batch_size",
-               "history", "fit_seconds")
+               "signature_def_key", "tag_set", "input_mapping", "output_mapping", "probability_col",
+               "raw_prediction_col", "history", "fit_seconds")
 
     def save(self, path: str) -> None:
         """Write the model into the folder ``path`` (any fsspec URL): ``metadata.json`` and a
@@ -400,9 +422,9 @@ class TFModel(_Params):
         with open_url(path.rstrip("/") + "/metadata.json") as f:
             # a folder of an earlier duotf has camelCase keys: read them in today's names
             meta = {_DASK_NAMES.get(k, k): v for k, v in json.loads(f.read()).items()}
+        # a folder of an earlier duotf lacks the later parameters: they keep their defaults
         model = cls(path.rstrip("/") + "/model/" + meta.pop("model_file"),
-                    **{k: meta[k] for k in ("features_col", "prediction_col", "argmax_col",
-                                            "output_cols", "batch_size")})
+                    **{k: meta[k] for k in cls._PARAMS[1:] if k in meta})
         model.history, model.fit_seconds = meta.get("history") or {}, meta.get("fit_seconds")
         return model
 

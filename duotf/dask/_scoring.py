@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # dask and pandas are imported where they are used
 #: what ``meta=`` takes: ``{column: dtype}``, or an empty frame of the output columns
 Meta = Union[Dict[str, Any], "pd.DataFrame", None]
 
-__all__ = ["predict", "predict_udf", "PredictUDF", "check_column"]
+__all__ = ["predict", "predict_udf", "PredictUDF", "check_column", "predict_outputs"]
 
 
 def check_column(meta: pd.DataFrame, name: str) -> None:
@@ -162,4 +162,13 @@ def predict(ddf: dd.DataFrame, model: scoring.ModelRef, *, columns: Optional[Seq
     naming the column and the row.
     """
     udf = predict_udf(model, columns=columns, output=output, meta=meta, batch_size=batch_size)
+    return ddf.map_partitions(udf, meta=udf.output_meta(ddf))
+
+
+def predict_outputs(ddf: dd.DataFrame, source: scoring.ModelSource, loaded: scoring.Model,
+                    cols: Sequence[str], outputs: Sequence[scoring.OutputColumn],
+                    batch_size: int) -> dd.DataFrame:
+    """:func:`predict` once its outputs are resolved (the ML stage's way in, whose outputs may
+    be a classifier's)."""
+    udf = PredictUDF(scoring.make_plan(source, loaded, cols, outputs, batch_size))
     return ddf.map_partitions(udf, meta=udf.output_meta(ddf))

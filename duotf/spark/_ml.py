@@ -26,7 +26,7 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
 import duotf._ml.estimator as core
-from duotf._ml import scoring
+from duotf._ml import mapping, scoring
 from duotf.errors import ConfigError
 
 if TYPE_CHECKING:  # Keras is imported where a model is loaded
@@ -284,6 +284,20 @@ class TFModel(Model, _SharedParams, MLReadable, MLWritable):
     loaded once per worker and cached (:func:`duotf.spark.predict`); feature columns that are ML
     vectors are turned into arrays first.
 
+    TensorFlowOnSpark's parameters choose what of a SavedModel scores: ``signatureDefKey``
+    (default ``"serving_default"``) and ``tagSet`` (its MetaGraph's tags, comma-separated,
+    default ``"serve"``), ``inputMapping`` (``{column: signature input name}``, in place of
+    ``featuresCol``) and ``outputMapping`` (``{signature output name: column}``, in place of
+    ``outputCols``). A ``.keras`` model has no signatures: a ``signatureDefKey`` or ``tagSet``
+    other than the default is a :class:`~duotf.ConfigError`, and so is a name the signature
+    lacks (the message lists its names).
+
+    A classifier's columns, as Spark ML's classifiers have them: with ``probabilityCol`` or
+    ``rawPredictionCol`` set, the model's scores (its only output, or the first of
+    ``outputMapping``/``outputCols``) give ``rawPredictionCol`` (the scores), ``probabilityCol``
+    (a row already in [0, 1] summing to 1 as it is, any other row's softmax) as ML vectors, and
+    ``predictionCol`` becomes the class, the index of the largest score (a double).
+
     ``history`` is the chief's Keras history (``{metric: [value per epoch]}``), ``modelPath``
     the saved model (``to_local()`` loads it as a Keras model).
     """
@@ -295,14 +309,31 @@ class TFModel(Model, _SharedParams, MLReadable, MLWritable):
                       "folder)", typeConverter=TypeConverters.toString)
     batchSize = Param(Params._dummy(), "batchSize", "rows per model call when scoring",
                       typeConverter=TypeConverters.toInt)
+    signatureDefKey = Param(Params._dummy(), "signatureDefKey", "the SavedModel signature that "
+                            "scores", typeConverter=TypeConverters.toString)
+    tagSet = Param(Params._dummy(), "tagSet", "the tags of the SavedModel's MetaGraph, "
+                   "comma-separated", typeConverter=TypeConverters.toString)
+    inputMapping = Param(Params._dummy(), "inputMapping", "{column: signature input name} (in "
+                         "place of featuresCol)", typeConverter=_string_dict)
+    outputMapping = Param(Params._dummy(), "outputMapping", "{signature output name: column} (in "
+                          "place of outputCols)", typeConverter=_string_dict)
+    probabilityCol = Param(Params._dummy(), "probabilityCol", "a classifier's class probabilities "
+                           "(an ML vector); empty: none", typeConverter=TypeConverters.toString)
+    rawPredictionCol = Param(Params._dummy(), "rawPredictionCol", "a classifier's scores (an ML "
+                             "vector); empty: none", typeConverter=TypeConverters.toString)
 
     @keyword_only
     def __init__(self, *, featuresCol: core.ColumnNames = "features", predictionCol: str = "prediction",
                  argmaxCol: Optional[str] = None, outputCols: Optional[Dict[str, str]] = None,
-                 modelPath: Optional[str] = None, batchSize: int = scoring.DEFAULT_BATCH_SIZE):
+                 modelPath: Optional[str] = None, batchSize: int = scoring.DEFAULT_BATCH_SIZE,
+                 signatureDefKey: str = scoring.DEFAULT_SIGNATURE, tagSet: str = "serve",
+                 inputMapping: Optional[Dict[str, str]] = None,
+                 outputMapping: Optional[Dict[str, str]] = None, probabilityCol: str = "",
+                 rawPredictionCol: str = ""):
         super().__init__()
         self._setDefault(featuresCol="features", predictionCol="prediction",
-                         batchSize=scoring.DEFAULT_BATCH_SIZE)
+                         batchSize=scoring.DEFAULT_BATCH_SIZE, signatureDefKey=scoring.DEFAULT_SIGNATURE,
+                         tagSet="serve", probabilityCol="", rawPredictionCol="")
         self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
         self.history: Dict[str, List[float]] = {}
         self.results: List[Any] = []
@@ -334,13 +365,21 @@ class TFModel(Model, _SharedParams, MLReadable, MLWritable):
         scoring.model_source(path)  # a missing path is a ConfigError naming it
         return path
 
+    def _scoring(self) -> mapping.Scoring:
+        """The parameters resolved against the model (loaded here once, then cached)."""
+        return mapping.model_outputs(
+            self._checked_path(), features=self.getFeaturesCol(), prediction=self._value("predictionCol"),
+            output_cols=self._value("outputCols"), signature=self._value("signatureDefKey"),
+            tags=self._value("tagSet"), input_mapping=self._value("inputMapping"),
+            output_mapping=self._value("outputMapping"), probability=self._value("probabilityCol"),
+            raw=self._value("rawPredictionCol"), argmax=self._value("argmaxCol"))
+
     def _transform(self, dataset):
         from pyspark.sql import functions as F
 
-        path = self._checked_path()
-        names = list(core.feature_names(self.getFeaturesCol()))
+        plan = self._scoring()
         renamed = {}
-        for name in names:
+        for name in plan.columns:
             if name in dataset.columns and _is_vector(dataset.schema[name].dataType):
                 renamed[name] = f"__duotf_{name}"
         df = dataset
@@ -348,18 +387,22 @@ class TFModel(Model, _SharedParams, MLReadable, MLWritable):
             from pyspark.ml.functions import vector_to_array
 
             df = df.withColumn(tmp, vector_to_array(F.col(name), "float32"))
-        outputs = self._value("outputCols")
-        output = outputs if outputs else self._value("predictionCol")
         argmax = self._value("argmaxCol")
         if argmax is not None and argmax in df.columns:
             raise ConfigError(f"argmaxCol {argmax!r} is already a column of the DataFrame: name "
                               "it otherwise", param="argmaxCol")
-        out = _spark_predict(df, path, [renamed.get(n, n) for n in names], output,
+        out = _spark_predict(df, plan, [renamed.get(n, n) for n in plan.columns],
                              self.getOrDefault(self.batchSize))
         if renamed:
             out = out.drop(*renamed.values())
-        if argmax is not None:
-            source = output if isinstance(output, str) else next(iter(output))
+        if plan.classifier:
+            from pyspark.ml.functions import array_to_vector
+
+            for made in plan.outputs:  # Spark ML's classifiers give their scores as ML vectors
+                if made.derive in ("raw", "probability"):
+                    out = out.withColumn(made.column, array_to_vector(F.col(made.column)))
+        if argmax is not None and not plan.classifier:  # a classifier's: scored as a column
+            source = plan.outputs[0].column
             col = F.col(source)
             kind = out.schema[source].dataType.simpleString()
             if not kind.startswith("array"):
@@ -377,10 +420,10 @@ class TFModel(Model, _SharedParams, MLReadable, MLWritable):
         return _Reader(cls)
 
 
-def _spark_predict(df, path, columns, output, batch_size):
-    from duotf.spark._scoring import predict
+def _spark_predict(df, plan: mapping.Scoring, columns, batch_size):
+    from duotf.spark._scoring import predict_outputs
 
-    return predict(df, path, columns=columns, output=output, batch_size=batch_size)
+    return predict_outputs(df, plan.source, plan.model, columns, plan.outputs, batch_size)
 
 
 # -- checks before a fit ---------------------------------------------------------------------------
@@ -543,4 +586,5 @@ def _accessors(cls, names):
 _accessors(TFEstimator, ["modelFn", "trainFn", "trainArgs", "labelCol", "predictionCol", "argmaxCol",
                          "outputCols", "numWorkers", "numPs", "epochs", "batchSize", "modelDir", "env", "seed",
                          "verbose"])
-_accessors(TFModel, ["predictionCol", "argmaxCol", "outputCols", "batchSize"])
+_accessors(TFModel, ["predictionCol", "argmaxCol", "outputCols", "batchSize", "signatureDefKey",
+                     "tagSet", "inputMapping", "outputMapping", "probabilityCol", "rawPredictionCol"])

@@ -255,16 +255,9 @@ def predict(df: DataFrame, model: scoring.ModelRef, *, columns: Optional[Sequenc
     model path that does not exist, output columns or types that do not fit the model's
     outputs, an output column that exists already.
     """
-    from pyspark.sql import types as T
-
-    from duotf._transport.columns import tensor_specs
-
     source = scoring.model_source(model)
     loaded = scoring.get_model(source)
     cols = scoring.input_columns(loaded, columns)
-    tensors = tensor_specs(df.schema)
-    for name in cols:
-        _check_column(df, name, tensors)
     types = None
     if return_type is not None:
         default = output if isinstance(output, str) else "prediction"
@@ -273,6 +266,22 @@ def predict(df: DataFrame, model: scoring.ModelRef, *, columns: Optional[Sequenc
             output = {c: c for c in types}
     outputs = scoring.output_columns(loaded, output, types)
     scoring.check_outputs(loaded, outputs)
+    return predict_outputs(df, source, loaded, cols, outputs, batch_size)
+
+
+def predict_outputs(df: DataFrame, source: scoring.ModelSource, loaded: scoring.Model,
+                    cols: Sequence[str], outputs: Sequence[scoring.OutputColumn],
+                    batch_size: int) -> DataFrame:
+    """:func:`predict` once its outputs are resolved (the ML stage's way in, whose outputs may
+    be a classifier's): the input columns and output names checked against ``df``'s schema,
+    then ``mapInArrow``."""
+    from pyspark.sql import types as T
+
+    from duotf._transport.columns import tensor_specs
+
+    tensors = tensor_specs(df.schema)
+    for name in cols:
+        _check_column(df, name, tensors)
     for col in outputs:
         if col.column in df.columns:
             raise ConfigError(f"output column {col.column!r} is already a column of the DataFrame: "

@@ -190,8 +190,9 @@ class Engine(abc.ABC):
         engine's stages spell it (Dask: snake_case, as scikit-learn and dask-ml)."""
         return name
 
-    def model_at(self, path: str) -> Any:
-        """A TFModel of the saved model at ``path``."""
+    def model_at(self, path: str, **params: Any) -> Any:
+        """A TFModel of the saved model at ``path``, with ``params`` (spelled as the engine's
+        stages spell them: :meth:`ml_name`)."""
         raise NotImplementedError(f"{type(self).__name__} has no ML stages")
 
     def apply_model(self, model: Any, df: Any) -> Any:

@@ -258,3 +258,140 @@ def test_a_model_of_two_inputs_and_two_outputs_fits_and_scores_each_output(backe
     np.testing.assert_allclose(np.stack([np.asarray(v) for v in direct["z"]]), local_z, rtol=1e-5,
                                atol=1e-6)
     np.testing.assert_allclose(direct["y"].to_numpy(), py, rtol=1e-6)
+
+
+# -- TensorFlowOnSpark's signature, tags and mappings; a classifier's columns ----------------------
+SIG_SCHEMA = {"id": "long", "feat": "array<float>", "shift": "double"}
+SIG_W = np.array([[1.0, -2.0, 0.5], [0.0, 1.0, -1.0]], np.float32)
+
+
+def two_signature_savedmodel(path: str) -> str:
+    """A SavedModel (tags "serve") of two signatures: ``serving_default(x: [2], shift: [1]) ->
+    {logits: [3], total: [1]}`` and ``probs(x: [2]) -> {probs: [3]}`` (the softmax of x @ W)."""
+    import tensorflow as tf
+
+    class Scores(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable(SIG_W)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32),
+                                      tf.TensorSpec([None, 1], tf.float32)])
+        def scores(self, x, shift):
+            return {"logits": tf.matmul(x, self.w) + shift,
+                    "total": tf.reduce_sum(x, axis=1, keepdims=True)}
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32)])
+        def probs(self, x):
+            return {"probs": tf.nn.softmax(tf.matmul(x, self.w))}
+
+    module = Scores()
+    tf.saved_model.save(module, path, signatures={"serving_default": module.scores,
+                                                  "probs": module.probs})
+    return path
+
+
+def _sig_parts():
+    rng = np.random.default_rng(5)
+    x, shift = rng.normal(size=(11, 2)).astype(np.float32), rng.normal(size=11)
+    rows = [(i, x[i].tolist(), float(shift[i])) for i in range(11)]
+    return [rows], x, shift  # one partition: one Python worker loads the models
+
+
+def _softmax(z):
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _vectors(column):
+    """A column of vectors (Spark ML vectors, lists, arrays) as one 2-D array."""
+    return np.stack([np.asarray(v.toArray() if hasattr(v, "toArray") else v, np.float64)
+                     for v in column])
+
+
+def _param(engine, model, name):
+    if hasattr(model, "getOrDefault"):
+        return model.getOrDefault(name)
+    return getattr(model, engine.ml_name(name))
+
+
+@pytest.mark.engines("dask", "spark-local")
+def test_a_tfmodel_scores_the_signature_and_tensors_it_is_named(backend, engine, tmp_path):
+    """signatureDefKey, tagSet, inputMapping ({column: input}) and outputMapping ({output:
+    column}) pick what of a SavedModel scores; probabilityCol and rawPredictionCol make a
+    classifier (predictionCol the class); the parameters survive save and load."""
+    path = two_signature_savedmodel(str(tmp_path / "sm"))
+    parts, x, shift = _sig_parts()
+    df = engine.table(parts, SIG_SCHEMA)
+    logits = x @ SIG_W + shift[:, None].astype(np.float32)
+
+    # serving_default, its inputs fed by name, its outputs into columns named here, as a
+    # classifier of its logits: the probabilities are their softmax, the class their argmax
+    both = {"feat": "x", "shift": "shift"}
+    model = engine.model_at(path, **_params(engine, inputMapping=both,
+                                            outputMapping={"logits": "z", "total": "sum"},
+                                            probabilityCol="p", predictionCol="cls", argmaxCol="top"))
+    got = _score(engine, model, df)
+    assert got["id"].tolist() == list(range(11)) and got["sum"].dtype == np.float64
+    np.testing.assert_allclose(_vectors(got["z"]), logits, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["sum"], x.sum(axis=1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_vectors(got["p"]), _softmax(logits.astype(np.float64)), rtol=1e-5,
+                               atol=1e-6)
+    assert got["cls"].tolist() == got["top"].tolist() == np.argmax(logits, axis=1).astype(float).tolist()
+    assert "rawPrediction" not in got.columns and "prediction" not in got.columns
+
+    # another signature, of one input, as a classifier: its outputs are probabilities already
+    probabilities = engine.model_at(path, **_params(
+        engine, signatureDefKey="probs", tagSet="serve", inputMapping={"feat": "x"},
+        probabilityCol="probability", rawPredictionCol="rawPrediction"))
+    scored = _score(engine, probabilities, df)
+    probs = _softmax((x @ SIG_W).astype(np.float64))
+    assert scored["prediction"].dtype == np.float64
+    assert scored["prediction"].tolist() == np.argmax(probs, axis=1).astype(float).tolist()
+    np.testing.assert_allclose(_vectors(scored["probability"]), probs, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_vectors(scored["rawPrediction"]), probs, rtol=1e-5, atol=1e-6)
+
+    loaded = engine.save_and_load(model, str(tmp_path / "saved"))
+    for name, value in [("signatureDefKey", "serving_default"), ("tagSet", "serve"),
+                        ("inputMapping", both), ("outputMapping", {"logits": "z", "total": "sum"}),
+                        ("probabilityCol", "p"), ("rawPredictionCol", ""), ("predictionCol", "cls")]:
+        assert _param(engine, loaded, name) == value, name
+    again = _score(engine, loaded, df)
+    assert again["cls"].tolist() == got["cls"].tolist()
+    np.testing.assert_array_equal(_vectors(again["p"]), _vectors(got["p"]))
+
+
+@pytest.mark.engines("dask", "spark-local")
+def test_a_tfmodel_names_what_the_savedmodel_has(backend, engine, tmp_path):
+    """A signature, tag set, input or output that the SavedModel lacks is a ConfigError listing
+    those it has; a .keras file takes no signature; a classifier needs a score per class."""
+    path = two_signature_savedmodel(str(tmp_path / "sm"))
+    df = engine.table(_sig_parts()[0], SIG_SCHEMA)
+    name = engine.ml_name
+
+    def refused(where, **params):
+        with pytest.raises(duotf.ConfigError) as info:
+            engine.apply_model(engine.model_at(where, **_params(engine, **params)), df)
+        return str(info.value)
+
+    message = refused(path, signatureDefKey="predict")
+    assert "no signature 'predict'" in message and "['probs', 'serving_default']" in message
+    assert f"set {name('signatureDefKey')}" in message
+    message = refused(path, tagSet="train")
+    assert "tags 'train'" in message and "its tag sets are ['serve']" in message
+    assert f"set {name('tagSet')}" in message
+    message = refused(path, inputMapping={"feat": "features", "shift": "shift"})
+    assert "no input 'features'" in message and "['shift', 'x']" in message
+    assert name("inputMapping") in message
+    message = refused(path, inputMapping={"feat": "x"})
+    assert "no column to the signature's input(s) ['shift']" in message
+    message = refused(path, inputMapping={"feat": "x", "shift": "shift"}, outputMapping={"y": "y"})
+    assert "no output 'y'" in message and "['logits', 'total']" in message
+    message = refused(path, inputMapping={"feat": "x", "shift": "shift"},
+                      outputMapping={"total": "t"}, rawPredictionCol="raw")
+    assert "one score per class" in message
+    keras_file = tmp_path / "m.keras"
+    keras_file.write_bytes(b"")  # the check reads the name: no model loads
+    message = refused(str(keras_file), signatureDefKey="probs")
+    assert "is a Keras file, which has no signatures" in message and "model.export(dir)" in message
+    assert name("signatureDefKey") in message
