@@ -350,6 +350,12 @@ def test_a_tfmodel_scores_the_signature_and_tensors_it_is_named(backend, engine,
     assert scored["prediction"].tolist() == np.argmax(probs, axis=1).astype(float).tolist()
     np.testing.assert_allclose(_vectors(scored["probability"]), probs, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(_vectors(scored["rawPrediction"]), probs, rtol=1e-5, atol=1e-6)
+    # not a classifier: the output as it is, and argmaxCol beside it
+    plain = engine.model_at(path, **_params(engine, signatureDefKey="probs", inputMapping={"feat": "x"},
+                                            outputMapping={"probs": "q"}, argmaxCol="k"))
+    scored = _score(engine, plain, df)
+    np.testing.assert_allclose(_vectors(scored["q"]), probs, rtol=1e-5, atol=1e-6)
+    assert scored["k"].tolist() == np.argmax(probs, axis=1).astype(float).tolist()
 
     loaded = engine.save_and_load(model, str(tmp_path / "saved"))
     for name, value in [("signatureDefKey", "serving_default"), ("tagSet", "serve"),
