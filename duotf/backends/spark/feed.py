@@ -16,7 +16,7 @@ from duotf.backends.base import EngineJob, FeedAdapter, ThreadJob, work_name
 from duotf.backends.spark.frames import (INDEX_SCHEMA, MIN_FREE_BYTES, MIN_FREE_FRACTION,
                                         CachedPartition, DataFrameKept, FeedCache, JvmKept,
                                         arrow_source,
-                                        cached_partition, rdd_spiller, spiller, sweeper,
+                                        cached_partition, rdd_spiller, spiller, sweep_here, sweeper,
                                         teed_partition)
 from duotf.backends.spark.tasks import (ERROR_COLUMN, arrow_batches, arrow_cached_files,
                                        arrow_counts, arrow_infer, arrow_some, arrow_train,
@@ -401,6 +401,10 @@ class SparkFeed(FeedAdapter):
                 self.cache = None
             try:
                 kept.unpersist()
+                if cache_id is not None and self.client.local and not self.client.connect:
+                    # local mode: the executor is this process's JVM, its dirs this host's; a
+                    # task of the pass that wrote the frames may have left their folder
+                    sweep_here(cache_id)
                 return
             except Exception as exc:  # its index lived on an executor that is gone (a restart)
                 index_error = exc

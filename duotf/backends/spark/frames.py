@@ -188,13 +188,14 @@ class CachedPartition:
             return False
         try:
             os.remove(self.path)
+            removed = True
         except FileNotFoundError:
-            return False
+            removed = False
         try:
             os.rmdir(os.path.dirname(self.path))  # the cache's folder, once its last file is gone
         except OSError:
             pass
-        return True
+        return removed
 
 
 INDEX_SCHEMA = f"pid long, host string, path string, frames string, rows long, {ERROR_COLUMN} string"
@@ -335,17 +336,28 @@ def _row_frames(rows, ragged: Sequence[str], pid: int):
             yield num_rows(part), wire.pack_frame(part)
 
 
+def sweep_here(cache_id: str) -> None:
+    """Delete what this host keeps of cache ``cache_id``: its folder in the local dir, and in
+    Spark's block manager dirs beneath it (where the JVM writes its frames: ``blockmgr-*``, an
+    executor's ``spark-*/executor-*/blockmgr-*``)."""
+    import glob
+    import os
+    import shutil
+    import tempfile
+
+    root = (os.environ.get("SPARK_LOCAL_DIRS") or tempfile.gettempdir()).split(",")[0]
+    name = f"duotf-feedcache-{cache_id}"
+    for depth in range(4):
+        for path in glob.glob(os.path.join(root, *["*"] * depth, name)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def sweeper(cache_id: str):
     """A task that deletes what this executor keeps of cache ``cache_id`` (after a first epoch
     that failed: its tasks may have been cancelled before they could delete their files)."""
 
     def run(_):
-        import os
-        import shutil
-        import tempfile
-
-        root = (os.environ.get("SPARK_LOCAL_DIRS") or tempfile.gettempdir()).split(",")[0]
-        shutil.rmtree(os.path.join(root, f"duotf-feedcache-{cache_id}"), ignore_errors=True)
+        sweep_here(cache_id)
         yield 0
 
     return run
