@@ -50,6 +50,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union, cast
 
+from duotf._ml.keras_node import keras_main
 from duotf.errors import ConfigError, InsufficientSlotsError
 
 if TYPE_CHECKING:
@@ -58,7 +59,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["FitConfig", "FitResult", "FitGroup", "FIT_PARAMS", "fit", "keras_main", "book_slots",
-           "running_fits", "MODEL_FILE", "EXPORT_DIR", "ColumnNames", "ModelFn", "TrainFn"]
+           "running_fits", "MODEL_FILE", "EXPORT_DIR", "ColumnNames", "ModelFn", "TrainFn", "Callbacks",
+           "VALIDATION_MAX_ROWS", "VALIDATION_MAX_BYTES", "VALIDATION_FLAG", "validation_rows",
+           "check_validation_data"]
 
 #: ``featuresCol`` / ``labelCol``: a column name, or a list of them (one per model input / output)
 ColumnNames = Union[str, Sequence[str]]
@@ -66,11 +69,23 @@ ColumnNames = Union[str, Sequence[str]]
 ModelFn = Callable[[], Any]
 #: ``trainFn``: the node program, ``trainFn(args, ctx)``
 TrainFn = Callable[[Dict[str, Any], "NodeContext"], Any]
+#: ``callbacks``: Keras callbacks, or a function of no arguments returning them
+Callbacks = Union[Sequence[Any], Callable[[], Sequence[Any]]]
 
 #: the file the chief saves a ``modelFn`` model to, in the fit's folder
 MODEL_FILE = "model.keras"
 #: where a ``trainFn`` may export a SavedModel instead, in the fit's folder
 EXPORT_DIR = "export"
+
+#: the most validation rows (``validationIndicatorCol`` / ``validationFraction``) a fit takes:
+#: they are collected to the driver and shipped with the job to every worker
+VALIDATION_MAX_ROWS = 200_000
+#: the most bytes those rows may hold, as arrays on the driver
+VALIDATION_MAX_BYTES = 64 << 20
+#: the column of the split that ``validationFraction`` makes (True: a validation row)
+VALIDATION_FLAG = "__duotf_validation"
+#: the fraction's hash is cut in this many buckets
+_HASH_BUCKETS = 1 << 24
 
 #: the parameters both twins take, with their defaults (``featuresCol``, ``labelCol``: a name or
 #: a list, one per model input / output)
@@ -79,6 +94,8 @@ FIT_PARAMS: Dict[str, Any] = {
     "featuresCol": "features", "labelCol": "label",
     "numWorkers": 1, "numPs": 0, "epochs": 1, "batchSize": 32,
     "modelDir": None, "env": None, "seed": None, "verbose": 0,
+    "validationIndicatorCol": None, "validationFraction": 0.0, "weightCol": None,
+    "callbacks": None,
 }
 
 
@@ -127,6 +144,10 @@ class FitConfig:
     env: Optional[Dict[str, str]] = None
     seed: Optional[int] = None
     verbose: int = 0
+    validationIndicatorCol: Optional[str] = None
+    validationFraction: float = 0.0
+    weightCol: Optional[str] = None
+    callbacks: Any = None
 
     @classmethod
     def from_params(cls, params: Dict[str, Any]) -> "FitConfig":
@@ -174,6 +195,7 @@ class FitConfig:
             raise ConfigError(f"env={p['env']!r}: give a dict of str to str", param="env")
         if p["modelDir"] is not None and (not isinstance(p["modelDir"], str) or not p["modelDir"]):
             raise ConfigError(f"modelDir={p['modelDir']!r}: give a folder path or URL", param="modelDir")
+        _check_validation_and_weights(p, feature_names(p["featuresCol"]) + labels)
         return cls(**p)
 
     @property
@@ -186,12 +208,101 @@ class FitConfig:
 
     @property
     def columns(self) -> List[str]:
-        """The columns the nodes are fed, features first, then the labels."""
-        return list(self.features) + list(self.labels)
+        """The columns the nodes are fed: the features, the labels, then the weight."""
+        return list(self.features) + list(self.labels) + ([self.weightCol] if self.weightCol else [])
+
+    @property
+    def validating(self) -> bool:
+        """Whether the fit holds rows out for validation."""
+        return self.validationIndicatorCol is not None or self.validationFraction > 0
+
+    @property
+    def split_column(self) -> Optional[str]:
+        """The boolean column that marks the validation rows: ``validationIndicatorCol``, or
+        :data:`VALIDATION_FLAG` (``validationFraction``'s split); None without validation."""
+        if self.validationIndicatorCol is not None:
+            return self.validationIndicatorCol
+        return VALIDATION_FLAG if self.validationFraction > 0 else None
+
+    @property
+    def split_seed(self) -> int:
+        """The seed of ``validationFraction``'s hash: ``seed``, else 0."""
+        return self.seed if self.seed is not None else 0
+
+    @property
+    def hash_threshold(self) -> int:
+        """A row whose hash, modulo ``2**24``, is below this is a validation row."""
+        return int(round(self.validationFraction * _HASH_BUCKETS))
 
     @property
     def nodes(self) -> int:
         return self.numWorkers + self.numPs
+
+
+def _check_validation_and_weights(p: Dict[str, Any], fed: Tuple[str, ...]) -> None:
+    """``validationIndicatorCol``, ``validationFraction``, ``weightCol`` and ``callbacks``."""
+    for name in ("validationIndicatorCol", "weightCol"):
+        value = p[name]
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ConfigError(f"{name}={value!r}: give a column name, or None", param=name)
+        if value is not None and value in fed:
+            raise ConfigError(f"{name}={value!r} is also in featuresCol or labelCol: give a "
+                              "column of its own", param=name, column=value)
+    if p["weightCol"] is not None and p["weightCol"] == p["validationIndicatorCol"]:
+        raise ConfigError(f"weightCol and validationIndicatorCol are both {p['weightCol']!r}: "
+                          "give each a column of its own", param="weightCol")
+    fraction = p["validationFraction"]
+    if (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
+            or not 0 <= fraction < 1):
+        raise ConfigError(f"validationFraction={fraction!r}: give a number from 0 (no validation "
+                          "rows) up to, not including, 1", param="validationFraction")
+    if fraction and p["validationIndicatorCol"] is not None:
+        raise ConfigError(f"validationFraction={fraction!r} and validationIndicatorCol="
+                          f"{p['validationIndicatorCol']!r}: give one of them, not both",
+                          param="validationFraction")
+    callbacks = p["callbacks"]
+    if callbacks is not None and not callable(callbacks) and not isinstance(callbacks, (list, tuple)):
+        raise ConfigError(f"callbacks={callbacks!r}: give a list of Keras callbacks, or a "
+                          "function of no arguments returning one", param="callbacks")
+
+
+def validation_rows(config: "FitConfig", rows: int, total: int) -> None:
+    """Check the split before the validation rows are collected: ``rows`` of the ``total``
+    are validation rows; the others must leave every worker rows, and they must be at most
+    :data:`VALIDATION_MAX_ROWS` (a ConfigError names the parameter otherwise)."""
+    param = ("validationIndicatorCol" if config.validationIndicatorCol is not None
+             else "validationFraction")
+    what = (f"validationIndicatorCol={config.validationIndicatorCol!r}"
+            if config.validationIndicatorCol is not None
+            else f"validationFraction={config.validationFraction!r}")
+    if not rows:
+        raise ConfigError(f"{what} holds out none of the {total} rows: give a column with True "
+                          "rows, or a larger fraction", param=param, column=config.split_column,
+                          rows=0)
+    if total - rows < config.numWorkers:
+        raise ConfigError(f"{what} leaves {total - rows} of the {total} rows to train on, fewer "
+                          f"than numWorkers={config.numWorkers}: every worker needs rows",
+                          param=param, column=config.split_column, rows=total - rows)
+    if rows > VALIDATION_MAX_ROWS:
+        raise ConfigError(f"{what} holds out {rows} rows; a fit takes at most "
+                          f"{VALIDATION_MAX_ROWS} validation rows (they are collected to the "
+                          "driver and shipped to every worker): hold out fewer, or validate in "
+                          "a trainFn of your own", param=param, column=config.split_column, rows=rows)
+
+
+def check_validation_data(config: "FitConfig", data: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The collected validation columns, checked against :data:`VALIDATION_MAX_BYTES`."""
+    if data is None:
+        return None
+    size = sum(getattr(v, "nbytes", 0) for v in data.values())
+    if size > VALIDATION_MAX_BYTES:
+        param = ("validationIndicatorCol" if config.validationIndicatorCol is not None
+                 else "validationFraction")
+        raise ConfigError(f"the validation rows ({param}) hold {size / 2**20:.1f} MiB; a fit takes "
+                          f"at most {VALIDATION_MAX_BYTES / 2**20:.0f} MiB of them (they are "
+                          "shipped to every worker): hold out fewer rows, or validate in a "
+                          "trainFn of your own", param=param, bytes=size)
+    return data
 
 
 @dataclasses.dataclass
@@ -204,49 +315,6 @@ class FitResult:
     history: Dict[str, List[float]]
     results: List[Any]
     seconds: float
-
-
-# -- the node program for a modelFn -----------------------------------------------------------------
-def keras_main(args, ctx):
-    """The node program duotf writes for ``modelFn``: the model built in a
-    ``MultiWorkerMirroredStrategy`` scope, ``fit`` on this node's feed (one feed epoch per
-    ``fit`` epoch, no ``steps_per_epoch``), the chief saves it; returns the history."""
-    import tensorflow as tf
-
-    import keras
-
-    if args["seed"] is not None:
-        keras.utils.set_random_seed(args["seed"])
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    features = list(args["features"])
-    labels = list(args.get("labels") or [args["labelCol"]])
-    feed = ctx.get_data_feed(train=True)
-    batches = feed.dataset(args["batchSize"], per_epoch=True)  # {column: batch}, an epoch an iteration
-    with strategy.scope():
-        model = args["modelFn"]()
-        if not isinstance(model, keras.Model):
-            raise ConfigError(f"modelFn returned {type(model).__name__}: return a keras.Model")
-        if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
-            raise ConfigError("modelFn returned a model that is not compiled: call "
-                              "model.compile(optimizer, loss, metrics) before returning it")
-    try:
-        by_name = isinstance(model.input, dict)  # a model of named inputs takes them by column
-    except (AttributeError, ValueError):  # a Sequential model never called has no input
-        by_name = False
-
-    def xy(batch):
-        # featuresCol and labelCol in order, one column per model input and output (a model
-        # whose inputs are a dict takes them by column name)
-        x = ({name: batch[name] for name in features} if by_name else
-             batch[features[0]] if len(features) == 1 else tuple(batch[name] for name in features))
-        y = batch[labels[0]] if len(labels) == 1 else tuple(batch[name] for name in labels)
-        return x, y
-
-    dataset = batches.map(xy)
-    history = model.fit(dataset, epochs=args["epochs"], verbose=args["verbose"], shuffle=False)
-    if ctx.is_chief:
-        model.save(args["modelPath"])
-    return {k: [float(v) for v in values] for k, values in history.history.items()}
 
 
 # -- slots held by the fits running in this process ---------------------------------------------------
@@ -517,7 +585,7 @@ def saved_model_path(fit_dir: str) -> Optional[str]:
 
 
 def fit(config: FitConfig, backend, key: int, data, feed_slots: int,
-        group: Optional[FitGroup] = None) -> FitResult:
+        group: Optional[FitGroup] = None, validation: Optional[Dict[str, Any]] = None) -> FitResult:
     """Run one fit: book the slots, start the cluster on ``backend``, feed ``data`` (only the
     fit's columns) ``epochs`` times, wait, and find the saved model.
 
@@ -526,12 +594,15 @@ def fit(config: FitConfig, backend, key: int, data, feed_slots: int,
     Slots that other fits of this process hold are waited for (:func:`book_slots`, as long as
     some slot is freed every ``reservation_timeout``: env ``DUOTF_RESERVATION_TIMEOUT``, default
     120 s, the time duotf.run gives nodes to be placed and ready). ``group``: the
-    :class:`FitGroup` the fit belongs to, which may stop it.
+    :class:`FitGroup` the fit belongs to, which may stop it. ``validation``: the validation
+    rows, ``{column: array}`` (the engine split and collected them), at most
+    :data:`VALIDATION_MAX_BYTES`; the nodes get them as ``args["validationData"]``.
     """
     from duotf._driver.api import check_run_arguments, run
     from duotf.spec import ClusterSpec
 
     t0 = time.monotonic()
+    validation = check_validation_data(config, validation)
     if config.modelFn is not None:
         main: Callable = keras_main
     else:
@@ -551,6 +622,8 @@ def fit(config: FitConfig, backend, key: int, data, feed_slots: int,
             "batchSize": config.batchSize,
             "seed": config.seed, "verbose": config.verbose, "modelDir": fit_dir,
             "modelPath": fit_dir + "/" + MODEL_FILE, "exportDir": fit_dir + "/" + EXPORT_DIR,
+            "weightCol": config.weightCol, "validationData": validation,
+            "callbacks": config.callbacks,
         }
         if config.modelFn is not None:
             args["modelFn"] = config.modelFn

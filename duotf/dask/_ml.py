@@ -38,6 +38,8 @@ SPARK_NAMES: Dict[str, str] = {
     "features_col": "featuresCol", "label_col": "labelCol", "num_workers": "numWorkers",
     "num_ps": "numPs", "epochs": "epochs", "batch_size": "batchSize", "model_dir": "modelDir",
     "env": "env", "seed": "seed", "verbose": "verbose",
+    "validation_indicator_col": "validationIndicatorCol", "validation_fraction": "validationFraction",
+    "weight_col": "weightCol", "callbacks": "callbacks",
     "prediction_col": "predictionCol", "argmax_col": "argmaxCol", "output_cols": "outputCols",
     "model_path": "modelPath", "fit_seconds": "fitSeconds", "model_file": "modelFile",
     "signature_def_key": "signatureDefKey", "tag_set": "tagSet", "input_mapping": "inputMapping",
@@ -144,8 +146,10 @@ class TFEstimator(_Params):
                  argmax_col: Optional[str] = None, output_cols: Optional[Dict[str, str]] = None,
                  num_workers: int = 1, num_ps: int = 0, epochs: int = 1, batch_size: int = 32,
                  model_dir: Optional[str] = None, env: Optional[Dict[str, str]] = None,
-                 seed: Optional[int] = None, verbose: int = 0, client: Optional[Client] = None,
-                 **spark_names: Any):
+                 seed: Optional[int] = None, verbose: int = 0,
+                 validation_indicator_col: Optional[str] = None, validation_fraction: float = 0.0,
+                 weight_col: Optional[str] = None, callbacks: Optional[core.Callbacks] = None,
+                 client: Optional[Client] = None, **spark_names: Any):
         _refuse_camel("TFEstimator", spark_names, self._PARAMS)
         # stored as given (sklearn's clone checks that get_params returns the very objects)
         self.model_fn, self.train_fn, self.train_args = model_fn, train_fn, train_args
@@ -153,6 +157,8 @@ class TFEstimator(_Params):
         self.prediction_col, self.argmax_col, self.output_cols = prediction_col, argmax_col, output_cols
         self.num_workers, self.num_ps, self.epochs, self.batch_size = num_workers, num_ps, epochs, batch_size
         self.model_dir, self.env, self.seed, self.verbose = model_dir, env, seed, verbose
+        self.validation_indicator_col, self.validation_fraction = validation_indicator_col, validation_fraction
+        self.weight_col, self.callbacks = weight_col, callbacks
         self.client = client
 
     def __sklearn_clone__(self) -> "TFEstimator":
@@ -192,7 +198,10 @@ class TFEstimator(_Params):
             raise ConfigError("TFEstimator.fit(X, y): the label is a column of X (label_col="
                               f"{self.label_col!r}); pass y=None", param="label_col")
         config = self.config()
-        data = _fit_columns(X, config)
+        try:
+            data, validation = _split(_fit_columns(X, config), config)
+        except ConfigError as exc:
+            raise _respelled(exc) from None
         client = self.client
         if client is None:
             from distributed import default_client
@@ -203,7 +212,7 @@ class TFEstimator(_Params):
                 raise ConfigError("no Dask client: create one (distributed.Client(...)) or pass "
                                   "TFEstimator(client=...)") from exc
         backend = duotf.backends.resolve_backend(client)[0]
-        result = core.fit(config, backend, id(client), data, feed_slots=0)
+        result = core.fit(config, backend, id(client), data, feed_slots=0, validation=validation)
         model = TFModel(result.modelPath, features_col=config.featuresCol,
                         prediction_col=self.prediction_col, argmax_col=self.argmax_col,
                         output_cols=self.output_cols)
@@ -228,29 +237,47 @@ class TFEstimator(_Params):
 
 
 def _fit_columns(ddf, config: core.FitConfig):
-    """``ddf`` reduced to the fit's columns, checked: the meta's dtypes here, then one pass for
-    rows, nulls and one length per array column."""
+    """``ddf`` reduced to the fit's columns and the boolean column of the validation split
+    (``validation_indicator_col``, or ``validation_fraction``'s seeded hash of the fed values),
+    checked: the meta's dtypes here, then one pass for rows, nulls, one length per array
+    column and the validation rows (:func:`duotf._ml.estimator.validation_rows`)."""
     import numpy as np
+    import pandas as pd
 
     if not hasattr(ddf, "map_partitions") or not hasattr(ddf, "columns"):
         raise ConfigError(f"TFEstimator.fit takes a Dask DataFrame, got {type(ddf).__name__}")
     meta = ddf._meta
     for name in config.columns:
-        role = "features_col" if name in config.features else "label_col"
+        role = ("features_col" if name in config.features else "label_col" if name in config.labels
+                else "weight_col")
         if name not in meta.columns:
-            raise ConfigError(f"{'feature' if role == 'features_col' else 'label'} column {name!r} "
-                              f"is not in the DataFrame (its columns are {list(meta.columns)}): set "
-                              f"{role} to a column that is", column=name)
+            kind = {"features_col": "feature", "label_col": "label", "weight_col": "weight"}[role]
+            raise ConfigError(f"{kind} column {name!r} is not "
+                              f"in the DataFrame (its columns are {list(meta.columns)}): set "
+                              f"{role} to a column that is", column=name, param=role)
         check_column(meta, name)
-    data = ddf[config.columns]
+        if role == "weight_col" and not pd.api.types.is_numeric_dtype(meta[name].dtype):
+            raise ConfigError(f"weight_col={name!r} is {meta[name].dtype}: give a column of one "
+                              "number a row", column=name, param=role)
+    indicator = config.validationIndicatorCol
+    if indicator is not None and indicator not in meta.columns:
+        raise ConfigError(f"validation_indicator_col={indicator!r} is not a column of the "
+                          f"DataFrame (its columns are {list(meta.columns)})", column=indicator,
+                          param="validation_indicator_col")
+    if indicator is not None and not pd.api.types.is_bool_dtype(meta[indicator].dtype):
+        raise ConfigError(f"validation_indicator_col={indicator!r} is {meta[indicator].dtype}: "
+                          "give a boolean column (True: a validation row)", column=indicator,
+                          param="validation_indicator_col")
+    data = ddf[config.columns + ([indicator] if indicator is not None else [])]
+    if config.validationFraction > 0:
+        flags = data.map_partitions(_hash_flags, config.columns, config.split_seed,
+                                    config.hash_threshold, meta=(core.VALIDATION_FLAG, bool))
+        data = data.assign(**{core.VALIDATION_FLAG: flags})
     stats = data.map_partitions(_column_stats, meta={
         "column": object, "rows": np.int64, "nulls": np.int64, "strings": np.int64,
-        "lo": np.int64, "hi": np.int64}).compute()
-    rows = int(stats["rows"].sum()) // max(len(config.columns), 1)
-    if rows < config.numWorkers:
-        raise ConfigError(f"the DataFrame has {rows} rows, fewer than num_workers="
-                          f"{config.numWorkers}: every worker needs rows", rows=rows)
-    for name in config.columns:
+        "lo": np.int64, "hi": np.int64, "trues": np.int64}).compute()
+    rows = int(stats["rows"].sum()) // max(len(data.columns), 1)
+    for name in data.columns:
         mine = stats[stats["column"] == name]
         nulls = int(mine["nulls"].sum())
         if int(mine["strings"].sum()):
@@ -265,12 +292,50 @@ def _fit_columns(ddf, config: core.FitConfig):
             raise ConfigError(f"column {name!r} is ragged: its arrays hold from {sized['lo'].min()} "
                               f"to {sized['hi'].max()} values, and a model input takes one length: "
                               "pad or cut them to one length first", column=name, problem="ragged")
+    if config.validating:
+        held = int(stats[stats["column"] == config.split_column]["trues"].sum())
+        core.validation_rows(config, held, rows)
+    elif rows < config.numWorkers:
+        raise ConfigError(f"the DataFrame has {rows} rows, fewer than num_workers="
+                          f"{config.numWorkers}: every worker needs rows", rows=rows)
     return data
 
 
+def _split(data, config: core.FitConfig):
+    """``(training rows, validation rows)`` of :func:`_fit_columns`'s frame: the validation
+    rows computed into the driver as ``{column: array}`` (None without validation)."""
+    from duotf._transport.columns import from_pandas
+
+    flag = config.split_column
+    if flag is None:
+        return data, None
+    train = data[~data[flag]].drop(columns=[flag])
+    held = data[data[flag]].drop(columns=[flag]).compute().reset_index(drop=True)
+    return train, core.check_validation_data(config, from_pandas(held))
+
+
+def _hash_flags(frame, columns: List[str], seed: int, threshold: int):
+    """``validation_fraction``'s split of a partition: a seeded hash of each row's fed values
+    (arrays by their bytes), True for a validation row; the same rows give the same split
+    whatever the partitioning."""
+    import numpy as np
+    import pandas as pd
+
+    values = {}
+    for name in columns:
+        col = frame[name]
+        if col.dtype == object or not pd.api.types.is_numeric_dtype(col.dtype):
+            col = col.map(lambda v: np.asarray(v).tobytes().hex())
+        values[name] = col
+    hashed = pd.util.hash_pandas_object(pd.DataFrame(values, index=frame.index), index=False,
+                                        hash_key=f"{seed:016d}"[-16:])
+    return pd.Series(hashed.to_numpy() % (1 << 24) < threshold, index=frame.index,
+                     name=core.VALIDATION_FLAG)
+
+
 def _column_stats(frame):
-    """Per column of a partition: rows, nulls, and the shortest and longest array (-1: not
-    arrays)."""
+    """Per column of a partition: rows, nulls, the shortest and longest array (-1: not
+    arrays), and the True values of a boolean column."""
     import numpy as np
     import pandas as pd
 
@@ -284,9 +349,11 @@ def _column_stats(frame):
             lengths = np.fromiter((len(v) for v in col if v is not None), dtype=np.int64)
             if len(lengths):
                 lo, hi = int(lengths.min()), int(lengths.max())
-        out.append((name, len(col), nulls, strings, lo, hi))
-    return pd.DataFrame(out, columns=["column", "rows", "nulls", "strings", "lo", "hi"]).astype(
-        {"rows": np.int64, "nulls": np.int64, "strings": np.int64, "lo": np.int64, "hi": np.int64})
+        trues = int(col.fillna(False).sum()) if pd.api.types.is_bool_dtype(col.dtype) else 0
+        out.append((name, len(col), nulls, strings, lo, hi, trues))
+    return pd.DataFrame(out, columns=["column", "rows", "nulls", "strings", "lo", "hi", "trues"]).astype(
+        {"rows": np.int64, "nulls": np.int64, "strings": np.int64, "lo": np.int64, "hi": np.int64,
+         "trues": np.int64})
 
 
 class TFModel(_Params):

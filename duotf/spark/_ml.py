@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["TFEstimator", "TFModel"]
 
 _NUMBERS = ("tinyint", "smallint", "int", "bigint", "float", "double", "boolean")
-_FUNCTIONS = ("modelFn", "trainFn", "trainArgs")  # pickled by value, not in the JSON metadata
+_FUNCTIONS = ("modelFn", "trainFn", "trainArgs", "callbacks")  # pickled by value, not in the JSON metadata
 _FUNCTIONS_FILE = "functions.pkl"
 
 
@@ -141,6 +141,14 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
                 typeConverter=_string_dict)
     seed = Param(Params._dummy(), "seed", "random seed of the nodes", typeConverter=TypeConverters.toInt)
     verbose = Param(Params._dummy(), "verbose", "Keras fit verbosity", typeConverter=TypeConverters.toInt)
+    validationIndicatorCol = Param(Params._dummy(), "validationIndicatorCol", "boolean column: "
+                                   "True rows are held out to validate on", typeConverter=TypeConverters.toString)
+    validationFraction = Param(Params._dummy(), "validationFraction", "fraction of the rows held "
+                               "out to validate on (0 <= f < 1), chosen by a seeded hash of each "
+                               "row", typeConverter=TypeConverters.toFloat)
+    weightCol = Param(Params._dummy(), "weightCol", "sample weight column", typeConverter=TypeConverters.toString)
+    callbacks = Param(Params._dummy(), "callbacks", "Keras callbacks (a list, or a function of no "
+                      "arguments returning one), shipped to the nodes", typeConverter=_any)
 
     @keyword_only
     def __init__(self, *, modelFn: Optional[core.ModelFn] = None,
@@ -150,10 +158,13 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
                  argmaxCol: Optional[str] = None, outputCols: Optional[Dict[str, str]] = None,
                  numWorkers: int = 1, numPs: int = 0, epochs: int = 1, batchSize: int = 32,
                  modelDir: Optional[str] = None, env: Optional[Dict[str, str]] = None,
-                 seed: Optional[int] = None, verbose: int = 0):
+                 seed: Optional[int] = None, verbose: int = 0,
+                 validationIndicatorCol: Optional[str] = None, validationFraction: float = 0.0,
+                 weightCol: Optional[str] = None, callbacks: Optional[core.Callbacks] = None):
         super().__init__()
         self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
-                         numWorkers=1, numPs=0, epochs=1, batchSize=32, verbose=0)
+                         numWorkers=1, numPs=0, epochs=1, batchSize=32, verbose=0,
+                         validationFraction=0.0)
         self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
     @keyword_only
@@ -164,7 +175,10 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
                   argmaxCol: Optional[str] = None, outputCols: Optional[Dict[str, str]] = None,
                   numWorkers: int = 1, numPs: int = 0, epochs: int = 1, batchSize: int = 32,
                   modelDir: Optional[str] = None, env: Optional[Dict[str, str]] = None,
-                  seed: Optional[int] = None, verbose: int = 0) -> "TFEstimator":
+                  seed: Optional[int] = None, verbose: int = 0,
+                  validationIndicatorCol: Optional[str] = None, validationFraction: float = 0.0,
+                  weightCol: Optional[str] = None,
+                  callbacks: Optional[core.Callbacks] = None) -> "TFEstimator":
         """Set the parameters given (those left None keep their values)."""
         return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
@@ -184,14 +198,16 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
         from duotf.backends.spark.backend import SparkBackend
 
         config = self.config()
-        data = prepare_columns(dataset, config.columns, config.features)
+        data = prepare_columns(dataset, config)
         if checks is None:
             check_rows(data, config)
         else:
             checks.check(data, config)
+        train, validation = split_validation(data, config)
         session = dataset.sparkSession
         backend = SparkBackend(session)
-        result = core.fit(config, backend, backend.client.key, data, feed_slots=1, group=group)
+        result = core.fit(config, backend, backend.client.key, train, feed_slots=1, group=group,
+                          validation=validation)
         model = TFModel(featuresCol=self.getFeaturesCol(), predictionCol=self._value("predictionCol"),
                         argmaxCol=self._value("argmaxCol"), outputCols=self._value("outputCols"),
                         modelPath=result.modelPath)
@@ -265,13 +281,14 @@ class _DataChecks:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._rows: Dict[tuple, int] = {}
+        self._rows: Dict[tuple, Tuple[int, int]] = {}
 
     def check(self, data, config: core.FitConfig) -> None:
-        key = (tuple(config.columns), config.features)
+        key = (tuple(config.columns), config.features, config.split_column,
+               config.validationFraction, config.split_seed)
         with self._lock:  # the first fit checks; the others wait for it and reuse its count
             if key not in self._rows:
-                self._rows[key] = column_checks(data)
+                self._rows[key] = column_checks(data, config.split_column)
         enough_rows(self._rows[key], config)
 
 
@@ -431,9 +448,16 @@ def _is_vector(data_type) -> bool:
     return type(data_type).__name__ == "VectorUDT"
 
 
-def prepare_columns(df, columns: List[str], features) -> object:
-    """``df`` reduced to the fit's columns, ML vectors as ``array<float>``; a missing column or
-    one of a type the feed cannot take is a ConfigError naming it."""
+def _role(name: str, config: core.FitConfig) -> str:
+    return ("featuresCol" if name in config.features else "labelCol" if name in config.labels
+            else "weightCol")
+
+
+def prepare_columns(df, config: core.FitConfig) -> object:
+    """``df`` reduced to the fit's columns, ML vectors as ``array<float>``, and the boolean
+    column of the validation split last (``validationIndicatorCol``, or
+    ``validationFraction``'s seeded hash of the fed values); a missing column or one of a
+    type the feed cannot take is a ConfigError naming it and its parameter."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -441,13 +465,17 @@ def prepare_columns(df, columns: List[str], features) -> object:
 
     tensors = tensor_specs(df.schema)
     selected = []
-    for name in columns:
+    for name in config.columns:
+        param = _role(name, config)
         if name not in df.columns:
-            role = "feature" if name in features else "label"
+            role = {"featuresCol": "feature", "labelCol": "label", "weightCol": "weight"}[param]
             raise ConfigError(f"{role} column {name!r} is not in the DataFrame (its columns are "
-                              f"{df.columns}): set {'featuresCol' if role == 'feature' else 'labelCol'}"
-                              " to a column that is", column=name)
+                              f"{df.columns}): set {param} to a column that is", column=name,
+                              param=param)
         dt = df.schema[name].dataType
+        if param == "weightCol" and dt.simpleString() not in _NUMBERS:
+            raise ConfigError(f"weightCol={name!r} is {dt.simpleString()}: give a column of one "
+                              "number a row", column=name, param=param, type=dt.simpleString())
         if _is_vector(dt):
             from pyspark.ml.functions import vector_to_array
 
@@ -463,28 +491,72 @@ def prepare_columns(df, columns: List[str], features) -> object:
             raise ConfigError(f"column {name!r} is {dt.simpleString()}, which a model cannot take: "
                               f"{hint}", column=name, type=dt.simpleString())
         selected.append(F.col(name))
-    return df.select(*selected)
+    indicator = config.validationIndicatorCol
+    if indicator is not None:
+        if indicator not in df.columns:
+            raise ConfigError(f"validationIndicatorCol={indicator!r} is not a column of the "
+                              f"DataFrame (its columns are {df.columns})", column=indicator,
+                              param="validationIndicatorCol")
+        kind = df.schema[indicator].dataType.simpleString()
+        if kind != "boolean":
+            raise ConfigError(f"validationIndicatorCol={indicator!r} is {kind}: give a boolean "
+                              "column (True: a validation row)", column=indicator,
+                              param="validationIndicatorCol", type=kind)
+        selected.append(F.col(indicator))
+    data = df.select(*selected)
+    if config.validationFraction > 0:
+        hashed = F.xxhash64(*[F.col(f"`{n}`") for n in config.columns], F.lit(config.split_seed))
+        data = data.withColumn(core.VALIDATION_FLAG, F.pmod(hashed, F.lit(1 << 24))
+                               < F.lit(config.hash_threshold))
+    return data
+
+
+def split_validation(data, config: core.FitConfig):
+    """``(training rows, validation rows)`` of ``data`` (:func:`prepare_columns`'s): the
+    validation rows collected to the driver as ``{column: array}`` (None without validation)."""
+    from pyspark.sql import functions as F
+
+    from duotf._transport.columns import from_arrow, tensor_specs
+
+    flag = config.split_column
+    if flag is None:
+        return data, None
+    train = data.filter(~F.col(f"`{flag}`")).drop(flag)
+    held = data.filter(F.col(f"`{flag}`")).drop(flag)
+    table = held.toArrow().combine_chunks()
+    if not table.num_rows:  # counted before: the DataFrame changed since
+        raise ConfigError(f"{flag!r} marks no row of the DataFrame as a validation row now",
+                          param="validationIndicatorCol" if config.validationIndicatorCol
+                          else "validationFraction")
+    return train, from_arrow(table.to_batches()[0], tensor_specs(held.schema))
 
 
 def check_rows(df, config: core.FitConfig) -> None:
     """One aggregation job over the fit's columns: enough rows, no nulls, and every array
     column of one length; a ConfigError names the column otherwise."""
-    enough_rows(column_checks(df), config)
+    enough_rows(column_checks(df, config.split_column), config)
 
 
-def enough_rows(rows: int, config: core.FitConfig) -> None:
-    if rows < config.numWorkers:
-        raise ConfigError(f"the DataFrame has {rows} rows, fewer than numWorkers="
-                          f"{config.numWorkers}: every worker needs rows", rows=rows)
+def enough_rows(rows: Tuple[int, int], config: core.FitConfig) -> None:
+    """``rows``: all of them, and the validation rows of those."""
+    total, held = rows
+    if config.validating:
+        core.validation_rows(config, held, total)
+    elif total < config.numWorkers:
+        raise ConfigError(f"the DataFrame has {total} rows, fewer than numWorkers="
+                          f"{config.numWorkers}: every worker needs rows", rows=total)
 
 
-def column_checks(df) -> int:
+def column_checks(df, flag: Optional[str] = None) -> Tuple[int, int]:
     """One aggregation job over ``df``'s columns: no nulls, every array column of one length
-    (a ConfigError names the column otherwise); returns the number of rows."""
+    (a ConfigError names the column otherwise); returns the number of rows, and of those
+    whose boolean column ``flag`` is True."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     aggs = [F.count(F.lit(1)).alias("rows")]
+    if flag is not None:
+        aggs.append(F.sum(F.col(f"`{flag}`").cast("long")).alias("held"))
     arrays = [f.name for f in df.schema.fields if isinstance(f.dataType, T.ArrayType)]
     for i, f in enumerate(df.schema.fields):
         col = F.col(f"`{f.name}`")
@@ -504,7 +576,7 @@ def column_checks(df) -> int:
             raise ConfigError(f"column {f.name!r} is ragged: its arrays hold from {row[f'lo{i}']} "
                               f"to {row[f'hi{i}']} values, and a model input takes one length: "
                               "pad or cut them to one length first", column=f.name, problem="ragged")
-    return row["rows"]
+    return row["rows"], int(row.get("held") or 0)
 
 
 # -- save and load ---------------------------------------------------------------------------------
@@ -585,6 +657,7 @@ def _accessors(cls, names):
 
 _accessors(TFEstimator, ["modelFn", "trainFn", "trainArgs", "labelCol", "predictionCol", "argmaxCol",
                          "outputCols", "numWorkers", "numPs", "epochs", "batchSize", "modelDir", "env", "seed",
-                         "verbose"])
+                         "verbose", "validationIndicatorCol", "validationFraction", "weightCol",
+                         "callbacks"])
 _accessors(TFModel, ["predictionCol", "argmaxCol", "outputCols", "batchSize", "signatureDefKey",
                      "tagSet", "inputMapping", "outputMapping", "probabilityCol", "rawPredictionCol"])

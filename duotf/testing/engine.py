@@ -233,7 +233,7 @@ class TaskFailure:
 
 #: how pandas holds each kind of column of ``Engine.table``, nulls included
 PANDAS_DTYPES = {"long": "Int64", "double": "float64", "string": "object", "array<float>": "object",
-                  "array<string>": "object"}
+                  "array<string>": "object", "boolean": "bool"}
 
 
 def pandas_frames(parts: List[list], schema: Dict[str, str]) -> list:

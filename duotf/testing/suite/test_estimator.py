@@ -5,6 +5,7 @@ alone (a ``Pipeline``, a ``CrossValidator``, an estimator saved): tests/test_spa
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -182,6 +183,44 @@ def test_bad_input_is_a_config_error_before_anything_runs(backend, engine, tmp_p
     missing = str(tmp_path / "nowhere.keras")
     with pytest.raises(duotf.ConfigError, match="nowhere.keras' does not exist"):
         engine.apply_model(engine.model_at(missing), good)
+
+
+# -- validation rows, sample weights and callbacks ---------------------------------------------------
+HOLDOUT_SCHEMA = dict(SCHEMA, val="boolean", w="double")
+
+
+@pytest.mark.engines("dask", "spark-local")
+def test_validation_rows_sample_weights_and_callbacks_reach_keras_fit(backend, engine, tmp_path):
+    """validationIndicatorCol's rows are Keras's validation_data (val_loss in the history: the
+    saved model's loss on them), weightCol its sample weights (the training rows weigh 0 here:
+    their loss is 0 and the seeded model learns nothing), and callbacks run on the nodes:
+    EarlyStopping ends the fit after 2 of 4 epochs (the rest of the feed is dropped), and a
+    ModelCheckpoint of a relative path saves in the fit's folder."""
+    import keras
+
+    TFEstimator, _, extra = engine.ml_stages()
+    # 13 validation rows: the second of their global batches is short, split unevenly
+    parts = [[(*r, r[0] % 5 == 0, float(r[0] % 5 == 0)) for r in p] for p in linear_parts()]
+    df = engine.table(parts, HOLDOUT_SCHEMA)
+    est = TFEstimator(**_params(engine, modelFn=mains.linear_model_fn, numWorkers=WORKERS, epochs=4,
+                                batchSize=BATCH, seed=SEED, modelDir=str(tmp_path / "models"),
+                                env=ENV, validationIndicatorCol="val", weightCol="w",
+                                callbacks=mains.holdout_callbacks), **extra)
+    model = est.fit(df)
+    assert sorted(model.history) == ["loss", "val_loss"]
+    assert model.history["loss"] == [0.0, 0.0]  # stopped: val_loss did not improve
+    first, second = model.history["val_loss"]
+    assert first == second > 0
+
+    held = [r for p in parts for r in p if r[3]]
+    x, y = np.array([r[1] for r in held], np.float32), np.array([r[2] for r in held])
+    predicted = model.to_local().predict(x, verbose=0)[:, 0]
+    keras.utils.set_random_seed(SEED)
+    np.testing.assert_allclose(predicted, mains.linear_model_fn().predict(x, verbose=0)[:, 0],
+                               rtol=1e-6)
+    np.testing.assert_allclose(second, np.mean((predicted - y) ** 2), rtol=1e-4)
+    fit_dir = os.path.dirname(engine.model_path(model))
+    assert os.listdir(os.path.join(fit_dir, "checkpoints")) == ["best.keras"]
 
 
 # -- a model of two inputs and two outputs ---------------------------------------------------------

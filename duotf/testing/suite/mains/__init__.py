@@ -16,7 +16,7 @@ from duotf.testing.suite.mains.feeding import (  # noqa: F401
     ids_seen_main, keras_columns_main, ragged_infer_main, sgd_main,
 )
 from duotf.testing.suite.mains.models import (  # noqa: F401
-    argv_main, epoch_report_main, infer_model, keras_fit_main, keras_linear, keras_predict_main,
+    argv_main, epoch_report_main, holdout_callbacks, infer_model, keras_fit_main, keras_linear, keras_predict_main,
     keras_unsupported_main, linear_model_fn, linear_train_fn, load_keras, report_main, RowSource,
     scoring_stats, started_train_fn, step_counter, talk_main, tensorboard_main, trial_main,
     two_io_model_fn,

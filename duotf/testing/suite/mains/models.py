@@ -186,6 +186,16 @@ def linear_model_fn():
     return model
 
 
+def holdout_callbacks():
+    """TFEstimator's callbacks in the estimator tests: stop as soon as val_loss does not improve,
+    and keep the best model in the fit's folder (a relative path)."""
+    import keras
+
+    return [keras.callbacks.EarlyStopping(monitor="val_loss", patience=0),
+            keras.callbacks.ModelCheckpoint("checkpoints/best.keras", monitor="val_loss",
+                                            save_best_only=True)]
+
+
 def linear_train_fn(args, ctx):
     """TFEstimator's trainFn (TensorFlowOnSpark style) in the estimator tests: fit on the feed
     with the args TFEstimator hands over; the chief saves to args["modelPath"]."""
