@@ -122,3 +122,28 @@ def test_a_model_saved_with_camel_case_keys_loads_and_saves_snake_case(backend, 
                           "fit_seconds", "model_file"}
     assert duotf.dask.TFModel.load(str(tmp_path / "new")).get_params() == dict(
         model.get_params(), model_path=str(tmp_path / "new" / "model" / "scalar.keras"))
+
+
+@pytest.mark.engines("dask")
+def test_validation_fraction_holds_out_rows_by_a_seeded_hash_of_each(backend, engine):
+    """validation_fraction's split, without a fit: about that fraction of the rows, the same
+    rows however the DataFrame is partitioned, other rows for another seed; the validation
+    rows computed as arrays."""
+    from duotf.dask._ml import _fit_columns, _split
+    from tests.suite.test_estimator import SCHEMA, SIZES, WIDTH
+
+    ddf = engine.table(linear_parts(), SCHEMA)
+
+    def held(frame, seed=SEED):
+        config = duotf.dask.TFEstimator(model_fn=mains.linear_model_fn, validation_fraction=0.25,
+                                        seed=seed).config()
+        train, cols = _split(_fit_columns(frame, config), config)
+        return len(train), cols
+
+    rows, cols = held(ddf)
+    assert rows + len(cols["label"]) == sum(SIZES) and 8 <= len(cols["label"]) <= 24
+    assert cols["features"].shape == (len(cols["label"]), WIDTH)
+    _, again = held(ddf.repartition(npartitions=2))
+    assert sorted(again["label"]) == sorted(cols["label"])
+    _, other = held(ddf, seed=SEED + 1)
+    assert sorted(other["label"]) != sorted(cols["label"])

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import duotf
@@ -31,6 +32,15 @@ def model_fn():
     ({"modelFn": model_fn, "numPs": 1}, "numPs=1"),
     ({"modelFn": model_fn, "env": {"A": 1}}, "env="),
     ({"modelFn": model_fn, "epoch": 2}, "unknown parameter(s) ['epoch']"),
+    ({"modelFn": model_fn, "validationFraction": 1}, "validationFraction=1: give a number from 0"),
+    ({"modelFn": model_fn, "validationFraction": -0.1}, "validationFraction=-0.1"),
+    ({"modelFn": model_fn, "validationFraction": True}, "validationFraction=True"),
+    ({"modelFn": model_fn, "validationFraction": 0.2, "validationIndicatorCol": "v"},
+     "give one of them, not both"),
+    ({"modelFn": model_fn, "validationIndicatorCol": "label"}, "validationIndicatorCol='label' is also"),
+    ({"modelFn": model_fn, "weightCol": ""}, "weightCol='': give a column name"),
+    ({"modelFn": model_fn, "weightCol": "v", "validationIndicatorCol": "v"}, "both 'v'"),
+    ({"modelFn": model_fn, "callbacks": 3}, "callbacks=3: give a list of Keras callbacks"),
 ])
 def test_a_bad_parameter_is_a_config_error_naming_it(params, words):
     with pytest.raises(duotf.ConfigError) as info:
@@ -42,6 +52,43 @@ def test_a_good_config_lists_the_fed_columns():
     config = estimator.FitConfig.from_params({"trainFn": model_fn, "featuresCol": ["a", "b"],
                                               "labelCol": "y", "numWorkers": 2, "numPs": 1})
     assert config.columns == ["a", "b", "y"] and config.nodes == 3
+
+
+def test_validation_and_weights_in_the_config():
+    config = estimator.FitConfig.from_params({"modelFn": model_fn, "weightCol": "w",
+                                              "validationFraction": 0.25, "seed": 3})
+    assert config.columns == ["features", "label", "w"] and config.validating
+    assert config.split_column == estimator.VALIDATION_FLAG and config.split_seed == 3
+    assert config.hash_threshold == 1 << 22
+    config = estimator.FitConfig.from_params({"modelFn": model_fn, "validationIndicatorCol": "v"})
+    assert config.split_column == "v" and "v" not in config.columns
+    with pytest.raises(duotf.ConfigError, match="leaves 1 of the 5 rows to train on") as info:
+        estimator.validation_rows(config.__class__.from_params(
+            {"modelFn": model_fn, "validationIndicatorCol": "v", "numWorkers": 2}), 4, 5)
+    assert info.value.param == "validationIndicatorCol"
+    with pytest.raises(duotf.ConfigError, match="at most 200000 validation rows"):
+        estimator.validation_rows(config, estimator.VALIDATION_MAX_ROWS + 1, 10 ** 6)
+    big = {"x": np.zeros(estimator.VALIDATION_MAX_BYTES // 8 + 1)}
+    with pytest.raises(duotf.ConfigError, match="MiB"):
+        estimator.check_validation_data(config, big)
+    assert not estimator.FitConfig.from_params({"modelFn": model_fn}).validating
+
+
+def test_callbacks_on_the_nodes_save_checkpoints_under_the_fit_folder():
+    import keras
+
+    from duotf._ml.keras_node import node_callbacks
+
+    def given():
+        return [keras.callbacks.EarlyStopping(), keras.callbacks.ModelCheckpoint("ckpt/m.keras"),
+                keras.callbacks.ModelCheckpoint("/abs/m.keras")]
+
+    chief = node_callbacks(given, "/models/fit-1", chief=True)
+    assert [getattr(c, "filepath", None) for c in chief] == [None, "/models/fit-1/ckpt/m.keras",
+                                                             "/abs/m.keras"]
+    assert [type(c).__name__ for c in node_callbacks(given(), "/m", chief=False)] == ["EarlyStopping"]
+    with pytest.raises(duotf.ConfigError, match="is not a keras.callbacks.Callback"):
+        node_callbacks([3], "/m", chief=True)
 
 
 def test_fits_at_once_book_their_slots_together_or_fail_at_once():

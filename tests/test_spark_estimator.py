@@ -119,3 +119,30 @@ def test_a_failed_fit_ends_its_cross_validator_with_nothing_left_running(backend
     info.value.__traceback__ = None
     del info
     gc.collect()
+
+
+@pytest.mark.engines("spark-local")
+def test_validation_fraction_holds_out_rows_by_a_seeded_hash_of_each(backend, engine):
+    """validationFraction's split, without a fit: about that fraction of the rows, the same
+    rows however the DataFrame is partitioned, other rows for another seed; the validation
+    rows collected as arrays."""
+    from duotf._ml.estimator import FitConfig
+    from duotf.spark._ml import prepare_columns, split_validation
+    from tests.suite.test_estimator import SCHEMA
+
+    df = engine.table(linear_parts(), SCHEMA).cache()
+
+    def held(frame, seed=SEED):
+        config = FitConfig.from_params(dict(modelFn=mains.linear_model_fn, validationFraction=0.25,
+                                            seed=seed))
+        train, cols = split_validation(prepare_columns(frame, config), config)
+        return train.count(), cols
+
+    rows, cols = held(df)
+    assert rows + len(cols["label"]) == sum(SIZES) and 8 <= len(cols["label"]) <= 24
+    assert cols["features"].shape == (len(cols["label"]), WIDTH)
+    _, again = held(df.repartition(3))
+    assert sorted(again["label"]) == sorted(cols["label"])
+    _, other = held(df, seed=SEED + 1)
+    assert sorted(other["label"]) != sorted(cols["label"])
+    df.unpersist()

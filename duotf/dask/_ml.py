@@ -114,7 +114,10 @@ class TFEstimator(_Params):
     :class:`duotf.spark.TFEstimator`, with its parameters in snake_case (``model_fn``,
     ``train_fn``, ``train_args``, ``features_col``, ``label_col``, ``prediction_col``,
     ``argmax_col``, ``output_cols``, ``num_workers``, ``num_ps``, ``epochs``, ``batch_size``,
-    ``model_dir``, ``env``, ``seed``, ``verbose``; see there), as keywords, and ``client``.
+    ``model_dir``, ``env``, ``seed``, ``verbose``, ``validation_indicator_col``,
+    ``validation_fraction``, ``weight_col``, ``callbacks``; see there), as keywords, and
+    ``client``. The validation rows are computed into the driver (bounded as on Spark);
+    ``validation_fraction`` hashes each row with pandas' row hash, seeded with ``seed``.
 
     ``fit(ddf)`` checks the columns before anything runs (a :class:`~duotf.ConfigError` names a
     missing column, a wrong dtype, a null, an array column whose rows differ in length: one pass

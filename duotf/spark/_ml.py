@@ -104,7 +104,15 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
     numWorkers`` rows), ``modelDir`` (each fit saves into a new folder of it; by default the
     driver's temp folder, which only a one-host cluster can share), ``env`` (environment of the
     node processes), ``seed`` (the same seed and data give the same model on every engine),
-    ``verbose``.
+    ``verbose``, ``validationIndicatorCol`` (a boolean column: its True rows are held out) or
+    ``validationFraction`` (0 <= f < 1: about that fraction of the rows held out, by a hash of
+    each row's fed values seeded with ``seed``): the held-out rows, collected to the driver
+    (at most :data:`~duotf._ml.estimator.VALIDATION_MAX_ROWS` rows and
+    :data:`~duotf._ml.estimator.VALIDATION_MAX_BYTES`), are Keras's ``validation_data`` on
+    every worker (``val_*`` in the history), ``weightCol`` (a number column: Keras's sample
+    weights), ``callbacks`` (Keras callbacks, or a function of no arguments returning them,
+    pickled to the nodes: a ``ModelCheckpoint`` of a relative path saves in the fit's folder,
+    on the chief alone; ``EarlyStopping`` ends the fit and its feed).
 
     ``fit(df)`` checks the columns before anything runs (a :class:`~duotf.ConfigError` names a
     missing column, a wrong type, an array column whose rows differ in length, a null), then

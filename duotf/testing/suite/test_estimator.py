@@ -177,6 +177,16 @@ def test_bad_input_is_a_config_error_before_anything_runs(backend, engine, tmp_p
     assert f"exactly one of {name('modelFn')}" in fit(good, trainFn=mains.linear_train_fn)
     assert f"{name('numPs')}=1" in fit(good, numPs=1)
     assert f"{name('batchSize')}=7" in fit(good, batchSize=7) and "multiple of 2" in fit(good, batchSize=7)
+    # validation rows and sample weights: the parameter and the column named
+    message = fit(good, weightCol="w")
+    assert "weight column 'w' is not in the DataFrame" in message and name("weightCol") in message
+    message = fit(good, validationIndicatorCol="id")
+    assert f"{name('validationIndicatorCol')}='id'" in message and "give a boolean column" in message
+    assert "is not a column" in fit(good, validationIndicatorCol="held")
+    assert f"{name('validationFraction')}=1.0" in fit(good, validationFraction=1.0)
+    message = fit(good, validationFraction=1e-9)
+    assert f"{name('validationFraction')}=1e-09 holds out none of the 64 rows" in message
+    assert "give one of them" in fit(good, validationFraction=0.2, validationIndicatorCol="id")
     assert not models.exists()  # no fit started: no fit folder
     assert duotf._ml.estimator.running_fits() == 0
 
