@@ -304,7 +304,7 @@ def _fit_columns(ddf, config: core.FitConfig):
     return data
 
 
-def _split(data, config: core.FitConfig):
+def _split(data, config: core.FitConfig) -> tuple:
     """``(training rows, validation rows)`` of :func:`_fit_columns`'s frame: the validation
     rows computed into the driver as ``{column: array}`` (None without validation)."""
     from duotf._transport.columns import from_pandas

@@ -519,7 +519,7 @@ def prepare_columns(df, config: core.FitConfig) -> object:
     return data
 
 
-def split_validation(data, config: core.FitConfig):
+def split_validation(data, config: core.FitConfig) -> Tuple[Any, Optional[Dict[str, Any]]]:
     """``(training rows, validation rows)`` of ``data`` (:func:`prepare_columns`'s): the
     validation rows collected to the driver as ``{column: array}`` (None without validation)."""
     from pyspark.sql import functions as F
