@@ -135,6 +135,7 @@ class _Stream:
         self.held = bytearray()
         self.base = 0  # the stream offset of held[0]
         self.written = 0  # bytes of the driver's stream written to the node
+        self.writing = threading.Lock()  # one poll's bytes at a time (an engine may run a poll twice)
         self.eof = False  # the node closed its side (or it failed)
 
 
@@ -243,15 +244,18 @@ class Hub:
         for key, (offset, data) in request.get("send", {}).items():
             stream = self.streams.get(int(key))
             data = base64.b64decode(data)
-            if stream is None or offset > stream.written:
-                continue  # gone, or a gap (never sent by a tunnel): nothing can be written
-            fresh = data[stream.written - offset:]
-            try:
-                stream.sock.sendall(fresh)
-                stream.written += len(fresh)
-            except OSError:
-                with self._cond:
-                    stream.eof = True
+            if stream is None:
+                continue
+            with stream.writing:
+                if offset > stream.written:
+                    continue  # a gap (never sent by a tunnel): nothing can be written
+                fresh = data[stream.written - offset:]
+                try:
+                    stream.sock.sendall(fresh)
+                    stream.written += len(fresh)
+                except OSError:
+                    with self._cond:
+                        stream.eof = True
         with self._cond:
             for key in request.get("close", []):
                 stream = self.streams.pop(int(key), None)
