@@ -126,17 +126,32 @@ def exchange_with_hub(address: Tuple[str, int], request: bytes, timeout: float) 
 
 
 # -- the hub: a process on an executor ---------------------------------------------------------
-class _Stream:
-    """One node's connection at the hub: what it sent that the driver has not acknowledged
-    (``held``, from stream offset ``base``), and how much of the driver's bytes it was given."""
+class _Pending:
+    """The bytes read from one relayed connection that the other end has not acknowledged
+    (``pending``, from stream offset ``base``); ``ended`` once it closed."""
+
+    def __init__(self, ended: bool = False):
+        self.pending = bytearray()
+        self.base = 0  # the stream offset of pending[0]
+        self.ended = ended
+
+    def take(self, chunk: bytes) -> None:
+        """What :func:`_drain` read (``b""``: the end); called under its owner's lock."""
+        if chunk:
+            self.pending += chunk
+        else:
+            self.ended = True
+
+
+class _Stream(_Pending):
+    """One node's connection at the hub (``ended``: the node closed its side, or it failed),
+    and how much of the driver's bytes it was given."""
 
     def __init__(self, sock: socket.socket):
+        super().__init__()
         self.sock = sock
-        self.held = bytearray()
-        self.base = 0  # the stream offset of held[0]
         self.written = 0  # bytes of the driver's stream written to the node
         self.writing = threading.Lock()  # one poll's bytes at a time (an engine may run a poll twice)
-        self.eof = False  # the node closed its side (or it failed)
 
 
 class Hub:
@@ -161,8 +176,8 @@ class Hub:
 
     def serve(self) -> None:
         """Accept and relay until told to stop or idle for ``idle`` seconds; then close all."""
-        for target in (self._accept_nodes, self._accept_polls):
-            threading.Thread(target=target, daemon=True).start()
+        for listener, serve in ((self.nodes, self._node), (self.polls, self._poll)):
+            threading.Thread(target=self._accept, args=(listener, serve), daemon=True).start()
         with self._cond:
             while not self.stopped:
                 left = self.last_poll + self.idle - time.monotonic()
@@ -175,42 +190,35 @@ class Hub:
         for listener in (self.nodes, self.polls):
             listener.close()
 
-    def _accept_nodes(self) -> None:
+    def _accept(self, listener: socket.socket, serve: Callable[[socket.socket], None]) -> None:
+        """Hand every connection ``listener`` accepts to ``serve`` on a thread of its own."""
         while not self.stopped:
             try:
-                sock, _ = self.nodes.accept()
+                sock, _ = listener.accept()
             except OSError:
                 return
-            with self._cond:
-                if len(self.streams) >= MAX_CONNECTIONS:
-                    sock.close()
-                    continue
-                sid, self._next_id = self._next_id, self._next_id + 1
-                stream = self.streams[sid] = _Stream(sock)
-                self._cond.notify_all()
-            threading.Thread(target=self._read_node, args=(stream,), daemon=True).start()
+            threading.Thread(target=serve, args=(sock,), daemon=True).start()
+
+    def _node(self, sock: socket.socket) -> None:
+        with self._cond:
+            if len(self.streams) >= MAX_CONNECTIONS:
+                sock.close()
+                return
+            sid, self._next_id = self._next_id, self._next_id + 1
+            stream = self.streams[sid] = _Stream(sock)
+            self._cond.notify_all()
+        self._read_node(stream)
 
     def _read_node(self, stream: _Stream) -> None:
         def take(chunk: bytes) -> None:
             with self._cond:
-                if chunk:
-                    stream.held += chunk
-                else:
-                    stream.eof = True
+                stream.take(chunk)
                 self._cond.notify_all()
                 # back-pressure: the node is not read while the driver is behind
-                while len(stream.held) >= BUFFER_BYTES and not self.stopped:
+                while len(stream.pending) >= BUFFER_BYTES and not self.stopped:
                     self._cond.wait()
 
         _drain(stream.sock, take)
-
-    def _accept_polls(self) -> None:
-        while not self.stopped:
-            try:
-                sock, _ = self.polls.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._poll, args=(sock,), daemon=True).start()
 
     def _poll(self, sock: socket.socket) -> None:
         request: dict = {}
@@ -238,7 +246,7 @@ class Hub:
             for key, offset in request.get("ack", {}).items():
                 stream = self.streams.get(int(key))
                 if stream is not None and offset > stream.base:
-                    del stream.held[:offset - stream.base]
+                    del stream.pending[:offset - stream.base]
                     stream.base = offset
             self._cond.notify_all()
         for key, (offset, data) in request.get("send", {}).items():
@@ -255,7 +263,7 @@ class Hub:
                     stream.written += len(fresh)
                 except OSError:
                     with self._cond:
-                        stream.eof = True
+                        stream.ended = True
         with self._cond:
             for key in request.get("close", []):
                 stream = self.streams.pop(int(key), None)
@@ -269,7 +277,7 @@ class Hub:
         deadline = time.monotonic() + wait
         with self._cond:
             while not self.stopped:
-                if any(s.held or s.eof for s in self.streams.values()):
+                if any(s.pending or s.ended for s in self.streams.values()):
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -277,9 +285,9 @@ class Hub:
                 self._cond.wait(left)
             budget, streams = RESPONSE_BYTES, {}
             for sid, stream in self.streams.items():
-                part = bytes(stream.held[:budget])
+                part = bytes(stream.pending[:budget])
                 budget -= len(part)
-                done = stream.eof and len(part) == len(stream.held)
+                done = stream.ended and len(part) == len(stream.pending)
                 streams[str(sid)] = [stream.base, _b64(part), stream.written, done]
             return {"streams": streams}
 
@@ -303,16 +311,14 @@ def _serve(argv: List[str]) -> None:
 
 
 # -- the tunnel: the driver's end --------------------------------------------------------------
-class _Local:
-    """One relayed connection at the driver: its socket to the rendezvous server, the bytes
-    from it the hub has not acknowledged (from offset ``base``), and the bytes received."""
+class _Local(_Pending):
+    """One relayed connection at the driver: its socket to the rendezvous server (``ended``:
+    its server side ended, and the hub is told to close the node's), and the bytes received."""
 
     def __init__(self, sock: Optional[socket.socket]):
+        super().__init__(ended=sock is None)
         self.sock = sock
-        self.out = bytearray()
-        self.base = 0
         self.received = 0
-        self.closed = sock is None  # its server side ended: the hub is told to close the node's
 
 
 class Tunnel:
@@ -368,9 +374,9 @@ class Tunnel:
             send, ack, close = {}, {}, []
             for sid, local in self._locals.items():
                 ack[str(sid)] = local.received
-                if local.out:
-                    send[str(sid)] = [local.base, _b64(bytes(local.out))]
-                if (local.closed or final) and not local.out:
+                if local.pending:
+                    send[str(sid)] = [local.base, _b64(bytes(local.pending))]
+                if (local.ended or final) and not local.pending:
                     close.append(sid)
             busy = bool(send or close)
         return json.dumps({"token": self._token, "send": send, "ack": ack, "close": close,
@@ -421,19 +427,19 @@ class Tunnel:
                         threading.Thread(target=self._read_local, args=(sid, local), daemon=True,
                                          name="duotf-relay-local").start()
                 if written > local.base:  # the hub wrote these to the node
-                    del local.out[:written - local.base]
+                    del local.pending[:written - local.base]
                     local.base = written
             data = base64.b64decode(data)
             fresh = data[local.received - base:] if base <= local.received else b""
-            if fresh and local.sock is not None and not local.closed:
+            if fresh and local.sock is not None and not local.ended:
                 try:
                     local.sock.sendall(fresh)
                     wrote = True
                 except OSError:
-                    local.closed = True
+                    local.ended = True
             local.received += len(fresh)
             if done and local.received >= base + len(data):
-                local.closed = True  # the node's side ended and every byte of it arrived
+                local.ended = True  # the node's side ended and every byte of it arrived
                 self._shut(local)
         with self._lock:
             for sid in [s for s in self._locals if s not in held]:
@@ -451,10 +457,7 @@ class Tunnel:
     def _read_local(self, sid: int, local: _Local) -> None:
         def take(chunk: bytes) -> None:
             with self._lock:
-                if chunk:
-                    local.out += chunk
-                else:
-                    local.closed = True
+                local.take(chunk)
             self._wake.set()
 
         assert local.sock is not None
@@ -469,7 +472,7 @@ class Tunnel:
     def _close_locals(self) -> None:
         with self._lock:
             for local in self._locals.values():
-                local.closed = True
+                local.ended = True
                 self._shut(local)
 
 
