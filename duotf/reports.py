@@ -56,6 +56,7 @@ class _TrainReportSometimes(FeedAdapterReport, total=False):
     """The keys of a :class:`TrainReport` present only in some feeds."""
 
     resumed_at_epoch: int
+    shuffle_seed: int
 
 
 class TrainReport(_TrainReportSometimes):
@@ -91,6 +92,9 @@ class TrainReport(_TrainReportSometimes):
     resumed_at_epoch : int
         Present where a restart resumed the feed past epoch 0: the epoch the restarted nodes
         resumed at (the last every node saved); the epochs up to it were not fed again.
+    shuffle_seed : int
+        Present where the feed was shuffled (``train(shuffle=True)``): the seed of its order,
+        the one given or the one drawn; ``train(..., shuffle=True, seed=...)`` repeats it.
     converted_once, converted_in_jvm, partitions_kept, epochs_fed_by_reference
         The backend's keys, where it has them: see :class:`FeedAdapterReport`.
     """

@@ -12,6 +12,7 @@ import atexit
 import dataclasses
 import functools
 import logging
+import secrets
 import time
 import uuid
 import weakref
@@ -469,7 +470,8 @@ class Cluster:
 
     def train(self, data: Any, epochs: int = 1, *, feed_timeout: float = 600.0,
               balance: bool = True, ragged: Sequence[str] = (),
-              convert_once: Optional[bool] = None) -> TrainReport:
+              convert_once: Optional[bool] = None, shuffle: bool = False,
+              seed: Optional[int] = None, shuffle_buffer: Optional[int] = None) -> TrainReport:
         """Push ``data`` into the chief and workers, ``epochs`` times; return when all is queued.
 
         ``data``: a Spark DataFrame or RDD, a Dask DataFrame, Bag or Array, or (local backend) a
@@ -500,13 +502,28 @@ class Cluster:
         partition not kept is read from the DataFrame again); the later epochs are fed from the
         files, which are deleted when ``train`` returns. ``False`` reads the DataFrame every
         epoch. Other data is fed as it is (Dask's is in its workers' memory already).
+
+        ``shuffle=True`` shuffles every epoch, by ``seed``: which rows each worker gets (the
+        partitions are dealt out in an order of the epoch's own) and their order (each node
+        permutes its rows in windows of ``shuffle_buffer`` rows, by default as many as fill
+        about 64 MiB, the memory a node holds for it); see :mod:`duotf._transport.shuffle`.
+        The order follows from the seed, the epoch and the data alone: the same seed gives the
+        same order on every engine and in every run, and so the same weights. Without a
+        ``seed`` one is drawn, logged and returned in the report (``shuffle_seed``).
         """
         _check_feed_args(epochs, feed_timeout)
         if convert_once not in (None, True, False):
             raise ConfigError(f"convert_once={convert_once!r}: give True, False or None")
+        seed = _shuffle_seed(shuffle, seed)
+        if shuffle_buffer is not None and (isinstance(shuffle_buffer, bool) or not isinstance(
+                shuffle_buffer, int) or shuffle_buffer < 1 or not shuffle):
+            raise ConfigError(f"shuffle_buffer={shuffle_buffer!r}: give the rows of a node's "
+                              "shuffling window, 1 or more, with shuffle=True",
+                              param="shuffle_buffer")
         self._feed_error = None
         self._feed_call = dict(data=data, epochs=epochs, feed_timeout=feed_timeout,
-                               balance=balance, ragged=ragged, convert_once=convert_once)
+                               balance=balance, ragged=ragged, convert_once=convert_once,
+                               shuffle=seed, shuffle_buffer=shuffle_buffer or 0)
         return self._feed(0)
 
     def _feed(self, first_epoch: int) -> TrainReport:
@@ -522,7 +539,8 @@ class Cluster:
             try:
                 report = planner.train(self.supervisor, self.backend, call["data"], call["epochs"],
                                        call["feed_timeout"], call["balance"], call["ragged"], bar,
-                                       call["convert_once"], first_epoch=first_epoch)
+                                       call["convert_once"], first_epoch=first_epoch,
+                                       shuffle=call["shuffle"], shuffle_rows=call["shuffle_buffer"])
             except BaseException as exc:
                 self._end_bar()
                 # a feeding task lost with its process (the nodes are well, but their feed
@@ -689,6 +707,25 @@ def _job_log_dir(tensorboard_dir, job_id: str, name: str = "tensorboard_dir") ->
     if "://" in where:
         return posixpath.join(where, job_id)
     return os.path.join(os.path.abspath(where), job_id)
+
+
+def _shuffle_seed(shuffle, seed) -> Optional[int]:
+    """The seed a train() call shuffles by: None without ``shuffle``; drawn when not given."""
+    if shuffle not in (True, False):
+        raise ConfigError(f"shuffle={shuffle!r}: give True or False (and seed= for its order)",
+                          param="shuffle")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ConfigError(f"seed={seed!r}: give a whole number, 0 or more", param="seed")
+    if not shuffle:
+        if seed is not None:
+            raise ConfigError(f"seed={seed} without shuffle=True orders nothing: the feed is "
+                              "shuffled only with shuffle=True", param="seed")
+        return None
+    if seed is None:
+        seed = secrets.randbits(31)
+        logger.info("duotf: shuffling the feed with seed %d (train(..., seed=%d) repeats its "
+                    "order)", seed, seed)
+    return seed
 
 
 def _check_feed_args(epochs, feed_timeout) -> None:

@@ -27,6 +27,7 @@ from duotf.reports import StreamReport, TrainReport
 from duotf._transport import wire
 from duotf._transport.columns import ragged_columns
 from duotf._transport.feeder import FeedJob, FeedMode
+from duotf._transport.shuffle import partition_order
 from duotf._driver.progress import FeedProgress
 from duotf._driver.supervisor import FeedTarget, JobStopped, Supervisor
 
@@ -35,7 +36,8 @@ logger = logging.getLogger("duotf.feed")
 __all__ = ["balance", "train", "inference", "Stream"]
 
 
-def balance(counts: List[int], targets: int, drop_remainder: bool = True):
+def balance(counts: List[int], targets: int, drop_remainder: bool = True,
+            order: Optional[Sequence[int]] = None):
     """Give every target the same number of rows: ``(plan, rows_per_target, dropped)``.
 
     Rows are dealt in an interleaved partition order, partitions ``0, T, 2T, ...`` first, then
@@ -51,12 +53,17 @@ def balance(counts: List[int], targets: int, drop_remainder: bool = True):
     the ranges of one target in partition order, and a node queues its ranges in that order,
     whichever feeding task comes first (:class:`duotf._transport.server.FeedServer`), so what a
     worker reads, and in what order, follows from the data and the spec alone.
+
+    ``order``: deal the partitions in this order instead (a shuffled feed's epoch:
+    :func:`duotf._transport.shuffle.partition_order`); each target still reads its ranges in
+    partition order.
     """
     total = sum(counts)
     plan: Dict[int, List[Tuple[int, int, int]]] = {}
     if not drop_remainder:
+        turn = {pid: i for i, pid in enumerate(order if order is not None else range(len(counts)))}
         for pid, n in enumerate(counts):
-            plan[pid] = [(pid % targets, 0, n)] if n else []
+            plan[pid] = [(turn[pid] % targets, 0, n)] if n else []
         return _sequenced(plan), None, 0
     per = total // targets
     if per == 0:
@@ -64,7 +71,8 @@ def balance(counts: List[int], targets: int, drop_remainder: bool = True):
             f"{total} rows cannot be shared by {targets} synchronous workers: each needs at "
             "least one row. Feed more data, or pass balance=False."
         )
-    order = sorted(range(len(counts)), key=lambda pid: (pid % targets, pid))
+    if order is None:
+        order = sorted(range(len(counts)), key=lambda pid: (pid % targets, pid))
     start = 0
     for pid in order:
         n = counts[pid]
@@ -367,9 +375,12 @@ def _feeding(sup: Supervisor, targets, progress: FeedProgress):
 
 def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, balanced: bool,
           ragged=(), progress: Optional[FeedProgress] = None,
-          convert_once: Optional[bool] = None, first_epoch: int = 0) -> TrainReport:
+          convert_once: Optional[bool] = None, first_epoch: int = 0,
+          shuffle: Optional[int] = None, shuffle_rows: int = 0) -> TrainReport:
     """Feed epochs ``first_epoch + 1`` to ``epochs`` (a restarted cluster resumes at
-    ``first_epoch``, the epochs before it done); then the end marker."""
+    ``first_epoch``, the epochs before it done); then the end marker. ``shuffle``: the seed
+    of a shuffled feed (:mod:`duotf._transport.shuffle`), or None; ``shuffle_rows`` the rows
+    of its nodes' windows (0: by size)."""
     if epochs < 1:
         raise ConfigError(f"epochs={epochs}: must be >= 1")
     ragged = ragged_columns(ragged)
@@ -379,7 +390,8 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
                           on_partition=progress.partition_done)
     adapter = backend.feed_adapter(data, len(sup.nodes), options)  # a ConfigError for bad data first
     try:
-        report = _train(sup, adapter, epochs, feed_timeout, balanced, ragged, progress, first_epoch)
+        report = _train(sup, adapter, epochs, feed_timeout, balanced, ragged, progress, first_epoch,
+                        shuffle, shuffle_rows)
     except BaseException:
         if sup.error is None:  # the cluster goes on (bad data, say): its feed leaves nothing
             adapter.close()
@@ -394,7 +406,8 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
 
 
 def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced: bool, ragged,
-           progress: FeedProgress, first_epoch: int = 0) -> TrainReport:
+           progress: FeedProgress, first_epoch: int = 0, seed: Optional[int] = None,
+           shuffle_rows: int = 0) -> TrainReport:
     sup.check_running("train")
     targets = sup.feed_targets()
     adapter.check_capacity(len(sup.nodes))
@@ -407,7 +420,8 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
         logger.log(logging.WARNING if is_verbose() else logging.DEBUG,
                    "duotf: %d rows left over after giving each of %d workers %d rows are not "
                    "fed (balance=False feeds everything, unevenly)", dropped, len(targets), per)
-    job = _job(sup, targets, FeedMode.TRAIN, feed_timeout, plan, ragged)
+    job = dataclasses.replace(_job(sup, targets, FeedMode.TRAIN, feed_timeout, plan, ragged),
+                              shuffle=seed, shuffle_rows=shuffle_rows)
     epoch_rows = sum(counts) if per is None else per * len(targets)
     fed, done, epoch_seconds = 0, 0, []
     with _feeding(sup, targets, progress):
@@ -415,6 +429,9 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
             t1 = time.monotonic()
             # the rows handed to the nodes, which queue them ahead of training (see progress)
             progress.start(f"feed epoch {epoch}/{epochs} (rows queued)", epoch_rows)
+            if seed is not None:  # every epoch deals the rows out in an order of its own
+                order = partition_order(len(counts), seed, epoch)
+                job = dataclasses.replace(job, plan=balance(counts, len(targets), balanced, order)[0])
             feed = dataclasses.replace(job, epoch=epoch, epochs=epochs)  # names its tasks too
             sent = _run(sup, adapter.train(feed), feed.what, True, targets, feed)
             if sent is None:
@@ -429,10 +446,14 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
             logger.debug("duotf: epoch %d fed in %.3f s, its markers acknowledged in %.3f s",
                          epoch, t2 - t1, time.monotonic() - t2)
         _markers(sup, targets, wire.Marker.END, feed_timeout)
-    return {"epochs": done, "rows": sum(counts), "rows_fed": fed, "rows_per_worker": per,
-            "rows_dropped_per_epoch": dropped, "terminated": sup.feed_terminated(),
-            "seconds": time.monotonic() - t0, "count_seconds": count_seconds,
-            "epoch_seconds": epoch_seconds, **adapter.report()}
+    report: TrainReport = {
+        "epochs": done, "rows": sum(counts), "rows_fed": fed, "rows_per_worker": per,
+        "rows_dropped_per_epoch": dropped, "terminated": sup.feed_terminated(),
+        "seconds": time.monotonic() - t0, "count_seconds": count_seconds,
+        "epoch_seconds": epoch_seconds, **adapter.report()}
+    if seed is not None:
+        report["shuffle_seed"] = seed
+    return report
 
 
 def inference(sup: Supervisor, backend, data, keep, result_columns, feed_timeout: float,

@@ -69,6 +69,16 @@ class RaggedColumn:
         np.cumsum(lengths, out=splits[1:])
         return cls(values, splits)
 
+    def take(self, order: np.ndarray) -> "RaggedColumn":
+        """The rows in ``order`` (a copy)."""
+        lengths = self.row_lengths[order]
+        splits = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=splits[1:])
+        starts = self._splits[:-1][order]
+        index = (np.repeat(starts - splits[:-1], lengths)
+                 + np.arange(int(splits[-1]), dtype=np.int64))
+        return type(self)(self._values[index], splits)
+
     @property
     def values(self) -> np.ndarray:
         return self._values[self._splits[0]:self._splits[-1]]

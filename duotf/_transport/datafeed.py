@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence,
 
 import numpy as np
 
-from duotf._transport import malloc
+from duotf._transport import malloc, shuffle
 from duotf._transport.server import FeedServer
 from duotf._transport.wire import Frame, Marker
 from duotf._transport.columns import Columns, RaggedColumn, concat_cols, num_rows, slice_cols
@@ -90,6 +90,10 @@ class DataFeed:
         self._current_conn = None
         self._owed: "collections.deque" = collections.deque()  # [conn, rows] awaiting results
         self._epoch_cut = False  # the rows last taken ended their epoch
+        # a shuffled feed (cluster.train(shuffle=True)): its rows by windows, each permuted
+        self._windows = shuffle.Windows()
+        self._ready: "collections.deque" = collections.deque()  # permuted windows to read
+        self._deferred: Optional[Marker] = None  # a marker read while a window was held
         # input_mapping is checked against the first frame's columns (the feed's schema: the
         # driver never sees the mapping), and its error raised again on every later read
         self._mapping_checked = self.input_mapping is None
@@ -118,11 +122,24 @@ class DataFeed:
             self._raise_failure()
             if self._ended or self._server.terminated.is_set():
                 return False
-            try:
-                kind, payload, conn = self._server.queue.get(block)
-            except queue.Empty:
-                return False
+            if self._ready:  # shuffled windows, permuted, in their order
+                self._current, self._offset = self._ready.popleft(), 0
+                continue
+            payload: Any
+            if self._deferred is not None:  # the marker after the epoch's last window
+                kind, payload, conn = _MARKER, self._deferred, None
+                self._deferred = None
+            else:
+                try:
+                    kind, payload, conn = self._server.queue.get(block)
+                except queue.Empty:
+                    return False
             if kind is _MARKER:
+                if self._windows.held:  # the epoch's last, short window comes first
+                    self._ready.extend(self._windows.flush())
+                    self._deferred = payload
+                    continue
+                self._windows.flush()  # the next epoch's windows count from 0
                 if payload is Marker.END:
                     self._ended = True
                 elif payload is _EPOCH:
@@ -131,7 +148,12 @@ class DataFeed:
                 continue
             if not self._mapping_checked:
                 self._check_mapping(payload)
-            self._current, self._offset, self._current_conn = payload, 0, conn
+            self._current_conn = conn
+            key = conn.shuffle if self.train and conn is not None else None
+            if key is not None or self._windows.held:  # a shuffled range: by windows
+                self._ready.extend(self._windows.add(payload, key))
+                continue
+            self._current, self._offset = payload, 0
         return True
 
     def _check_mapping(self, cols: Columns) -> None:

@@ -56,6 +56,9 @@ class FeedJob:
     #: train: this job feeds one chunk of an open stream (``epoch``: the chunk's number, from
     #: 1), not an epoch (:class:`duotf._driver.planner.Stream`)
     stream: bool = False
+    #: train: the seed of a shuffled feed (:mod:`duotf._transport.shuffle`), or None
+    shuffle: Optional[int] = None
+    shuffle_rows: int = 0  # rows in a node's shuffling window; 0: about shuffle.WINDOW_BYTES
 
     def __post_init__(self):
         object.__setattr__(self, "mode", FeedMode(self.mode))  # "train" -> FeedMode.TRAIN; a typo fails
@@ -219,7 +222,9 @@ class _Target:
         if seq is not None:
             # The node reads this connection once its earlier ranges are queued; until then it
             # says it waits (every WAIT_S), so feed_timeout counts only a node that says nothing.
-            self.send(Frame.ORDER, seq=seq, partition=pid, origin=origin())
+            shuffle = ({} if job.shuffle is None else
+                       {"shuffle": [job.shuffle, job.epoch or 0, target, job.shuffle_rows]})
+            self.send(Frame.ORDER, seq=seq, partition=pid, origin=origin(), **shuffle)
             while True:
                 header = self.reply(Frame.WAIT, Frame.TURN, Frame.DELIVERED, Frame.REFUSED)
                 if header["t"] == Frame.DELIVERED:

@@ -45,6 +45,17 @@ _BATCH, _FILE, _SLOT, _MARKER = Frame.BATCH, Frame.FILE, Frame.SLOT, Frame.MARKE
 _EPOCH = Marker.EPOCH
 
 
+def _shuffle_key(value) -> Optional[List[int]]:
+    """The "shuffle" field of an "order" frame, four whole numbers (seed, epoch, target, rows
+    a window or 0), or None."""
+    if value is None:
+        return None
+    if (not isinstance(value, list) or len(value) != 4
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        raise wire.FeedProtocolError(f"a range's shuffle key is {value!r}, not four whole numbers")
+    return value
+
+
 class _Conn:
     """The node's side of one feeding connection: replies, and "free" messages for shared
     memory slots, which come from whichever thread drops a frame's last reference."""
@@ -53,6 +64,8 @@ class _Conn:
         self.sock = sock
         self.lock = threading.Lock()
         self.broken = False
+        #: the shuffling key of the range this connection sends (see _shuffle_key), or None
+        self.shuffle: Optional[List[int]] = None
         self._freed: "collections.deque" = collections.deque()  # (ring, slot) to announce
 
     def send(self, kind: Frame, columns=None, **fields) -> None:
@@ -298,6 +311,7 @@ class FeedServer:
                 elif kind is Frame.ORDER:  # read no further until the earlier ranges are queued
                     seq, partition = int(header["seq"]), header.get("partition")
                     origin = header.get("origin")
+                    conn.shuffle = _shuffle_key(header.get("shuffle"))
                     if not self._wait_turn(seq, conn):
                         seq = None  # delivered before, or refused: it sends nothing more
                 elif kind is _MARKER:

@@ -9,6 +9,7 @@ import numpy as np
 
 import duotf
 from duotf._driver.planner import balance
+from duotf._transport import shuffle
 from duotf.testing.suite import mains
 
 SIZES = [30, 9, 52, 17]  # more partitions than workers, uneven: ranges split across workers
@@ -27,18 +28,32 @@ def seeded_parts():
     return parts
 
 
-def one_process_reference(parts, workers: int = 2):
-    """What each worker must compute: its planned ranges in partition order, in batches that
-    never span an epoch."""
-    plan, _, _ = balance([len(p) for p in parts], workers)
+def epoch_rows(parts, workers: int, epoch: int, seed=None, window: int = 0) -> Dict[int, list]:
+    """Each worker's rows of one epoch, in order: its planned ranges in partition order; with a
+    ``seed`` (a shuffled feed) the plan of the epoch's order of partitions, and its rows
+    permuted by windows of ``window`` rows."""
+    order = None if seed is None else shuffle.partition_order(len(parts), seed, epoch)
+    plan, _, _ = balance([len(p) for p in parts], workers, True, order)
     rows: Dict[int, list] = {t: [] for t in range(workers)}
     for pid in sorted(plan):
         for target, a, b, _ in plan[pid]:
             rows[target].extend(parts[pid][a:b])
+    if seed is not None:
+        for t, got in rows.items():
+            windows = [got[i:i + window] for i in range(0, len(got), window)]
+            rows[t] = [w[j] for k, w in enumerate(windows)
+                       for j in shuffle.permutation([seed, epoch, t], k, len(w))]
+    return rows
+
+
+def one_process_reference(parts, workers: int = 2, seed=None, window: int = 0):
+    """What each worker must compute: its rows of every epoch (:func:`epoch_rows`), in batches
+    that never span an epoch."""
     out = []
     for t in range(workers):
         w, b = np.zeros(WIDTH), 0.0
-        for _ in range(EPOCHS):
+        for epoch in range(1, EPOCHS + 1):
+            rows = epoch_rows(parts, workers, epoch, seed, window)
             for i in range(0, len(rows[t]), BATCH):
                 a = np.asarray(rows[t][i:i + BATCH], dtype=np.float64)
                 x, y = a[:, :-1], a[:, -1]
@@ -58,3 +73,21 @@ def test_engine_fed_training_gives_the_same_weights_on_every_engine_and_run(back
             cluster.train(engine.rows(parts), epochs=EPOCHS)
             got = cluster.wait(timeout=120)
         assert got == expected  # bit for bit: the same rows, in the same order, in the same batches
+
+
+def test_a_shuffled_feed_gives_the_same_weights_on_every_engine_and_run(backend, engine):
+    """shuffle=True with a seed: each epoch deals the partitions out in an order of its own and
+    each node permutes its rows by windows (10 rows here: several windows an epoch, across
+    ranges), all from the seed, the epoch and the data; so bit for bit the same weights as the
+    one-process reference, in two runs, on every engine."""
+    parts = seeded_parts()
+    expected = one_process_reference(parts, seed=11, window=10)
+    assert expected != one_process_reference(parts)  # the shuffled order differs from the plain one
+    args = {"width": WIDTH, "batch": BATCH, "lr": LR}
+    for _ in range(2):
+        with duotf.run(mains.sgd_main, args, backend, duotf.ClusterSpec(workers=2)) as cluster:
+            report = cluster.train(engine.rows(parts), epochs=EPOCHS, shuffle=True, seed=11,
+                                   shuffle_buffer=10)
+            got = cluster.wait(timeout=120)
+        assert report["shuffle_seed"] == 11
+        assert got == expected
