@@ -12,7 +12,6 @@ import atexit
 import dataclasses
 import functools
 import logging
-import secrets
 import time
 import uuid
 import weakref
@@ -479,13 +478,9 @@ class Cluster:
         every worker gets the same number of rows per epoch (see :func:`duotf._driver.planner.balance`),
         so synchronous workers run the same number of steps. Raises the node's error within
         moments if a node dies, and :class:`~duotf.errors.FeedError` if a node takes no data for
-        ``feed_timeout`` seconds. Returns a :class:`~duotf.reports.TrainReport` (a dict whose
-        keys a type checker knows): rows fed, rows per worker, rows left over; and where the
-        call's time went: ``seconds`` (all of it), ``count_seconds`` (counting the rows of every
-        partition, which the balanced plan needs first) and ``epoch_seconds`` (each epoch's
-        engine job, its epoch markers acknowledged).
-        Shows a progress bar per epoch (rows fed of the epoch's rows, rows/s, the latest
-        reported metrics) as ``duotf.run(progress=...)`` says.
+        ``feed_timeout`` seconds. Returns a :class:`~duotf.reports.TrainReport`: the rows fed
+        and where the call's time went. Shows a progress bar per epoch (rows fed of the epoch's
+        rows, rows/s, the latest reported metrics) as ``duotf.run(progress=...)`` says.
 
         Data the feed would otherwise change is refused with a
         :class:`~duotf.errors.FeedSchemaError` naming the column, partition and row: a null
@@ -503,27 +498,15 @@ class Cluster:
         files, which are deleted when ``train`` returns. ``False`` reads the DataFrame every
         epoch. Other data is fed as it is (Dask's is in its workers' memory already).
 
-        ``shuffle=True`` shuffles every epoch, by ``seed``: which rows each worker gets (the
-        partitions are dealt out in an order of the epoch's own) and their order (each node
-        permutes its rows in windows of ``shuffle_buffer`` rows, by default as many as fill
-        about 64 MiB, the memory a node holds for it); see :mod:`duotf._transport.shuffle`.
-        The order follows from the seed, the epoch and the data alone: the same seed gives the
-        same order on every engine and in every run, and so the same weights. Without a
-        ``seed`` one is drawn, logged and returned in the report (``shuffle_seed``).
-        """
-        _check_feed_args(epochs, feed_timeout)
-        if convert_once not in (None, True, False):
-            raise ConfigError(f"convert_once={convert_once!r}: give True, False or None")
-        seed = _shuffle_seed(shuffle, seed)
-        if shuffle_buffer is not None and (isinstance(shuffle_buffer, bool) or not isinstance(
-                shuffle_buffer, int) or shuffle_buffer < 1 or not shuffle):
-            raise ConfigError(f"shuffle_buffer={shuffle_buffer!r}: give the rows of a node's "
-                              "shuffling window, 1 or more, with shuffle=True",
-                              param="shuffle_buffer")
+        ``shuffle=True`` shuffles each epoch by ``seed`` (drawn, reported as ``shuffle_seed``,
+        if not given), nodes permuting windows of ``shuffle_buffer`` rows (default ~64 MiB): the
+        same order on every engine and run (:mod:`duotf._transport.shuffle`)."""
+        from duotf._driver.planner import shuffle_seed
+        _check_feed_args(epochs, feed_timeout, convert_once)
         self._feed_error = None
-        self._feed_call = dict(data=data, epochs=epochs, feed_timeout=feed_timeout,
-                               balance=balance, ragged=ragged, convert_once=convert_once,
-                               shuffle=seed, shuffle_buffer=shuffle_buffer or 0)
+        self._feed_call = dict(data=data, epochs=epochs, feed_timeout=feed_timeout, balance=balance,
+                               ragged=ragged, convert_once=convert_once, shuffle_buffer=shuffle_buffer
+                               or 0, shuffle=shuffle_seed(shuffle, seed, shuffle_buffer))
         return self._feed(0)
 
     def _feed(self, first_epoch: int) -> TrainReport:
@@ -709,26 +692,9 @@ def _job_log_dir(tensorboard_dir, job_id: str, name: str = "tensorboard_dir") ->
     return os.path.join(os.path.abspath(where), job_id)
 
 
-def _shuffle_seed(shuffle, seed) -> Optional[int]:
-    """The seed a train() call shuffles by: None without ``shuffle``; drawn when not given."""
-    if shuffle not in (True, False):
-        raise ConfigError(f"shuffle={shuffle!r}: give True or False (and seed= for its order)",
-                          param="shuffle")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise ConfigError(f"seed={seed!r}: give a whole number, 0 or more", param="seed")
-    if not shuffle:
-        if seed is not None:
-            raise ConfigError(f"seed={seed} without shuffle=True orders nothing: the feed is "
-                              "shuffled only with shuffle=True", param="seed")
-        return None
-    if seed is None:
-        seed = secrets.randbits(31)
-        logger.info("duotf: shuffling the feed with seed %d (train(..., seed=%d) repeats its "
-                    "order)", seed, seed)
-    return seed
-
-
-def _check_feed_args(epochs, feed_timeout) -> None:
+def _check_feed_args(epochs, feed_timeout, convert_once=None) -> None:
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ConfigError(f"epochs={epochs!r}: give a whole number of epochs, 1 or more")
+    if convert_once not in (None, True, False):
+        raise ConfigError(f"convert_once={convert_once!r}: give True, False or None")
     seconds(feed_timeout, "feed_timeout")

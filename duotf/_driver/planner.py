@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import logging
 import re
+import secrets
 import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -33,7 +34,7 @@ from duotf._driver.supervisor import FeedTarget, JobStopped, Supervisor
 
 logger = logging.getLogger("duotf.feed")
 
-__all__ = ["balance", "train", "inference", "Stream"]
+__all__ = ["balance", "shuffle_seed", "train", "inference", "Stream"]
 
 
 def balance(counts: List[int], targets: int, drop_remainder: bool = True,
@@ -103,6 +104,30 @@ def _sequenced(plan: Dict[int, List[Tuple[int, int, int]]]) -> Dict[int, List[Tu
             seqs[target] = seqs.get(target, 0) + 1
         out[pid] = ranges
     return out
+
+
+def shuffle_seed(shuffle, seed, buffer) -> Optional[int]:
+    """The seed a train() call shuffles by: None without ``shuffle``; drawn when not given.
+    ``buffer``: its ``shuffle_buffer``, checked."""
+    if shuffle not in (True, False):
+        raise ConfigError(f"shuffle={shuffle!r}: give True or False (and seed= for its order)",
+                          param="shuffle")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ConfigError(f"seed={seed!r}: give a whole number, 0 or more", param="seed")
+    if buffer is not None and (isinstance(buffer, bool) or not isinstance(buffer, int)
+                               or buffer < 1 or not shuffle):
+        raise ConfigError(f"shuffle_buffer={buffer!r}: give the rows of a node's shuffling "
+                          "window, 1 or more, with shuffle=True", param="shuffle_buffer")
+    if not shuffle:
+        if seed is not None:
+            raise ConfigError(f"seed={seed} without shuffle=True orders nothing: the feed is "
+                              "shuffled only with shuffle=True", param="seed")
+        return None
+    if seed is None:
+        seed = secrets.randbits(31)
+        logger.info("duotf: shuffling the feed with seed %d (train(..., seed=%d) repeats its "
+                    "order)", seed, seed)
+    return seed
 
 
 def _job(sup: Supervisor, targets: List[FeedTarget], mode: FeedMode, timeout: float, plan=None,
