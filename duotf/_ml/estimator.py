@@ -95,7 +95,7 @@ FIT_PARAMS: Dict[str, Any] = {
     "numWorkers": 1, "numPs": 0, "epochs": 1, "batchSize": 32,
     "modelDir": None, "env": None, "seed": None, "verbose": 0,
     "validationIndicatorCol": None, "validationFraction": 0.0, "weightCol": None,
-    "callbacks": None,
+    "callbacks": None, "shuffle": False,
 }
 
 
@@ -148,6 +148,7 @@ class FitConfig:
     validationFraction: float = 0.0
     weightCol: Optional[str] = None
     callbacks: Any = None
+    shuffle: bool = False
 
     @classmethod
     def from_params(cls, params: Dict[str, Any]) -> "FitConfig":
@@ -195,6 +196,8 @@ class FitConfig:
             raise ConfigError(f"env={p['env']!r}: give a dict of str to str", param="env")
         if p["modelDir"] is not None and (not isinstance(p["modelDir"], str) or not p["modelDir"]):
             raise ConfigError(f"modelDir={p['modelDir']!r}: give a folder path or URL", param="modelDir")
+        if p["shuffle"] not in (True, False):
+            raise ConfigError(f"shuffle={p['shuffle']!r}: give True or False", param="shuffle")
         _check_validation_and_weights(p, feature_names(p["featuresCol"]) + labels)
         return cls(**p)
 
@@ -634,7 +637,8 @@ def fit(config: FitConfig, backend, key: int, data, feed_slots: int,
         with run(main, args, backend, spec, env=config.env,
                  reservation_timeout=reservation_timeout) as cluster:
             with group.running(cluster) if group is not None else contextlib.nullcontext():
-                cluster.train(data, epochs=config.epochs)
+                cluster.train(data, epochs=config.epochs, shuffle=config.shuffle,
+                              seed=config.seed if config.shuffle else None)
                 results = cluster.wait()
     path = saved_model_path(fit_dir)
     if path is None:

@@ -39,7 +39,7 @@ SPARK_NAMES: Dict[str, str] = {
     "num_ps": "numPs", "epochs": "epochs", "batch_size": "batchSize", "model_dir": "modelDir",
     "env": "env", "seed": "seed", "verbose": "verbose",
     "validation_indicator_col": "validationIndicatorCol", "validation_fraction": "validationFraction",
-    "weight_col": "weightCol", "callbacks": "callbacks",
+    "weight_col": "weightCol", "callbacks": "callbacks", "shuffle": "shuffle",
     "prediction_col": "predictionCol", "argmax_col": "argmaxCol", "output_cols": "outputCols",
     "model_path": "modelPath", "fit_seconds": "fitSeconds", "model_file": "modelFile",
     "signature_def_key": "signatureDefKey", "tag_set": "tagSet", "input_mapping": "inputMapping",
@@ -115,7 +115,7 @@ class TFEstimator(_Params):
     ``train_fn``, ``train_args``, ``features_col``, ``label_col``, ``prediction_col``,
     ``argmax_col``, ``output_cols``, ``num_workers``, ``num_ps``, ``epochs``, ``batch_size``,
     ``model_dir``, ``env``, ``seed``, ``verbose``, ``validation_indicator_col``,
-    ``validation_fraction``, ``weight_col``, ``callbacks``; see there), as keywords, and
+    ``validation_fraction``, ``weight_col``, ``callbacks``, ``shuffle``; see there), as keywords, and
     ``client``. The validation rows are computed into the driver (bounded as on Spark);
     ``validation_fraction`` hashes each row with pandas' row hash, seeded with ``seed``.
 
@@ -152,7 +152,7 @@ class TFEstimator(_Params):
                  seed: Optional[int] = None, verbose: int = 0,
                  validation_indicator_col: Optional[str] = None, validation_fraction: float = 0.0,
                  weight_col: Optional[str] = None, callbacks: Optional[core.Callbacks] = None,
-                 client: Optional[Client] = None, **spark_names: Any):
+                 shuffle: bool = False, client: Optional[Client] = None, **spark_names: Any):
         _refuse_camel("TFEstimator", spark_names, self._PARAMS)
         # stored as given (sklearn's clone checks that get_params returns the very objects)
         self.model_fn, self.train_fn, self.train_args = model_fn, train_fn, train_args
@@ -161,7 +161,7 @@ class TFEstimator(_Params):
         self.num_workers, self.num_ps, self.epochs, self.batch_size = num_workers, num_ps, epochs, batch_size
         self.model_dir, self.env, self.seed, self.verbose = model_dir, env, seed, verbose
         self.validation_indicator_col, self.validation_fraction = validation_indicator_col, validation_fraction
-        self.weight_col, self.callbacks = weight_col, callbacks
+        self.weight_col, self.callbacks, self.shuffle = weight_col, callbacks, shuffle
         self.client = client
 
     def __sklearn_clone__(self) -> "TFEstimator":

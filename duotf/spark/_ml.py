@@ -112,7 +112,9 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
     every worker (``val_*`` in the history), ``weightCol`` (a number column: Keras's sample
     weights), ``callbacks`` (Keras callbacks, or a function of no arguments returning them,
     pickled to the nodes: a ``ModelCheckpoint`` of a relative path saves in the fit's folder,
-    on the chief alone; ``EarlyStopping`` ends the fit and its feed).
+    on the chief alone; ``EarlyStopping`` ends the fit and its feed), ``shuffle`` (shuffle
+    the rows every epoch, by ``seed``: the same order on every engine; see
+    :meth:`duotf.Cluster.train`).
 
     ``fit(df)`` checks the columns before anything runs (a :class:`~duotf.ConfigError` names a
     missing column, a wrong type, an array column whose rows differ in length, a null), then
@@ -157,6 +159,8 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
     weightCol = Param(Params._dummy(), "weightCol", "sample weight column", typeConverter=TypeConverters.toString)
     callbacks = Param(Params._dummy(), "callbacks", "Keras callbacks (a list, or a function of no "
                       "arguments returning one), shipped to the nodes", typeConverter=_any)
+    shuffle = Param(Params._dummy(), "shuffle", "shuffle the rows every epoch (by seed)",
+                    typeConverter=TypeConverters.toBoolean)
 
     @keyword_only
     def __init__(self, *, modelFn: Optional[core.ModelFn] = None,
@@ -168,11 +172,12 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
                  modelDir: Optional[str] = None, env: Optional[Dict[str, str]] = None,
                  seed: Optional[int] = None, verbose: int = 0,
                  validationIndicatorCol: Optional[str] = None, validationFraction: float = 0.0,
-                 weightCol: Optional[str] = None, callbacks: Optional[core.Callbacks] = None):
+                 weightCol: Optional[str] = None, callbacks: Optional[core.Callbacks] = None,
+                 shuffle: bool = False):
         super().__init__()
         self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
                          numWorkers=1, numPs=0, epochs=1, batchSize=32, verbose=0,
-                         validationFraction=0.0)
+                         validationFraction=0.0, shuffle=False)
         self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
     @keyword_only
@@ -186,7 +191,8 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
                   seed: Optional[int] = None, verbose: int = 0,
                   validationIndicatorCol: Optional[str] = None, validationFraction: float = 0.0,
                   weightCol: Optional[str] = None,
-                  callbacks: Optional[core.Callbacks] = None) -> "TFEstimator":
+                  callbacks: Optional[core.Callbacks] = None,
+                  shuffle: bool = False) -> "TFEstimator":
         """Set the parameters given (those left None keep their values)."""
         return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
@@ -666,6 +672,6 @@ def _accessors(cls, names):
 _accessors(TFEstimator, ["modelFn", "trainFn", "trainArgs", "labelCol", "predictionCol", "argmaxCol",
                          "outputCols", "numWorkers", "numPs", "epochs", "batchSize", "modelDir", "env", "seed",
                          "verbose", "validationIndicatorCol", "validationFraction", "weightCol",
-                         "callbacks"])
+                         "callbacks", "shuffle"])
 _accessors(TFModel, ["predictionCol", "argmaxCol", "outputCols", "batchSize", "signatureDefKey",
                      "tagSet", "inputMapping", "outputMapping", "probabilityCol", "rawPredictionCol"])

@@ -82,3 +82,24 @@ def kept_frame_folders() -> set:
     return {path for depth in range(4)
             for path in glob.glob(os.path.join(root, *["*"] * depth, "duotf-feedcache-*"))
             if "pytest-of-" not in path}  # tests' own folders of that name
+
+
+def epoch_rows(parts, workers: int, epoch: int, seed=None, window: int = 0) -> Dict[int, list]:
+    """Each worker's rows of one epoch, in order: its planned ranges in partition order; with a
+    ``seed`` (a shuffled feed) the plan of the epoch's order of partitions, and its rows
+    permuted by windows of ``window`` rows."""
+    from duotf._driver.planner import balance
+    from duotf._transport import shuffle
+
+    order = None if seed is None else shuffle.partition_order(len(parts), seed, epoch)
+    plan, _, _ = balance([len(p) for p in parts], workers, True, order)
+    rows: Dict[int, list] = {t: [] for t in range(workers)}
+    for pid in sorted(plan):
+        for target, a, b, _ in plan[pid]:
+            rows[target].extend(parts[pid][a:b])
+    if seed is not None:
+        for t, got in rows.items():
+            windows = [got[i:i + window] for i in range(0, len(got), window)]
+            rows[t] = [w[j] for k, w in enumerate(windows)
+                       for j in shuffle.permutation([seed, epoch, t], k, len(w))]
+    return rows

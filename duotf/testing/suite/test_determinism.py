@@ -8,8 +8,7 @@ from typing import Dict
 import numpy as np
 
 import duotf
-from duotf._driver.planner import balance
-from duotf._transport import shuffle
+from duotf.testing.suite.data import epoch_rows
 from duotf.testing.suite import mains
 
 SIZES = [30, 9, 52, 17]  # more partitions than workers, uneven: ranges split across workers
@@ -26,24 +25,6 @@ def seeded_parts():
         parts.append([tuple(row) + (float(t),) for row, t in zip(x.tolist(), y.tolist())])
         start += size
     return parts
-
-
-def epoch_rows(parts, workers: int, epoch: int, seed=None, window: int = 0) -> Dict[int, list]:
-    """Each worker's rows of one epoch, in order: its planned ranges in partition order; with a
-    ``seed`` (a shuffled feed) the plan of the epoch's order of partitions, and its rows
-    permuted by windows of ``window`` rows."""
-    order = None if seed is None else shuffle.partition_order(len(parts), seed, epoch)
-    plan, _, _ = balance([len(p) for p in parts], workers, True, order)
-    rows: Dict[int, list] = {t: [] for t in range(workers)}
-    for pid in sorted(plan):
-        for target, a, b, _ in plan[pid]:
-            rows[target].extend(parts[pid][a:b])
-    if seed is not None:
-        for t, got in rows.items():
-            windows = [got[i:i + window] for i in range(0, len(got), window)]
-            rows[t] = [w[j] for k, w in enumerate(windows)
-                       for j in shuffle.permutation([seed, epoch, t], k, len(w))]
-    return rows
 
 
 def one_process_reference(parts, workers: int = 2, seed=None, window: int = 0):

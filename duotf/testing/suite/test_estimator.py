@@ -12,7 +12,7 @@ import pytest
 
 import duotf
 import duotf._ml.estimator
-from duotf._driver.planner import balance
+from duotf.testing.suite.data import epoch_rows
 from duotf.testing.suite import mains
 
 SIZES = [20, 4, 16, 24]  # uneven, more partitions than workers
@@ -38,29 +38,26 @@ def linear_parts():
     return parts
 
 
-def _global_batches(parts):
+def _global_batches(parts, seed=None):
     """Every epoch's global batches, in order: step k takes each worker's k-th
-    ``BATCH // WORKERS`` rows, in the order the balanced plan feeds them."""
-    plan, _, _ = balance([len(p) for p in parts], WORKERS)
-    rows = [[] for _ in range(WORKERS)]
-    for pid in sorted(plan):
-        for target, a, c, _ in plan[pid]:
-            rows[target] += parts[pid][a:c]
+    ``BATCH // WORKERS`` rows, in the order the balanced plan feeds them (with a ``seed``: a
+    shuffled feed's, whose windows here hold a whole epoch)."""
     per_step = BATCH // WORKERS
-    for _ in range(EPOCHS):
+    for epoch in range(1, EPOCHS + 1):
+        rows = list(epoch_rows(parts, WORKERS, epoch, seed, window=1 << 30).values())
         for k in range(len(rows[0]) // per_step):
             yield [r for worker in rows for r in worker[k * per_step:(k + 1) * per_step]]
 
 
-def _reference(parts):
+def _reference(parts, shuffled: bool = False):
     """The predictions of one process training the same seeded model on the same global
     batches: step k takes each worker's k-th ``BATCH // WORKERS`` rows, in the order the
-    balanced plan feeds them."""
+    balanced plan feeds them (``shuffled``: shuffled by ``SEED``)."""
     import keras
 
     keras.utils.set_random_seed(SEED)
     model = mains.linear_model_fn()
-    for batch in _global_batches(parts):
+    for batch in _global_batches(parts, SEED if shuffled else None):
         model.train_on_batch(np.array([r[1] for r in batch], np.float32),
                              np.array([r[2] for r in batch], np.float32))
     x = np.array([r[1] for p in parts for r in p], np.float32)
@@ -84,7 +81,7 @@ def test_fit_transform_save_load_with_the_same_predictions_on_every_engine(backe
     est = TFEstimator(**_params(engine, modelFn=mains.linear_model_fn, featuresCol="features",
                                 labelCol="label", numWorkers=WORKERS, epochs=EPOCHS,
                                 batchSize=BATCH, seed=SEED, modelDir=str(tmp_path / "models"),
-                                env=ENV), **extra)
+                                env=ENV, shuffle=True), **extra)
     model = est.fit(df)
     path = engine.model_path(model)
     assert path.startswith(str(tmp_path / "models" / "fit-")) and path.endswith("/model.keras")
@@ -95,8 +92,10 @@ def test_fit_transform_save_load_with_the_same_predictions_on_every_engine(backe
     assert scored["id"].tolist() == list(range(sum(SIZES)))
     assert scored["prediction"].dtype == np.float64
     predictions = scored["prediction"].to_numpy()
-    # the same seed and rows: what one process trains on the same global batches
-    np.testing.assert_allclose(predictions, _reference(parts), rtol=1e-4, atol=1e-5)
+    # the same seed and rows: what one process trains on the same global batches, shuffled by
+    # the seed every epoch (and not what it trains on the rows in their plain order)
+    np.testing.assert_allclose(predictions, _reference(parts, shuffled=True), rtol=1e-4, atol=1e-5)
+    assert not np.allclose(predictions, _reference(parts), rtol=1e-4, atol=1e-5)
     # and bit for bit what every other engine of this session predicted
     for kind, seen in _PREDICTIONS.items():
         assert np.array_equal(seen, predictions), f"{kind} predicted otherwise"
