@@ -16,7 +16,7 @@ here and stopped after) whose application runs on the same master with the same 
 the classic session has ended; its rows are printed beside the classic ones, with their ratio
 to them (TensorFlowOnSpark needs an RDD: classic Spark only).
 Every figure is the second of two runs over the same cached data (the first loads TF and the
-model in every worker process; its time is printed as "cold"; each run is a new graph, so
+model in every worker process; its rate is printed beside as "cold"; each run is a new graph, so
 Dask computes it again rather than handing back results it still holds). Printed beside,
 measured in the same run: ``model.predict(x, batch_size)`` over the same rows (warm, best of
 2) in this process with every core, and in a process held to one core (``sched_setaffinity``
@@ -112,7 +112,8 @@ def timed(label: str, run, rows: int, rates: dict) -> None:
     warm = time.perf_counter() - t0
     rates[label] = rows / warm
     COLD_SECONDS[label] = cold
-    print(f"  {label:<54} {rows / warm:>10,.0f} rows/s  ({warm:5.1f} s; cold {cold:5.1f} s)", flush=True)
+    print(f"  {label:<54} warm {rows / warm:>9,.0f} rows/s ({warm:5.1f} s)  cold "
+          f"{rows / cold:>9,.0f} rows/s ({cold:5.1f} s)", flush=True)
 
 
 def spark_settings(opts, site=None) -> dict:
