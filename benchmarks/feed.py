@@ -8,6 +8,7 @@
     python -m benchmarks.feed --arrow-batches ROUNDS --spark-master URL [--rows N --epochs E]
     python -m benchmarks.feed --rounds ROUNDS --spark-master URL [--rows N --epochs E]
     python -m benchmarks.feed --jar ROUNDS --spark-master spark://HOST:PORT [--rows N --epochs E]
+    python -m benchmarks.feed --shuffle ROUNDS [--spark-master URL] [--rows N --epochs E]
 
 Each of 2 worker nodes drains ``ctx.get_data_feed().dataset(100)`` (feed only, no model). A
 node first imports TensorFlow and says so; the driver starts the feed once both have, and a
@@ -53,6 +54,10 @@ inference >= 0.5x its training feed and >= 30x TFoS.
 most 4 MiB: ``duotf.backends.spark.tasks.ARROW_BATCH_BYTES``) with Spark's default (10,000
 records, which duotf keeps where the session sets it, as here), in alternating rounds: the
 default ``train(df, epochs)`` and ``inference(df)``.
+
+``--shuffle ROUNDS`` only compares, on Spark, the default ``train(df, epochs)`` with
+``train(df, epochs, shuffle=True, seed=round)``, alternating, with the median ratio of the
+rounds' pairs: what shuffling costs the feed.
 
 ``--rounds ROUNDS`` only runs, on Spark, the default ``train(df, epochs)`` ROUNDS times in one
 session after the warm-up, each with where its time went, beside the limit: how a session's
@@ -322,6 +327,26 @@ def arrow_batches(session, rows: int, epochs: int, rounds: int) -> None:
         med = [statistics.median(run[i] for run in runs) for i in range(4)]
         print(f"  median, {setting + ' batches':<14} train {med[0]:>10,.0f} rows/s ({med[2]:.1f} us), "
               f"inference {med[1]:>10,.0f} rows/s ({med[3]:.1f} us)")
+    df.unpersist()
+
+
+def shuffle_rounds(session, rows: int, epochs: int, rounds: int) -> None:
+    """The default ``train(df, epochs)`` against ``train(df, epochs, shuffle=True, seed=r)``,
+    alternating, on the MNIST-like ``array<float>`` DataFrame: what shuffling costs."""
+    import statistics
+
+    df = spark_data(session, rows, False, 8)
+    got: dict = {}
+    for r in range(rounds):
+        for case in (("plain", "shuffled") if r % 2 == 0 else ("shuffled", "plain")):
+            extra = {"shuffle": True, "seed": r} if case == "shuffled" else {}
+            rate = run_duotf(session, df, epochs, 3144, "", quiet=True, **extra)[0]
+            got.setdefault(case, []).append(rate)
+            print(f"  round {r + 1}, {case:<9} {rate:>10,.0f} rows/s", flush=True)
+    ratios = [s / p for p, s in zip(got["plain"], got["shuffled"])]
+    print(f"  median: plain {statistics.median(got['plain']):,.0f} rows/s, shuffled "
+          f"{statistics.median(got['shuffled']):,.0f} rows/s; shuffled / plain, median of the "
+          f"rounds' pairs: {statistics.median(ratios):.2f}")
     df.unpersist()
 
 
@@ -652,6 +677,9 @@ def cli():
                              "(10,000 records) on Spark, ROUNDS rounds of each")
     parser.add_argument("--rounds", type=int, default=0, metavar="ROUNDS",
                         help="only the default train(df, epochs) on Spark, ROUNDS times in one session")
+    parser.add_argument("--shuffle", type=int, default=0, metavar="ROUNDS",
+                        help="only compare, on Spark, train(df, epochs) with and without "
+                             "shuffle=True, ROUNDS rounds of each, alternating")
     parser.add_argument("--jar", type=int, default=0, metavar="ROUNDS",
                         help="only compare, on Spark, a classic session with duotf's jar, one "
                              "with DUOTF_SPARK_PACK_ARRAYS=0 and Spark Connect (which does not "
@@ -665,8 +693,9 @@ def cli():
                         help="also write the summary's rates, the limits and the run's command, "
                              "settings and machine to PATH (benchmarks/record.py)")
     opts = parser.parse_args()
-    if opts.json and (opts.malloc or opts.rounds or opts.arrow_batches or opts.jar):
-        parser.error("--json records the main run, not --malloc, --rounds, --arrow-batches or --jar")
+    if opts.json and (opts.malloc or opts.rounds or opts.arrow_batches or opts.jar or opts.shuffle):
+        parser.error("--json records the main run, not --malloc, --rounds, --arrow-batches, "
+                     "--jar or --shuffle")
     record = Record("feed", vars(opts)) if opts.json else None
 
     if opts.malloc:
@@ -700,6 +729,22 @@ def cli():
             for r in range(opts.rounds):
                 rate = run_duotf(session, df, opts.epochs, 3144, f"round {r + 1}", breakdown=True)
                 print(f"    = {rate / there:.0%} of the limit", flush=True)
+        finally:
+            session.stop()
+        return
+    if opts.shuffle:
+        from pyspark.sql import SparkSession
+
+        session = checkout_on_executors(
+            SparkSession.builder.master(opts.spark_master).config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")).getOrCreate()
+        session.sparkContext.setLogLevel("ERROR")
+        try:
+            print(f"Shuffling, Spark {opts.spark_master}, {opts.rows} MNIST-like rows, train "
+                  f"{opts.epochs} epochs, plain and shuffle=True:")
+            run_duotf(session, spark_data(session, opts.rows, False, 8), 1, 3144,
+                      "first feed of the session (warm-up)")
+            shuffle_rounds(session, opts.rows, opts.epochs, opts.shuffle)
         finally:
             session.stop()
         return

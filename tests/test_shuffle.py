@@ -51,3 +51,24 @@ def test_the_next_epoch_counts_windows_from_zero_with_its_own_key():
 def test_a_default_window_holds_about_64_mib_of_rows_by_their_types():
     cols = {"x": np.zeros((3, 784), dtype=np.float32), "y": np.zeros(3, dtype=np.int64)}
     assert shuffle.window_rows(cols) == (64 << 20) // (784 * 4 + 8)
+
+
+def test_shuffle_settings_are_checked_and_a_drawn_seed_is_logged(caplog):
+    import logging
+
+    import pytest
+
+    from duotf._driver.planner import shuffle_seed
+    from duotf.errors import ConfigError
+
+    assert shuffle_seed(False, None, None) is None and shuffle_seed(True, 3, 10) == 3
+    for args, words in [((False, 3, None), "seed=3 without shuffle=True"),
+                        ((False, None, 100), "shuffle_buffer=100"),
+                        ((True, None, 0), "shuffle_buffer=0"),
+                        ((True, -1, None), "seed=-1"),
+                        (("yes", None, None), "shuffle='yes'")]:
+        with pytest.raises(ConfigError, match=words.replace("(", r"\(")):
+            shuffle_seed(*args)
+    with caplog.at_level(logging.INFO, logger="duotf.feed"):
+        seed = shuffle_seed(True, None, None)
+    assert isinstance(seed, int) and f"seed={seed}" in caplog.text
