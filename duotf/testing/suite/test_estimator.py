@@ -198,7 +198,7 @@ def test_bad_input_is_a_config_error_before_anything_runs(backend, engine, tmp_p
 HOLDOUT_SCHEMA = dict(SCHEMA, val="boolean", w="double")
 
 
-@pytest.mark.engines("dask", "spark-local")
+@pytest.mark.engines("dask", "spark-local", "spark-connect")
 def test_validation_rows_sample_weights_and_callbacks_reach_keras_fit(backend, engine, tmp_path):
     """validationIndicatorCol's rows are Keras's validation_data (val_loss in the history: the
     saved model's loss on them), weightCol its sample weights (the training rows weigh 0 here:
@@ -363,7 +363,7 @@ def _param(engine, model, name):
     return getattr(model, engine.ml_name(name))
 
 
-@pytest.mark.engines("dask", "spark-local")
+@pytest.mark.engines("dask", "spark-local", "spark-connect")
 def test_a_tfmodel_scores_the_signature_and_tensors_it_is_named(backend, engine, tmp_path):
     """signatureDefKey, tagSet, inputMapping ({column: input}) and outputMapping ({output:
     column}) pick what of a SavedModel scores; probabilityCol and rawPredictionCol make a
