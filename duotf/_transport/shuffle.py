@@ -24,7 +24,7 @@ petastorm's).
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -79,15 +79,25 @@ class Windows:
 
     ``add(cols, key)`` gives the next rows received and the key of the range they belong to
     (None: a range not shuffled); it returns the whole windows they complete. ``flush()``
-    returns the epoch's last, short window, and starts the next epoch."""
+    returns the epoch's last, short window, and starts the next epoch.
+
+    A window's number columns are written once, each row straight to its permuted place in
+    an array of the window's size, as the rows arrive (one copy; the received frames are free
+    at once). Ragged and string columns are gathered when the window is complete. The epoch's
+    last window is shorter than planned: its rows are read back in arrival order and permuted
+    by its own size (one more copy, for that window alone)."""
 
     def __init__(self, window_bytes: int = WINDOW_BYTES):
         self._window_bytes = window_bytes
         self._size: Optional[int] = None
-        self._parts: List[Columns] = []
-        self._held = 0
         self._key: Optional[Sequence[int]] = None
         self._index = 0
+        self._held = 0
+        self._order: Optional[np.ndarray] = None  # the full window's permutation
+        self._places: Optional[np.ndarray] = None  # its inverse: where each arriving row goes
+        self._arrays: Dict[str, np.ndarray] = {}  # number columns, written in place
+        self._parts: Dict[str, List[Any]] = {}  # other columns, by part, in arrival order
+        self._names: List[str] = []
 
     @property
     def held(self) -> int:
@@ -95,7 +105,7 @@ class Windows:
         return self._held
 
     def add(self, cols: Columns, key: Optional[Sequence[int]]) -> List[Columns]:
-        from duotf._transport.columns import num_rows, slice_cols
+        from duotf._transport.columns import num_rows
 
         if key is None:
             return [*self.flush(False), cols]
@@ -108,25 +118,71 @@ class Windows:
         start, n = 0, num_rows(cols)
         while start < n:
             k = min(n - start, self._size - self._held)
-            self._parts.append(slice_cols(cols, start, start + k))
-            self._held += k
+            self._put(cols, start, start + k)
             start += k
             if self._held == self._size:
-                out.extend(self.flush(False))
+                out.append(self._complete())
         return out
+
+    def _put(self, cols: Columns, start: int, stop: int) -> None:
+        assert self._key is not None and self._size is not None  # add() set them
+        if self._order is None:  # the window's first rows
+            self._order = permutation(self._key, self._index, self._size)
+            self._places = np.empty_like(self._order)
+            self._places[self._order] = np.arange(self._size)
+            self._names = list(cols)
+            for name, values in cols.items():
+                if isinstance(values, np.ndarray):
+                    self._arrays[name] = np.empty((self._size, *values.shape[1:]), values.dtype)
+                else:
+                    self._parts[name] = []
+        assert self._places is not None
+        places = self._places[self._held:self._held + stop - start]
+        for name, values in cols.items():
+            if name in self._arrays:
+                self._arrays[name][places] = values[start:stop]
+            else:
+                self._parts[name].append(values[start:stop])
+        self._held += stop - start
+
+    def _complete(self) -> Columns:
+        assert self._order is not None
+        out: Columns = {}
+        for name in self._names:
+            if name in self._arrays:
+                out[name] = self._arrays[name]
+            else:
+                out[name] = take({name: _joined(self._parts[name])}, self._order)[name]
+        self._start_window()
+        return out
+
+    def _start_window(self) -> None:
+        self._index += 1
+        self._held = 0
+        self._order = self._places = None
+        self._arrays, self._parts = {}, {}
 
     def flush(self, epoch_end: bool = True) -> List[Columns]:
         """The window held so far, permuted ([] when empty); at an epoch's end the next window
         is the next epoch's first."""
-        from duotf._transport.columns import concat_cols
-
         out = []
         if self._held:
-            assert self._key is not None  # set with the first rows held
-            cols = concat_cols(self._parts) if len(self._parts) > 1 else self._parts[0]
-            out.append(take(cols, permutation(self._key, self._index, self._held)))
-            self._index += 1
-        self._parts, self._held = [], 0
+            assert self._key is not None and self._places is not None  # set with the first rows
+            held = self._held
+            arrived = self._places[:held]  # where the rows, in arrival order, were written
+            cols: Columns = {name: (self._arrays[name][arrived] if name in self._arrays
+                                    else _joined(self._parts[name])) for name in self._names}
+            out.append(take(cols, permutation(self._key, self._index, held)))
+            self._start_window()
         if epoch_end:
             self._key, self._index, self._size = None, 0, None
         return out
+
+
+def _joined(parts: List[Any]) -> Any:
+    """One column from its parts (RaggedColumns or lists)."""
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], RaggedColumn):
+        return RaggedColumn.concat(parts)
+    return [v for part in parts for v in part]
