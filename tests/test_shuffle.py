@@ -48,9 +48,9 @@ def test_the_next_epoch_counts_windows_from_zero_with_its_own_key():
     assert second[0]["id"].tolist() == np.arange(4)[shuffle.permutation([1, 2, 0], 0, 4)].tolist()
 
 
-def test_a_default_window_holds_about_64_mib_of_rows_by_their_types():
+def test_a_default_window_holds_about_30_mib_of_rows_by_their_types():
     cols = {"x": np.zeros((3, 784), dtype=np.float32), "y": np.zeros(3, dtype=np.int64)}
-    assert shuffle.window_rows(cols) == (64 << 20) // (784 * 4 + 8)
+    assert shuffle.window_rows(cols) == (30 << 20) // (784 * 4 + 8) == 10_005
 
 
 def test_shuffle_settings_are_checked_and_a_drawn_seed_is_logged(caplog):

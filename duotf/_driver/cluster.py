@@ -499,7 +499,7 @@ class Cluster:
         epoch. Other data is fed as it is (Dask's is in its workers' memory already).
 
         ``shuffle=True`` shuffles each epoch by ``seed`` (drawn, reported as ``shuffle_seed``,
-        if not given), nodes permuting windows of ``shuffle_buffer`` rows (default ~64 MiB): the
+        if not given), nodes permuting windows of ``shuffle_buffer`` rows (default ~30 MiB): the
         same order on every engine and run (:mod:`duotf._transport.shuffle`)."""
         from duotf._driver.planner import shuffle_seed
         _check_feed_args(epochs, feed_timeout, convert_once)
