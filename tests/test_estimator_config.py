@@ -3,6 +3,7 @@ the slot ledger of fits running at once, and light imports."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -41,6 +42,9 @@ def model_fn():
     ({"modelFn": model_fn, "weightCol": ""}, "weightCol='': give a column name"),
     ({"modelFn": model_fn, "weightCol": "v", "validationIndicatorCol": "v"}, "both 'v'"),
     ({"modelFn": model_fn, "callbacks": 3}, "callbacks=3: give a list of Keras callbacks"),
+    ({"modelFn": model_fn, "runId": "r1"}, "runId='r1' names a folder of modelDir, which is not set"),
+    ({"modelFn": model_fn, "modelDir": "/m", "runId": "../r1"}, "runId='../r1': give a folder name"),
+    ({"modelFn": model_fn, "modelDir": "/m", "runId": 3}, "runId=3: give a folder name"),
 ])
 def test_a_bad_parameter_is_a_config_error_naming_it(params, words):
     with pytest.raises(duotf.ConfigError) as info:
@@ -89,6 +93,91 @@ def test_callbacks_on_the_nodes_save_checkpoints_under_the_fit_folder():
     assert [type(c).__name__ for c in node_callbacks(given(), "/m", chief=False)] == ["EarlyStopping"]
     with pytest.raises(duotf.ConfigError, match="is not a keras.callbacks.Callback"):
         node_callbacks([3], "/m", chief=True)
+
+
+def test_a_run_folder_resumes_its_checkpoint_with_its_own_parameters(tmp_path):
+    """What a runId's folder holds decides the fit (duotf._ml.resume; a fit whose driver is
+    killed resumes on the engines in tests/suite/test_resume.py): a new run, a checkpoint to
+    resume after its epochs, a run started with other parameters (refused), a run whose last
+    checkpoint is its last epoch (that checkpoint becomes its model), a finished run."""
+    import json
+
+    from duotf._ml import resume
+
+    def config(**params):
+        return estimator.FitConfig.from_params(dict(
+            {"modelFn": model_fn, "modelDir": str(tmp_path), "runId": "r1", "epochs": 3}, **params))
+
+    state = resume.open_run(config(), estimator.saved_model_path)
+    assert (state.folder, state.done, state.checkpoint, state.finished) == (str(tmp_path / "r1"), 0,
+                                                                           None, False)
+    assert state.node_args() is None and os.listdir(tmp_path / "r1") == []
+    (tmp_path / "r1" / "checkpoint-2.keras").write_bytes(b"2 epochs")
+    resume.write_state(state.folder, {"params": resume.run_params(config()), "done": 2,
+                                      "history": {"loss": [2.0, 1.0]}, "model": "checkpoint-2.keras",
+                                      "finished": False})
+    assert sorted(os.listdir(tmp_path / "r1")) == ["checkpoint-2.keras", "run.json"]  # no .tmp left
+    state = resume.open_run(config(numWorkers=2), estimator.saved_model_path)
+    assert state.node_args() == {"checkpoint": str(tmp_path / "r1" / "checkpoint-2.keras"),
+                                 "epoch": 2, "history": {"loss": [2.0, 1.0]}}
+    with pytest.raises(duotf.ConfigError) as info:
+        resume.open_run(config(batchSize=16, seed=4), estimator.saved_model_path)
+    assert "runId='r1' was started with batchSize=32 (now 16), seed=None (now 4)" in str(info.value)
+    assert info.value.param == "runId"
+    # every epoch checkpointed, the driver gone before the model was saved: that checkpoint is it
+    resume.write_state(str(tmp_path / "r1"), dict(json.loads((tmp_path / "r1" / "run.json").read_text()),
+                                                  params=resume.run_params(config(epochs=2))))
+    state = resume.open_run(config(epochs=2), estimator.saved_model_path)
+    assert state.finished and state.history == {"loss": [2.0, 1.0]}
+    assert sorted(os.listdir(tmp_path / "r1")) == ["model.keras", "run.json"]
+    assert (tmp_path / "r1" / "model.keras").read_bytes() == b"2 epochs"
+    again = resume.open_run(config(epochs=2), estimator.saved_model_path)
+    assert again.finished and again.done == 2
+
+
+def test_the_chief_checkpoints_every_epoch_and_a_node_restores_the_optimizer(tmp_path):
+    import json
+
+    import keras
+
+    from duotf._ml import resume
+
+    def built():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.Adam(0.1), "mse")
+        return model
+
+    config = estimator.FitConfig.from_params({"modelFn": model_fn, "modelDir": str(tmp_path),
+                                              "runId": "r", "epochs": 4})
+    folder = str(tmp_path / "r")
+    os.makedirs(folder)  # the driver's open_run makes it
+    model = built()
+    x, y = np.ones((8, 2), np.float32), np.ones((8,), np.float32)
+    callback = resume.checkpoint_callback({"modelDir": folder, "runParams": resume.run_params(config),
+                                           "resume": None})
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[callback])
+    state = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert (state["done"], state["model"], len(state["history"]["loss"])) == (2, "checkpoint-2.keras", 2)
+    assert sorted(os.listdir(folder)) == ["checkpoint-2.keras", "run.json"]  # the older one deleted
+    other = built()
+    resume.restore(other, folder + "/checkpoint-2.keras")
+    assert int(np.asarray(other.optimizer.iterations)) == 4
+    np.testing.assert_array_equal(other.get_weights()[0], model.get_weights()[0])
+    unbuilt = keras.Sequential([keras.layers.Dense(1)])
+    unbuilt.compile("sgd", "mse")
+    with pytest.raises(duotf.ConfigError, match="not built.*keras.Input"):
+        resume.restore(unbuilt, folder + "/checkpoint-2.keras")
+
+
+def test_fit_multiple_refuses_a_run_id():
+    from duotf.spark import TFEstimator
+
+    est = TFEstimator(modelFn=model_fn, modelDir="/m", runId="r")
+    with pytest.raises(duotf.ConfigError, match="runId names one fit's folder, and fitMultiple"):
+        est.fitMultiple(None, [{}])
+    plain = TFEstimator(modelFn=model_fn, modelDir="/m")
+    with pytest.raises(duotf.ConfigError, match="unset runId"):
+        plain.fitMultiple(None, [{plain.runId: "r"}])
 
 
 def test_fits_at_once_book_their_slots_together_or_fail_at_once():

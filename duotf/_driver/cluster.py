@@ -469,8 +469,8 @@ class Cluster:
 
     def train(self, data: Any, epochs: int = 1, *, feed_timeout: float = 600.0,
               balance: bool = True, ragged: Sequence[str] = (),
-              convert_once: Optional[bool] = None, shuffle: bool = False,
-              seed: Optional[int] = None, shuffle_buffer: Optional[int] = None) -> TrainReport:
+              convert_once: Optional[bool] = None, shuffle: bool = False, seed: Optional[int] = None,
+              shuffle_buffer: Optional[int] = None, initial_epoch: int = 0) -> TrainReport:
         """Push ``data`` into the chief and workers, ``epochs`` times; return when all is queued.
 
         ``data``: a Spark DataFrame or RDD, a Dask DataFrame, Bag or Array, or (local backend) a
@@ -479,8 +479,7 @@ class Cluster:
         so synchronous workers run the same number of steps. Raises the node's error within
         moments if a node dies, and :class:`~duotf.errors.FeedError` if a node takes no data for
         ``feed_timeout`` seconds. Returns a :class:`~duotf.reports.TrainReport`: the rows fed
-        and where the call's time went. Shows a progress bar per epoch (rows fed of the epoch's
-        rows, rows/s, the latest reported metrics) as ``duotf.run(progress=...)`` says.
+        and where the time went. Shows a progress bar per epoch as ``duotf.run(progress=...)`` says.
 
         Data the feed would otherwise change is refused with a
         :class:`~duotf.errors.FeedSchemaError` naming the column, partition and row: a null
@@ -491,23 +490,22 @@ class Cluster:
         ``next_batch``, and as a ``tf.RaggedTensor`` from ``dataset()``.
 
         ``convert_once``: a Spark DataFrame fed ``epochs > 1`` times is converted into feed
-        frames once, in the first epoch, which keeps them in files in its executors' local dirs
-        (as :func:`duotf.spark.feed_cache` does: about the DataFrame's size, never filling a
-        disk past ``duotf.backends.spark.frames.MIN_FREE_BYTES``/``MIN_FREE_FRACTION``; a
-        partition not kept is read from the DataFrame again); the later epochs are fed from the
-        files, which are deleted when ``train`` returns. ``False`` reads the DataFrame every
-        epoch. Other data is fed as it is (Dask's is in its workers' memory already).
+        frames once, in the first epoch, kept in files in its executors' local dirs (as
+        :func:`duotf.spark.feed_cache` does, never filling a disk past
+        ``duotf.backends.spark.frames.MIN_FREE_BYTES``/``MIN_FREE_FRACTION``) that feed the later
+        epochs and are deleted when ``train`` returns. ``False`` reads the DataFrame every epoch.
 
         ``shuffle=True`` shuffles each epoch by ``seed`` (drawn, reported as ``shuffle_seed``,
         if not given), nodes permuting windows of ``shuffle_buffer`` rows (default ~30 MiB): the
-        same order on every engine and run (:mod:`duotf._transport.shuffle`)."""
+        same order on every engine and run (:mod:`duotf._transport.shuffle`). ``initial_epoch=k``
+        feeds epochs ``k + 1`` to ``epochs`` alone, numbered (and shuffled) as in a whole run."""
         from duotf._driver.planner import shuffle_seed
-        _check_feed_args(epochs, feed_timeout, convert_once)
+        _check_feed_args(epochs, feed_timeout, convert_once, initial_epoch)
         self._feed_error = None
         self._feed_call = dict(data=data, epochs=epochs, feed_timeout=feed_timeout, balance=balance,
                                ragged=ragged, convert_once=convert_once, shuffle_buffer=shuffle_buffer
                                or 0, shuffle=shuffle_seed(shuffle, seed, shuffle_buffer))
-        return self._feed(0)
+        return self._feed(initial_epoch)
 
     def _feed(self, first_epoch: int) -> TrainReport:
         """Feed the latest train() call from ``first_epoch`` on; a restart (where allowed)
@@ -534,8 +532,7 @@ class Cluster:
                 if (not isinstance(exc, DuotfError) or (lost is None and self.supervisor.error is None)
                         or not self._restart(lost)):
                     raise
-                self._feed_error = None
-                first_epoch = self._resume_epoch
+                self._feed_error, first_epoch = None, max(first_epoch, self._resume_epoch)
                 continue
             if first_epoch:
                 report["resumed_at_epoch"] = first_epoch
@@ -692,9 +689,12 @@ def _job_log_dir(tensorboard_dir, job_id: str, name: str = "tensorboard_dir") ->
     return os.path.join(os.path.abspath(where), job_id)
 
 
-def _check_feed_args(epochs, feed_timeout, convert_once=None) -> None:
+def _check_feed_args(epochs, feed_timeout, convert_once=None, initial_epoch=0) -> None:
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ConfigError(f"epochs={epochs!r}: give a whole number of epochs, 1 or more")
+    if isinstance(initial_epoch, bool) or not isinstance(initial_epoch, int) or not (
+            0 <= initial_epoch < epochs):
+        raise ConfigError(f"initial_epoch={initial_epoch!r}: give the epochs done, 0 to {epochs - 1}")
     if convert_once not in (None, True, False):
         raise ConfigError(f"convert_once={convert_once!r}: give True, False or None")
     seconds(feed_timeout, "feed_timeout")

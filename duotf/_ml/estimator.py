@@ -8,7 +8,8 @@ the node program duotf writes for a Keras model (:func:`keras_main`: ``modelFn()
 ``MultiWorkerMirroredStrategy`` scope, ``fit`` on the engine feed, the chief saves
 ``model.keras``) or the user's own ``trainFn(args, ctx)`` (TensorFlowOnSpark's style). Every
 fit writes into a fresh folder of ``modelDir``, so the fits of a ``CrossValidator`` never
-overwrite each other's models.
+overwrite each other's models; a fit given a ``runId`` writes into ``modelDir/<runId>``, and
+resumes from the checkpoint it finds there (:mod:`duotf._ml.resume`).
 
 Fits that run at once in one process (``CrossValidator(parallelism=k)``) need their task slots
 together: :func:`fit` books them in a per-engine ledger (:func:`book_slots`) before its cluster
@@ -50,6 +51,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union, cast
 
+from duotf._ml import resume
 from duotf._ml.keras_node import keras_main
 from duotf.errors import ConfigError, InsufficientSlotsError
 
@@ -95,7 +97,7 @@ FIT_PARAMS: Dict[str, Any] = {
     "numWorkers": 1, "numPs": 0, "epochs": 1, "batchSize": 32,
     "modelDir": None, "env": None, "seed": None, "verbose": 0,
     "validationIndicatorCol": None, "validationFraction": 0.0, "weightCol": None,
-    "callbacks": None, "shuffle": False,
+    "callbacks": None, "shuffle": False, "runId": None,
 }
 
 
@@ -149,6 +151,7 @@ class FitConfig:
     weightCol: Optional[str] = None
     callbacks: Any = None
     shuffle: bool = False
+    runId: Optional[str] = None
 
     @classmethod
     def from_params(cls, params: Dict[str, Any]) -> "FitConfig":
@@ -199,6 +202,7 @@ class FitConfig:
         if p["shuffle"] not in (True, False):
             raise ConfigError(f"shuffle={p['shuffle']!r}: give True or False", param="shuffle")
         _check_validation_and_weights(p, feature_names(p["featuresCol"]) + labels)
+        resume.check_run_id(p["runId"], p["modelDir"])
         return cls(**p)
 
     @property
@@ -312,12 +316,14 @@ def check_validation_data(config: "FitConfig", data: Optional[Dict[str, Any]]) -
 class FitResult:
     """What one fit produced: the saved model's path, the chief's training history (Keras's
     ``history.history``: ``{metric: [value per epoch]}``; a ``trainFn``'s return value when it
-    is a dict), every node's return value, and how long the fit took."""
+    is a dict), every node's return value, how long the fit took, and the epoch it started at
+    (a resumed ``runId``: the epochs its checkpoint had done)."""
 
     modelPath: str
     history: Dict[str, List[float]]
     results: List[Any]
     seconds: float
+    initialEpoch: int = 0
 
 
 # -- slots held by the fits running in this process ---------------------------------------------------
@@ -606,6 +612,10 @@ def fit(config: FitConfig, backend, key: int, data, feed_slots: int,
 
     t0 = time.monotonic()
     validation = check_validation_data(config, validation)
+    state = resume.open_run(config, saved_model_path) if config.runId is not None else None
+    if state is not None and state.finished:
+        logger.info("TFEstimator: runId=%r finished before: its model, untrained", config.runId)
+        return FitResult(cast(str, saved_model_path(state.folder)), state.history, [], 0.0, state.done)
     if config.modelFn is not None:
         main: Callable = keras_main
     else:
@@ -618,7 +628,8 @@ def fit(config: FitConfig, backend, key: int, data, feed_slots: int,
     with book_slots(key, backend, config.nodes + feed_slots, what, reservation_timeout, check):
         if group is not None:
             group.check()
-        fit_dir = new_fit_dir(config.modelDir)
+        fit_dir = new_fit_dir(config.modelDir) if state is None else state.folder
+        first = state.done if state is not None and state.checkpoint is not None else 0
         args: Dict[str, Any] = {
             "features": config.features, "featuresCol": config.featuresCol,
             "labelCol": config.labelCol, "labels": config.labels, "epochs": config.epochs,
@@ -626,19 +637,22 @@ def fit(config: FitConfig, backend, key: int, data, feed_slots: int,
             "seed": config.seed, "verbose": config.verbose, "modelDir": fit_dir,
             "modelPath": fit_dir + "/" + MODEL_FILE, "exportDir": fit_dir + "/" + EXPORT_DIR,
             "weightCol": config.weightCol, "validationData": validation,
-            "callbacks": config.callbacks,
+            "callbacks": config.callbacks, "runId": config.runId,
+            "resume": state.node_args() if state is not None else None,
+            "runParams": resume.run_params(config),
         }
         if config.modelFn is not None:
             args["modelFn"] = config.modelFn
         else:
             args["args"] = config.trainArgs
-        logger.info("TFEstimator: fitting on %s with %d node(s) into %s", backend.name,
-                    config.nodes, fit_dir)
+        logger.info("TFEstimator: fitting on %s with %d node(s) into %s%s", backend.name,
+                    config.nodes, fit_dir, f", resuming after epoch {first}" if first else "")
         with run(main, args, backend, spec, env=config.env,
                  reservation_timeout=reservation_timeout) as cluster:
             with group.running(cluster) if group is not None else contextlib.nullcontext():
-                cluster.train(data, epochs=config.epochs, shuffle=config.shuffle,
-                              seed=config.seed if config.shuffle else None)
+                fed = cluster.train(data, epochs=config.epochs, initial_epoch=first,
+                                    shuffle=config.shuffle,
+                                    seed=config.seed if config.shuffle else None)
                 results = cluster.wait()
     path = saved_model_path(fit_dir)
     if path is None:
@@ -647,9 +661,12 @@ def fit(config: FitConfig, backend, key: int, data, feed_slots: int,
                           f"args['exportDir'] ({args['exportDir']})", path=fit_dir)
     chief = results[0] if results else None  # worker 0 is the chief
     history = {str(k): v for k, v in chief.items()} if isinstance(chief, dict) else {}
+    if state is not None:
+        resume.finish_run(config, fit_dir, history)
     seconds = time.monotonic() - t0
-    logger.info("TFEstimator: fitted in %.1f s; model at %s", seconds, path)
-    return FitResult(path, history, results, seconds)
+    logger.info("TFEstimator: fitted in %.1f s (%d epoch(s) fed); model at %s", seconds,
+                fed["epochs"], path)
+    return FitResult(path, history, results, seconds, first)
 
 
 # -- copying a model (save/load of the fitted stages) ---------------------------------------------------

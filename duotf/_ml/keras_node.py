@@ -7,6 +7,7 @@ import logging
 import os
 from typing import Callable
 
+from duotf._ml.resume import checkpoint_callback, restore
 from duotf.errors import ConfigError
 
 logger = logging.getLogger("duotf._ml.estimator")
@@ -20,7 +21,9 @@ def keras_main(args, ctx):
     ``MultiWorkerMirroredStrategy`` scope, ``fit`` on this node's feed (one feed epoch per
     ``fit`` epoch, no ``steps_per_epoch``; ``(x, y, weight)`` with ``weightCol``), with the
     validation rows shipped in ``args`` as ``validation_data`` and the ``callbacks``; the chief
-    saves the model; returns the history."""
+    saves the model; returns the history. With a ``runId`` the chief keeps a checkpoint every
+    epoch, and ``args["resume"]`` (a checkpoint) is loaded before the fit goes on from its epoch
+    (:mod:`duotf._ml.resume`)."""
     import tensorflow as tf
 
     import keras
@@ -37,6 +40,9 @@ def keras_main(args, ctx):
         if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
             raise ConfigError("modelFn returned a model that is not compiled: call "
                               "model.compile(optimizer, loss, metrics) before returning it")
+        resumed = args.get("resume")  # a runId's checkpoint: the epochs done, the history so far
+        if resumed is not None:
+            restore(model, resumed["checkpoint"])
     xy = batch_selector(args, model)
     validation = None
     if args.get("validationData") is not None:
@@ -46,15 +52,22 @@ def keras_main(args, ctx):
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
         validation = (tf.data.Dataset.from_tensor_slices(args["validationData"])
                       .batch(args["batchSize"]).map(xy).with_options(options))
-    history = model.fit(batches.map(xy), epochs=args["epochs"], verbose=args["verbose"],
-                        shuffle=False, validation_data=validation,
-                        callbacks=node_callbacks(args.get("callbacks"), args["modelDir"], ctx.is_chief))
-    if len(history.epoch) < args["epochs"]:  # a callback stopped it (EarlyStopping): feed no more
-        logger.info("TFEstimator: fit stopped after %d of %d epochs", len(history.epoch), args["epochs"])
+    first = resumed["epoch"] if resumed is not None else 0
+    callbacks = node_callbacks(args.get("callbacks"), args["modelDir"], ctx.is_chief)
+    if args.get("runId") is not None and ctx.is_chief:  # first: it has saved when the others run
+        callbacks.insert(0, checkpoint_callback(args))
+    history = model.fit(batches.map(xy), epochs=args["epochs"], initial_epoch=first,
+                        verbose=args["verbose"], shuffle=False, validation_data=validation,
+                        callbacks=callbacks)
+    if first + len(history.epoch) < args["epochs"]:  # a callback stopped it (EarlyStopping): feed no more
+        logger.info("TFEstimator: fit stopped after %d of %d epochs", first + len(history.epoch),
+                    args["epochs"])
         feed.terminate()
     if ctx.is_chief:
         model.save(args["modelPath"])
-    return {k: [float(v) for v in values] for k, values in history.history.items()}
+    before = resumed["history"] if resumed is not None else {}
+    return {k: [float(v) for v in before.get(k, [])] + [float(v) for v in values]
+            for k, values in history.history.items()}
 
 
 def batch_selector(args, model) -> Callable:

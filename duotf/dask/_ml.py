@@ -40,6 +40,7 @@ SPARK_NAMES: Dict[str, str] = {
     "env": "env", "seed": "seed", "verbose": "verbose",
     "validation_indicator_col": "validationIndicatorCol", "validation_fraction": "validationFraction",
     "weight_col": "weightCol", "callbacks": "callbacks", "shuffle": "shuffle",
+    "run_id": "runId",
     "prediction_col": "predictionCol", "argmax_col": "argmaxCol", "output_cols": "outputCols",
     "model_path": "modelPath", "fit_seconds": "fitSeconds", "model_file": "modelFile",
     "signature_def_key": "signatureDefKey", "tag_set": "tagSet", "input_mapping": "inputMapping",
@@ -115,8 +116,11 @@ class TFEstimator(_Params):
     ``train_fn``, ``train_args``, ``features_col``, ``label_col``, ``prediction_col``,
     ``argmax_col``, ``output_cols``, ``num_workers``, ``num_ps``, ``epochs``, ``batch_size``,
     ``model_dir``, ``env``, ``seed``, ``verbose``, ``validation_indicator_col``,
-    ``validation_fraction``, ``weight_col``, ``callbacks``, ``shuffle``; see there), as keywords, and
-    ``client``. The validation rows are computed into the driver (bounded as on Spark);
+    ``validation_fraction``, ``weight_col``, ``callbacks``, ``shuffle``, ``run_id``; see
+    there), as keywords, and ``client``. Give ``run_id`` to one fit only: not to an estimator
+    that a search (``GridSearchCV``, ``cross_validate``) clones, whose fits would share its
+    folder (a clone of other parameters is refused; one of the same parameters on other rows
+    is not told apart). The validation rows are computed into the driver (bounded as on Spark);
     ``validation_fraction`` hashes each row with pandas' row hash, seeded with ``seed``.
 
     ``fit(ddf)`` checks the columns before anything runs (a :class:`~duotf.ConfigError` names a
@@ -152,7 +156,8 @@ class TFEstimator(_Params):
                  seed: Optional[int] = None, verbose: int = 0,
                  validation_indicator_col: Optional[str] = None, validation_fraction: float = 0.0,
                  weight_col: Optional[str] = None, callbacks: Optional[core.Callbacks] = None,
-                 shuffle: bool = False, client: Optional[Client] = None, **spark_names: Any):
+                 shuffle: bool = False, run_id: Optional[str] = None,
+                 client: Optional[Client] = None, **spark_names: Any):
         _refuse_camel("TFEstimator", spark_names, self._PARAMS)
         # stored as given (sklearn's clone checks that get_params returns the very objects)
         self.model_fn, self.train_fn, self.train_args = model_fn, train_fn, train_args
@@ -162,6 +167,7 @@ class TFEstimator(_Params):
         self.model_dir, self.env, self.seed, self.verbose = model_dir, env, seed, verbose
         self.validation_indicator_col, self.validation_fraction = validation_indicator_col, validation_fraction
         self.weight_col, self.callbacks, self.shuffle = weight_col, callbacks, shuffle
+        self.run_id = run_id
         self.client = client
 
     def __sklearn_clone__(self) -> "TFEstimator":
@@ -215,11 +221,17 @@ class TFEstimator(_Params):
                 raise ConfigError("no Dask client: create one (distributed.Client(...)) or pass "
                                   "TFEstimator(client=...)") from exc
         backend = duotf.backends.resolve_backend(client)[0]
-        result = core.fit(config, backend, id(client), data, feed_slots=0, validation=validation)
+        try:
+            result = core.fit(config, backend, id(client), data, feed_slots=0, validation=validation)
+        except ConfigError as exc:
+            if exc.attributes.get("param") != "runId":
+                raise
+            raise _respelled(exc) from None  # run_id's checks, in the Dask spelling
         model = TFModel(result.modelPath, features_col=config.featuresCol,
                         prediction_col=self.prediction_col, argmax_col=self.argmax_col,
                         output_cols=self.output_cols)
         model.history, model.results, model.fit_seconds = result.history, result.results, result.seconds
+        model.initial_epoch = result.initialEpoch
         self.model_ = model
         return model
 
@@ -410,6 +422,7 @@ class TFModel(_Params):
         self.history: Dict[str, List[float]] = {}
         self.results: List[Any] = []
         self.fit_seconds: Optional[float] = None
+        self.initial_epoch = 0  # a resumed run_id's fit: the epochs its checkpoint had done
 
     def __repr__(self) -> str:
         return f"duotf.dask.TFModel({self.model_path!r})"

@@ -114,7 +114,11 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
     pickled to the nodes: a ``ModelCheckpoint`` of a relative path saves in the fit's folder,
     on the chief alone; ``EarlyStopping`` ends the fit and its feed), ``shuffle`` (shuffle
     the rows every epoch, by ``seed``: the same order on every engine; see
-    :meth:`duotf.Cluster.train`).
+    :meth:`duotf.Cluster.train`), ``runId`` (a folder name:
+    the fit's folder is ``modelDir/<runId>`` instead of a new one, a ``modelFn`` fit keeps a
+    checkpoint there every epoch, and a fit interrupted, its driver gone, goes on from that
+    checkpoint when fit again with the same ``runId``; a finished run returns its model
+    untrained; see :mod:`duotf._ml.resume`).
 
     ``fit(df)`` checks the columns before anything runs (a :class:`~duotf.ConfigError` names a
     missing column, a wrong type, an array column whose rows differ in length, a null), then
@@ -161,6 +165,9 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
                       "arguments returning one), shipped to the nodes", typeConverter=_any)
     shuffle = Param(Params._dummy(), "shuffle", "shuffle the rows every epoch (by seed)",
                     typeConverter=TypeConverters.toBoolean)
+    runId = Param(Params._dummy(), "runId", "the fit's folder in modelDir: a fit interrupted "
+                  "resumes from its last checkpoint there when fit again with the same runId",
+                  typeConverter=TypeConverters.toString)
 
     @keyword_only
     def __init__(self, *, modelFn: Optional[core.ModelFn] = None,
@@ -173,7 +180,7 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
                  seed: Optional[int] = None, verbose: int = 0,
                  validationIndicatorCol: Optional[str] = None, validationFraction: float = 0.0,
                  weightCol: Optional[str] = None, callbacks: Optional[core.Callbacks] = None,
-                 shuffle: bool = False):
+                 shuffle: bool = False, runId: Optional[str] = None):
         super().__init__()
         self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
                          numWorkers=1, numPs=0, epochs=1, batchSize=32, verbose=0,
@@ -190,9 +197,8 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
                   modelDir: Optional[str] = None, env: Optional[Dict[str, str]] = None,
                   seed: Optional[int] = None, verbose: int = 0,
                   validationIndicatorCol: Optional[str] = None, validationFraction: float = 0.0,
-                  weightCol: Optional[str] = None,
-                  callbacks: Optional[core.Callbacks] = None,
-                  shuffle: bool = False) -> "TFEstimator":
+                  weightCol: Optional[str] = None, callbacks: Optional[core.Callbacks] = None,
+                  shuffle: bool = False, runId: Optional[str] = None) -> "TFEstimator":
         """Set the parameters given (those left None keep their values)."""
         return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
@@ -228,6 +234,7 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
         model.history = result.history
         model.results = result.results
         model.fitSeconds = result.seconds
+        model.initialEpoch = result.initialEpoch
         return model
 
     def fitMultiple(self, dataset: DataFrame, paramMaps: Sequence[ParamMap]) -> "_FitGroupIterator":
@@ -240,7 +247,15 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
         running are shut down at once, and every later ``next()`` raises that fit's error, each
         only once nothing of the group runs any more. The data checks (columns, nulls, array
         lengths: one Spark job) run once per set of columns, not once per param map.
+
+        ``runId`` is refused here (a :class:`~duotf.ConfigError`): it names one fit, and the fits
+        of a group, or of a ``CrossValidator``'s folds (each fold calls this with the same param
+        maps), would share its folder.
         """
+        if self._value("runId") is not None or any(self.runId in m for m in paramMaps):
+            raise ConfigError("runId names one fit's folder, and fitMultiple (CrossValidator, "
+                              "TrainValidationSplit) runs several fits: unset runId here (each "
+                              "fit then gets a new folder of modelDir)", param="runId")
         return _FitGroupIterator(self.copy(), dataset, list(paramMaps))
 
     def write(self) -> MLWriter:
@@ -330,7 +345,8 @@ class TFModel(Model, _SharedParams, MLReadable, MLWritable):
     ``predictionCol`` becomes the class, the index of the largest score (a double).
 
     ``history`` is the chief's Keras history (``{metric: [value per epoch]}``), ``modelPath``
-    the saved model (``to_local()`` loads it as a Keras model).
+    the saved model (``to_local()`` loads it as a Keras model), ``initialEpoch`` the epoch a
+    fit of a ``runId`` resumed at (0: it started anew).
     """
 
     predictionCol = TFEstimator.predictionCol
@@ -369,10 +385,12 @@ class TFModel(Model, _SharedParams, MLReadable, MLWritable):
         self.history: Dict[str, List[float]] = {}
         self.results: List[Any] = []
         self.fitSeconds: Optional[float] = None
+        self.initialEpoch = 0  # a resumed runId's fit: the epochs its checkpoint had done
 
     def copy(self, extra: Optional[ParamMap] = None) -> "TFModel":
         that = super().copy(extra)
         that.history, that.results, that.fitSeconds = self.history, self.results, self.fitSeconds
+        that.initialEpoch = self.initialEpoch
         return that
 
     def _value(self, name: str):
@@ -672,6 +690,6 @@ def _accessors(cls, names):
 _accessors(TFEstimator, ["modelFn", "trainFn", "trainArgs", "labelCol", "predictionCol", "argmaxCol",
                          "outputCols", "numWorkers", "numPs", "epochs", "batchSize", "modelDir", "env", "seed",
                          "verbose", "validationIndicatorCol", "validationFraction", "weightCol",
-                         "callbacks", "shuffle"])
+                         "callbacks", "shuffle", "runId"])
 _accessors(TFModel, ["predictionCol", "argmaxCol", "outputCols", "batchSize", "signatureDefKey",
                      "tagSet", "inputMapping", "outputMapping", "probabilityCol", "rawPredictionCol"])

@@ -22,6 +22,6 @@ from duotf.testing.suite.mains.models import (  # noqa: F401
     two_io_model_fn,
 )
 from duotf.testing.suite.mains.restarts import (  # noqa: F401
-    always_exit_main, ids_resume_main, keras_resume_main, mwms_resume_main, raise_main, save_then_fail_main,
-    sgd_resume_main,
+    always_exit_main, hold_after_epoch, ids_resume_main, keras_resume_main, mwms_resume_main, raise_main,
+    save_then_fail_main, sgd_resume_main,
 )

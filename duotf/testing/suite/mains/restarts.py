@@ -5,6 +5,7 @@ Pickled by value (``duotf.testing.suite.mains``), so executors need not import i
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -160,3 +161,19 @@ def keras_resume_main(args, ctx):
     kernel, bias = model.get_weights()
     return {"w": kernel[:, 0].tolist(), "b": float(bias[0]), "attempt": ctx.attempt,
             "restored": restored, "steps": counter.steps}
+
+
+def hold_after_epoch(folder: str, epoch: int):
+    """TFEstimator's callbacks in the resume test (``functools.partial(hold_after_epoch, folder,
+    2)``): at the end of ``epoch`` epochs every worker writes ``folder/held-<index>`` and holds
+    (until its node is stopped: its driver is gone), so that no later checkpoint is written."""
+    import keras
+
+    class Hold(keras.callbacks.Callback):
+        def on_epoch_end(self, done, logs=None):
+            if done + 1 == epoch:  # Keras counts from 0
+                index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+                open(os.path.join(folder, f"held-{index}"), "w").close()
+                wait_for_file(os.path.join(folder, "never"), 120.0)
+
+    return [Hold()]
