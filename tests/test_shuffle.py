@@ -72,3 +72,15 @@ def test_shuffle_settings_are_checked_and_a_drawn_seed_is_logged(caplog):
     with caplog.at_level(logging.INFO, logger="duotf.feed"):
         seed = shuffle_seed(True, None, None)
     assert isinstance(seed, int) and f"seed={seed}" in caplog.text
+
+
+def test_initial_epoch_is_checked_against_the_epochs():
+    import pytest
+
+    from duotf._driver.cluster import _check_feed_args
+    from duotf.errors import ConfigError
+
+    _check_feed_args(5, 60.0, None, 4)
+    for bad in (5, -1, True, 1.0):
+        with pytest.raises(ConfigError, match=r"initial_epoch=.*give the epochs done, 0 to 4"):
+            _check_feed_args(5, 60.0, None, bad)
