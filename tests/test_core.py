@@ -54,12 +54,12 @@ def test_errors_pickle_with_their_attributes():
 
 def test_import_is_light():
     """``import duotf``, and what every node process imports before its main (the package and
-    ``duotf._node.child``), import no engine, TensorFlow, numpy, pandas nor Arrow: each node start
-    would pay for them."""
+    ``duotf._node.child``), import no engine, TensorFlow, numpy, pandas, Arrow nor MLflow: each
+    node start would pay for them."""
     code = (
         "import sys, duotf, duotf._node.child\n"
         "heavy = [m for m in ('tensorflow', 'pyspark', 'distributed', 'dask', 'numpy', 'pandas',\n"
-        "                     'pyarrow') if m in sys.modules]\n"
+        "                     'pyarrow', 'mlflow') if m in sys.modules]\n"
         "print(heavy)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -201,7 +201,7 @@ def test_fits_at_once_book_their_slots_together_or_fail_at_once():
 
 def test_the_stage_modules_import_light():
     code = ("import sys, duotf.spark, duotf.dask, duotf._ml.estimator\n"
-            "print([m for m in ('tensorflow', 'pyspark', 'distributed', 'dask') if m in sys.modules])\n"
+            "print([m for m in ('tensorflow', 'pyspark', 'distributed', 'dask', 'mlflow') if m in sys.modules])\n"
             "duotf.dask.predict_udf, duotf.dask.feed_stream\n"
             "print('dask' in sys.modules)\n"
             "duotf.spark.TFEstimator\n"

@@ -9,7 +9,8 @@ the node program duotf writes for a Keras model (:func:`keras_main`: ``modelFn()
 ``model.keras``) or the user's own ``trainFn(args, ctx)`` (TensorFlowOnSpark's style). Every
 fit writes into a fresh folder of ``modelDir``, so the fits of a ``CrossValidator`` never
 overwrite each other's models; a fit given a ``runId`` writes into ``modelDir/<runId>``, and
-resumes from the checkpoint it finds there (:mod:`duotf._ml.resume`).
+resumes from the checkpoint it finds there (:mod:`duotf._ml.resume`). A fit called inside an
+active MLflow run logs to it from the chief (:mod:`duotf._ml.tracking`).
 
 Fits that run at once in one process (``CrossValidator(parallelism=k)``) need their task slots
 together: :func:`fit` books them in a per-engine ledger (:func:`book_slots`) before its cluster
@@ -51,7 +52,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union, cast
 
-from duotf._ml import resume
+from duotf._ml import resume, tracking
 from duotf._ml.keras_node import keras_main
 from duotf.errors import ConfigError, InsufficientSlotsError
 
@@ -97,7 +98,7 @@ FIT_PARAMS: Dict[str, Any] = {
     "numWorkers": 1, "numPs": 0, "epochs": 1, "batchSize": 32,
     "modelDir": None, "env": None, "seed": None, "verbose": 0,
     "validationIndicatorCol": None, "validationFraction": 0.0, "weightCol": None,
-    "callbacks": None, "shuffle": False, "runId": None,
+    "callbacks": None, "shuffle": False, "runId": None, "mlflowLogging": True,
 }
 
 
@@ -152,6 +153,7 @@ class FitConfig:
     callbacks: Any = None
     shuffle: bool = False
     runId: Optional[str] = None
+    mlflowLogging: bool = True
 
     @classmethod
     def from_params(cls, params: Dict[str, Any]) -> "FitConfig":
@@ -203,6 +205,9 @@ class FitConfig:
             raise ConfigError(f"shuffle={p['shuffle']!r}: give True or False", param="shuffle")
         _check_validation_and_weights(p, feature_names(p["featuresCol"]) + labels)
         resume.check_run_id(p["runId"], p["modelDir"])
+        if not isinstance(p["mlflowLogging"], bool):
+            raise ConfigError(f"mlflowLogging={p['mlflowLogging']!r}: give True (the chief logs "
+                              "to the active MLflow run, if any) or False", param="mlflowLogging")
         return cls(**p)
 
     @property
@@ -605,7 +610,8 @@ def fit(config: FitConfig, backend, key: int, data, feed_slots: int,
     120 s, the time duotf.run gives nodes to be placed and ready). ``group``: the
     :class:`FitGroup` the fit belongs to, which may stop it. ``validation``: the validation
     rows, ``{column: array}`` (the engine split and collected them), at most
-    :data:`VALIDATION_MAX_BYTES`; the nodes get them as ``args["validationData"]``.
+    :data:`VALIDATION_MAX_BYTES`; the nodes get them as ``args["validationData"]``, and
+    the MLflow run active in the calling thread, if any, as ``args["mlflow"]`` (:mod:`duotf._ml.tracking`).
     """
     from duotf._driver.api import check_run_arguments, run
     from duotf.spec import ClusterSpec
@@ -640,6 +646,7 @@ def fit(config: FitConfig, backend, key: int, data, feed_slots: int,
             "callbacks": config.callbacks, "runId": config.runId,
             "resume": state.node_args() if state is not None else None,
             "runParams": resume.run_params(config),
+            tracking.ARG: tracking.fit_target(config, validation) if config.mlflowLogging else None,
         }
         if config.modelFn is not None:
             args["modelFn"] = config.modelFn

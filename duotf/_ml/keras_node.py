@@ -7,6 +7,7 @@ import logging
 import os
 from typing import Callable
 
+from duotf._ml import tracking
 from duotf._ml.resume import checkpoint_callback, restore
 from duotf.errors import ConfigError
 
@@ -21,9 +22,10 @@ def keras_main(args, ctx):
     ``MultiWorkerMirroredStrategy`` scope, ``fit`` on this node's feed (one feed epoch per
     ``fit`` epoch, no ``steps_per_epoch``; ``(x, y, weight)`` with ``weightCol``), with the
     validation rows shipped in ``args`` as ``validation_data`` and the ``callbacks``; the chief
-    saves the model; returns the history. With a ``runId`` the chief keeps a checkpoint every
-    epoch, and ``args["resume"]`` (a checkpoint) is loaded before the fit goes on from its epoch
-    (:mod:`duotf._ml.resume`)."""
+    saves the model, and logs the fit to the MLflow run of ``args["mlflow"]`` if there is one
+    (:mod:`duotf._ml.tracking`); returns the history. With a ``runId`` the chief keeps a
+    checkpoint every epoch, and ``args["resume"]`` (a checkpoint) is loaded before the fit goes
+    on from its epoch (:mod:`duotf._ml.resume`)."""
     import tensorflow as tf
 
     import keras
@@ -56,6 +58,10 @@ def keras_main(args, ctx):
     callbacks = node_callbacks(args.get("callbacks"), args["modelDir"], ctx.is_chief)
     if args.get("runId") is not None and ctx.is_chief:  # first: it has saved when the others run
         callbacks.insert(0, checkpoint_callback(args))
+    tracker = None
+    if ctx.is_chief and args.get(tracking.ARG) is not None:  # the other workers log nothing
+        tracker = tracking.NodeTracker(args[tracking.ARG])
+        callbacks.append(tracker.callback())
     history = model.fit(batches.map(xy), epochs=args["epochs"], initial_epoch=first,
                         verbose=args["verbose"], shuffle=False, validation_data=validation,
                         callbacks=callbacks)
@@ -65,6 +71,8 @@ def keras_main(args, ctx):
         feed.terminate()
     if ctx.is_chief:
         model.save(args["modelPath"])
+        if tracker is not None:
+            tracker.log_model(model)
     before = resumed["history"] if resumed is not None else {}
     return {k: [float(v) for v in before.get(k, [])] + [float(v) for v in values]
             for k, values in history.history.items()}

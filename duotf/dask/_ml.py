@@ -40,7 +40,7 @@ SPARK_NAMES: Dict[str, str] = {
     "env": "env", "seed": "seed", "verbose": "verbose",
     "validation_indicator_col": "validationIndicatorCol", "validation_fraction": "validationFraction",
     "weight_col": "weightCol", "callbacks": "callbacks", "shuffle": "shuffle",
-    "run_id": "runId",
+    "run_id": "runId", "mlflow_logging": "mlflowLogging",
     "prediction_col": "predictionCol", "argmax_col": "argmaxCol", "output_cols": "outputCols",
     "model_path": "modelPath", "fit_seconds": "fitSeconds", "model_file": "modelFile",
     "signature_def_key": "signatureDefKey", "tag_set": "tagSet", "input_mapping": "inputMapping",
@@ -116,9 +116,9 @@ class TFEstimator(_Params):
     ``train_fn``, ``train_args``, ``features_col``, ``label_col``, ``prediction_col``,
     ``argmax_col``, ``output_cols``, ``num_workers``, ``num_ps``, ``epochs``, ``batch_size``,
     ``model_dir``, ``env``, ``seed``, ``verbose``, ``validation_indicator_col``,
-    ``validation_fraction``, ``weight_col``, ``callbacks``, ``shuffle``, ``run_id``; see
-    there), as keywords, and ``client``. Give ``run_id`` to one fit only: not to an estimator
-    that a search (``GridSearchCV``, ``cross_validate``) clones, whose fits would share its
+    ``validation_fraction``, ``weight_col``, ``callbacks``, ``shuffle``, ``run_id``,
+    ``mlflow_logging``; see there), as keywords, and ``client``. Give ``run_id`` to one fit
+    only: not to an estimator that a search (``GridSearchCV``, ``cross_validate``) clones, whose fits would share its
     folder (a clone of other parameters is refused; one of the same parameters on other rows
     is not told apart). The validation rows are computed into the driver (bounded as on Spark);
     ``validation_fraction`` hashes each row with pandas' row hash, seeded with ``seed``.
@@ -157,6 +157,7 @@ class TFEstimator(_Params):
                  validation_indicator_col: Optional[str] = None, validation_fraction: float = 0.0,
                  weight_col: Optional[str] = None, callbacks: Optional[core.Callbacks] = None,
                  shuffle: bool = False, run_id: Optional[str] = None,
+                 mlflow_logging: bool = True,
                  client: Optional[Client] = None, **spark_names: Any):
         _refuse_camel("TFEstimator", spark_names, self._PARAMS)
         # stored as given (sklearn's clone checks that get_params returns the very objects)
@@ -168,6 +169,7 @@ class TFEstimator(_Params):
         self.validation_indicator_col, self.validation_fraction = validation_indicator_col, validation_fraction
         self.weight_col, self.callbacks, self.shuffle = weight_col, callbacks, shuffle
         self.run_id = run_id
+        self.mlflow_logging = mlflow_logging
         self.client = client
 
     def __sklearn_clone__(self) -> "TFEstimator":

@@ -118,7 +118,9 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
     the fit's folder is ``modelDir/<runId>`` instead of a new one, a ``modelFn`` fit keeps a
     checkpoint there every epoch, and a fit interrupted, its driver gone, goes on from that
     checkpoint when fit again with the same ``runId``; a finished run returns its model
-    untrained; see :mod:`duotf._ml.resume`).
+    untrained; see :mod:`duotf._ml.resume`), ``mlflowLogging`` (default True: a ``modelFn`` fit
+    inside an active MLflow run logs its parameters, each epoch's metrics and the model to it
+    from the chief; the ``mlflow`` extra; a ``trainFn`` gets the run as ``args["mlflow"]``).
 
     ``fit(df)`` checks the columns before anything runs (a :class:`~duotf.ConfigError` names a
     missing column, a wrong type, an array column whose rows differ in length, a null), then
@@ -168,6 +170,8 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
     runId = Param(Params._dummy(), "runId", "the fit's folder in modelDir: a fit interrupted "
                   "resumes from its last checkpoint there when fit again with the same runId",
                   typeConverter=TypeConverters.toString)
+    mlflowLogging = Param(Params._dummy(), "mlflowLogging", "whether a fit inside an active MLflow "
+                          "run logs to it", typeConverter=TypeConverters.toBoolean)
 
     @keyword_only
     def __init__(self, *, modelFn: Optional[core.ModelFn] = None,
@@ -180,11 +184,11 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
                  seed: Optional[int] = None, verbose: int = 0,
                  validationIndicatorCol: Optional[str] = None, validationFraction: float = 0.0,
                  weightCol: Optional[str] = None, callbacks: Optional[core.Callbacks] = None,
-                 shuffle: bool = False, runId: Optional[str] = None):
+                 shuffle: bool = False, runId: Optional[str] = None, mlflowLogging: bool = True):
         super().__init__()
         self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
                          numWorkers=1, numPs=0, epochs=1, batchSize=32, verbose=0,
-                         validationFraction=0.0, shuffle=False)
+                         validationFraction=0.0, shuffle=False, mlflowLogging=True)
         self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
     @keyword_only
@@ -198,7 +202,8 @@ class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
                   seed: Optional[int] = None, verbose: int = 0,
                   validationIndicatorCol: Optional[str] = None, validationFraction: float = 0.0,
                   weightCol: Optional[str] = None, callbacks: Optional[core.Callbacks] = None,
-                  shuffle: bool = False, runId: Optional[str] = None) -> "TFEstimator":
+                  shuffle: bool = False, runId: Optional[str] = None,
+                  mlflowLogging: bool = True) -> "TFEstimator":
         """Set the parameters given (those left None keep their values)."""
         return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
@@ -690,6 +695,6 @@ def _accessors(cls, names):
 _accessors(TFEstimator, ["modelFn", "trainFn", "trainArgs", "labelCol", "predictionCol", "argmaxCol",
                          "outputCols", "numWorkers", "numPs", "epochs", "batchSize", "modelDir", "env", "seed",
                          "verbose", "validationIndicatorCol", "validationFraction", "weightCol",
-                         "callbacks", "shuffle", "runId"])
+                         "callbacks", "shuffle", "runId", "mlflowLogging"])
 _accessors(TFModel, ["predictionCol", "argmaxCol", "outputCols", "batchSize", "signatureDefKey",
                      "tagSet", "inputMapping", "outputMapping", "probabilityCol", "rawPredictionCol"])

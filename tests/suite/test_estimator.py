@@ -2,6 +2,8 @@
 mechanism under it (duotf._ml.estimator's FitGroup, whose internals it reads), kept here, out of
 the shipped suite."""
 
+import sys
+
 import pytest
 
 import duotf
@@ -65,3 +67,38 @@ def test_a_failed_fit_group_stops_its_running_cluster_and_its_waiting_fit(backen
     assert sum("slot(s) booked" in r.getMessage() for r in caplog.records) == 1
     with pytest.raises(ValueError, match="another fit of the group failed"):
         group.raise_error()
+
+
+@pytest.mark.engines("local")
+def test_the_nodes_get_the_active_mlflow_run_unless_mlflow_logging_is_off(backend, engine, tmp_path,
+                                                                          monkeypatch):
+    """The driver's half of MLflow tracking, without MLflow (a stand-in module, as the import
+    finds it): the run active in the calling thread reaches the nodes in ``args["mlflow"]``, a
+    relative tracking path made absolute, with the fit's parameters as strings; with
+    ``mlflowLogging=False``, or no active run, the nodes get None."""
+    import types
+
+    run = types.SimpleNamespace(info=types.SimpleNamespace(run_id="r1", experiment_id="7"))
+    active = [run]
+    monkeypatch.setitem(sys.modules, "mlflow", types.SimpleNamespace(
+        active_run=lambda: active[0], get_tracking_uri=lambda: "sqlite:///runs.db"))
+    monkeypatch.chdir(tmp_path)
+    data = engine.rows(linear_parts())
+
+    def handed(**params):
+        config = duotf._ml.estimator.FitConfig.from_params(dict(
+            trainFn=mains.tracking_train_fn, numWorkers=1, epochs=3, seed=0,
+            modelDir=str(tmp_path / "models"), env=ENV, **params))
+        return duotf._ml.estimator.fit(config, backend, id(backend), data, 0).history["mlflow"]
+
+    assert handed(validationFraction=0.25) == {
+        "trackingUri": f"sqlite:///{tmp_path}/runs.db", "runId": "r1", "experimentId": "7",
+        "params": {"epochs": "3", "batchSize": "32", "numWorkers": "1", "seed": "0",
+                   "featuresCol": "features", "labelCol": "label", "validationFraction": "0.25",
+                   "trainFn": "tracking_train_fn"}}
+    assert handed(mlflowLogging=False) is None
+    active[0] = None
+    assert handed() is None
+    with pytest.raises(duotf.ConfigError, match="mlflowLogging='yes': give True"):
+        duotf._ml.estimator.FitConfig.from_params(dict(trainFn=mains.tracking_train_fn,
+                                                       mlflowLogging="yes"))

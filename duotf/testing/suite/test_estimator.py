@@ -232,6 +232,71 @@ def test_validation_rows_sample_weights_and_callbacks_reach_keras_fit(backend, e
     assert os.listdir(os.path.join(fit_dir, "checkpoints")) == ["best.keras"]
 
 
+# -- MLflow tracking (the mlflow extra) ----------------------------------------------------------
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server for the session (:mod:`duotf.testing.tracking`: SQLite
+    store, artifacts served over HTTP), stopped with its workers at the end; telemetry off."""
+    from duotf.testing.tracking import SERVER_ENV, mlflow_server as serve, server_command
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+        pytest.importorskip("mlflow", reason="the mlflow extra (mlflow-skinny) is not installed")
+        command = server_command()
+        if command is None:
+            message = (f"no MLflow server to run: set {SERVER_ENV} to the mlflow command of a full "
+                       "MLflow install (.ci/run makes one), or pip install mlflow")
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+        with serve(str(tmp_path_factory.mktemp("mlflow")), command) as url:
+            yield url
+
+
+@pytest.mark.engines("dask", "spark-local")
+def test_a_fit_inside_an_mlflow_run_logs_its_parameters_metrics_and_model(backend, engine, tmp_path,
+                                                                        mlflow_server, monkeypatch):
+    """A fit inside an active MLflow run logs to it from the chief (mlflowLogging, on by
+    default), read back from a real tracking server: the fit's parameters, each epoch's loss and
+    val_loss at step=epoch, once (no other worker logs) and equal to the fitted model's history,
+    and the model (MLflow's Keras flavor), which loads and predicts what the fitted model does.
+    The run stays the caller's: running until its ``with`` block ends."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    quiet = {"MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+    for name, value in dict(quiet, MLFLOW_TRACKING_URI=mlflow_server).items():
+        monkeypatch.setenv(name, value)  # no tqdm bar, whose monitor thread would outlive the test
+    client = MlflowClient()
+    experiment = client.create_experiment(f"duotf-{engine.__class__.__name__}-{tmp_path.name}")
+    TFEstimator, _, extra = engine.ml_stages()
+    parts = [[(*r, r[0] % 5 == 0, 1.0) for r in p] for p in linear_parts()]  # 13 validation rows
+    est = TFEstimator(**_params(engine, modelFn=mains.linear_model_fn, numWorkers=WORKERS,
+                                epochs=EPOCHS, batchSize=BATCH, seed=SEED,
+                                modelDir=str(tmp_path / "models"), validationIndicatorCol="val",
+                                env=dict(ENV, **quiet)), **extra)
+    with mlflow.start_run(experiment_id=experiment) as run:
+        model = est.fit(engine.table(parts, HOLDOUT_SCHEMA))
+        assert client.get_run(run.info.run_id).info.status == "RUNNING"
+    logged = client.get_run(run.info.run_id)
+    params = dict(logged.data.params)
+    assert float(params.pop("learningRate")) == pytest.approx(LR)
+    assert params == {"epochs": str(EPOCHS), "batchSize": str(BATCH), "numWorkers": str(WORKERS),
+                      "seed": str(SEED), "featuresCol": "features", "labelCol": "label",
+                      "validationIndicatorCol": "val", "validationRows": "13", "optimizer": "SGD"}
+    assert sorted(logged.data.metrics) == sorted(model.history) == ["loss", "val_loss"]
+    for name, values in model.history.items():
+        points = sorted(client.get_metric_history(run.info.run_id, name), key=lambda m: m.step)
+        assert [(m.step, m.value) for m in points] == list(enumerate(values)), name
+
+    models = mlflow.search_logged_models(experiment_ids=[experiment], output_format="list")
+    assert [(m.name, m.source_run_id) for m in models] == [("model", run.info.run_id)]
+    x = np.array([r[1] for p in parts for r in p], np.float32)
+    np.testing.assert_array_equal(
+        mlflow.keras.load_model(f"runs:/{run.info.run_id}/model").predict(x, verbose=0),
+        model.to_local().predict(x, verbose=0))
+
+
 # -- a model of two inputs and two outputs ---------------------------------------------------------
 TWO_IO_SCHEMA = {"id": "long", "a": "array<float>", "b": "double", "label": "double",
                  "label2": "array<float>"}

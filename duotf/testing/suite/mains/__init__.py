@@ -18,8 +18,8 @@ from duotf.testing.suite.mains.feeding import (  # noqa: F401
 from duotf.testing.suite.mains.models import (  # noqa: F401
     argv_main, epoch_report_main, holdout_callbacks, infer_model, keras_fit_main, keras_linear, keras_predict_main,
     keras_unsupported_main, linear_model_fn, linear_train_fn, load_keras, report_main, RowSource,
-    scoring_stats, started_train_fn, step_counter, talk_main, tensorboard_main, trial_main,
-    two_io_model_fn,
+    scoring_stats, started_train_fn, step_counter, talk_main, tensorboard_main, tracking_train_fn,
+    trial_main, two_io_model_fn,
 )
 from duotf.testing.suite.mains.restarts import (  # noqa: F401
     always_exit_main, hold_after_epoch, ids_resume_main, keras_resume_main, mwms_resume_main, raise_main,

@@ -222,6 +222,16 @@ def started_train_fn(args, ctx):
     wait_for_file(os.path.join(folder, "never"), 120.0)
 
 
+def tracking_train_fn(args, ctx):
+    """TFEstimator's trainFn in the MLflow test: reads no row (the feed terminated), the chief
+    writes a stand-in for the model; its history is the MLflow run it was handed."""
+    ctx.get_data_feed(train=True).terminate()
+    if ctx.is_chief:
+        with open(args["modelPath"], "wb") as f:
+            f.write(b"not a model")
+    return {"mlflow": args["mlflow"]}
+
+
 def talk_main(args, ctx):
     """Writes to every output a node has: print, sys.stderr, fd 2 directly, and logging."""
     import logging
