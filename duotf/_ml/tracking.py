@@ -147,7 +147,7 @@ class NodeTracker:
                 params["optimizer"] = type(optimizer).__name__
                 rate = _learning_rate(optimizer)
                 if rate is not None:
-                    params["learningRate"] = str(rate)
+                    params["learningRate"] = rate
             self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in sorted(params.items())])
 
         self._try("the fit's parameters", step)
@@ -199,14 +199,19 @@ class NodeTracker:
         return MlflowTracking()
 
 
-def _learning_rate(optimizer) -> Optional[float]:
+def _learning_rate(optimizer) -> Optional[str]:
     """The optimizer's learning rate as its config says (its variable read as a number, even
-    under a distribution strategy); None for a schedule, which has no one value."""
+    under a distribution strategy), written as the float32 it is held in (``0.05``, not
+    ``0.05000000074505806``); None for a schedule, which has no one value."""
+    import numpy as np
+
     try:
         rate = optimizer.get_config().get("learning_rate")
     except Exception:  # an optimizer of one's own whose config fails: logged without it
         return None
-    return float(rate) if isinstance(rate, (int, float)) and not isinstance(rate, bool) else None
+    if not isinstance(rate, (int, float)) or isinstance(rate, bool):
+        return None
+    return str(np.float32(rate))
 
 
 def _signature(model):
