@@ -53,3 +53,33 @@ def test_the_chief_warns_once_when_the_server_fails_and_logs_nothing_more(monkey
     tracker.log_epoch(1, {"loss": 0.5})
     tracker.log_model(object())  # not even tried: a model would fail otherwise
     assert len(caplog.records) == 1
+
+
+def test_the_chief_logs_the_parameters_and_each_number_of_an_epoch(monkeypatch):
+    """What reaches the client: the fit's parameters with the optimizer's name and learning
+    rate (as the float32 it is held in), and an epoch's numbers at its step (a value of one
+    number per class is left out)."""
+    import types
+
+    import keras
+    import numpy as np
+
+    mlflow = pytest.importorskip("mlflow", reason="the mlflow extra (mlflow-skinny) is not installed")
+
+    batches = []
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    monkeypatch.setattr(mlflow, "MlflowClient", lambda tracking_uri: types.SimpleNamespace(
+        log_batch=lambda run_id, **logged: batches.append((tracking_uri, run_id, logged))))
+    tracker = tracking.NodeTracker({"trackingUri": "http://server", "runId": "r1",
+                                    "experimentId": "0", "params": {"epochs": "2"}})
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.Adam(1e-3), "mse")
+    tracker.log_params(model)
+    tracker.log_epoch(1, {"loss": np.float32(0.5), "val_loss": 0.25, "per_class": np.ones(3)})
+    assert not tracker.failed
+    (uri, run, params), (_, _, metrics) = batches
+    assert (uri, run) == ("http://server", "r1")
+    assert {p.key: p.value for p in params["params"]} == {"epochs": "2", "optimizer": "Adam",
+                                                          "learningRate": "0.001"}
+    assert [(m.key, m.value, m.step) for m in metrics["metrics"]] == [("loss", 0.5, 1),
+                                                                    ("val_loss", 0.25, 1)]

@@ -153,12 +153,18 @@ class NodeTracker:
         self._try("the fit's parameters", step)
 
     def log_epoch(self, epoch: int, logs: Optional[Dict[str, Any]]) -> None:
-        """One epoch's metrics (``logs`` of ``on_epoch_end``), at ``step=epoch``."""
+        """One epoch's metrics (``logs`` of ``on_epoch_end``), at ``step=epoch``; a value that
+        is not one number (a metric of one value per class) is left out."""
         def step():
             from mlflow.entities import Metric
 
             now = int(time.time() * 1000)
-            metrics = [Metric(str(k), float(v), now, epoch) for k, v in sorted((logs or {}).items())]
+            metrics = []
+            for name, value in sorted((logs or {}).items()):
+                try:
+                    metrics.append(Metric(str(name), float(value), now, epoch))
+                except (TypeError, ValueError):
+                    continue
             if metrics:
                 self.client.log_batch(self.run_id, metrics=metrics)
 
