@@ -64,10 +64,9 @@ def test_the_chief_logs_the_parameters_and_each_number_of_an_epoch(monkeypatch):
     import keras
     import numpy as np
 
+    monkeypatch.setattr(os, "environ", dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true"))
     mlflow = pytest.importorskip("mlflow", reason="the mlflow extra (mlflow-skinny) is not installed")
-
     batches = []
-    monkeypatch.setattr(os, "environ", dict(os.environ))
     monkeypatch.setattr(mlflow, "MlflowClient", lambda tracking_uri: types.SimpleNamespace(
         log_batch=lambda run_id, **logged: batches.append((tracking_uri, run_id, logged))))
     tracker = tracking.NodeTracker({"trackingUri": "http://server", "runId": "r1",
