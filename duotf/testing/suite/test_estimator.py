@@ -1,5 +1,6 @@
 """The ML stages: ``duotf.spark.TFEstimator``/``TFModel`` and their Dask twin (fit, score,
-to_local, save, load), with the same seed giving the same predictions on every engine. Spark ML
+to_local, save, load), with the same seed giving the same predictions on every engine, and a
+fit's MLflow tracking against a real tracking server. Spark ML
 alone (a ``Pipeline``, a ``CrossValidator``, an estimator saved): tests/test_spark_estimator.py."""
 
 from __future__ import annotations
