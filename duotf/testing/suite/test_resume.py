@@ -3,7 +3,8 @@ fit given the same ``runId`` again goes on from the checkpoint of that epoch.
 
 The driver runs in a process of its own, fitting on the engine under test (a Dask client of the
 engine's scheduler; on Spark a ``local[3]`` session of its own, as a driver always has its own
-Spark application). Its callback holds every worker at the end of epoch 2, after the chief's
+Spark application; on Spark Connect a client of the same server, whose process is the driver
+of duotf's cluster). Its callback holds every worker at the end of epoch 2, after the chief's
 checkpoint; the test then SIGKILLs it, checks that its nodes end (their agent sees the driver
 gone, or their node processes miss the agent's pings for ``heartbeat_timeout``), and fits again
 with the same ``runId`` in this process.
@@ -79,7 +80,8 @@ def fit_in_a_driver(where: str, model_dir: str, held: str) -> None:
 
         import duotf.spark
 
-        session = (SparkSession.builder.master(address).config("spark.ui.enabled", "false")
+        session = (SparkSession.builder.remote(address).getOrCreate() if kind == "connect" else
+                   SparkSession.builder.master(address).config("spark.ui.enabled", "false")
                    .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
                    .config("spark.pyspark.python", sys.executable).getOrCreate())
         ddl = ", ".join(f"`{name}` {kind}" for name, kind in SCHEMA.items())
@@ -89,13 +91,15 @@ def fit_in_a_driver(where: str, model_dir: str, held: str) -> None:
 
 
 def _where(engine) -> str:
+    if getattr(engine, "url", "").startswith("sc://"):  # a client of the same Connect server
+        return "connect:" + engine.url
     session = getattr(engine, "session", None)
     if session is not None:
         return "spark:local[3]"  # a driver of its own has an application of its own
     return "dask:" + engine.client.scheduler.address
 
 
-@pytest.mark.engines("dask", "spark-local")
+@pytest.mark.engines("dask", "spark-local", "spark-connect")
 def test_a_fit_whose_driver_was_killed_resumes_from_its_last_checkpoint(backend, engine, tmp_path,
                                                                         caplog):
     import logging
