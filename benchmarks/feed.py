@@ -335,6 +335,24 @@ def arrow_batches(session, rows: int, epochs: int, rounds: int) -> None:
     df.unpersist()
 
 
+def compare_in_one_session(opts, title: str, compare, rounds: int) -> None:
+    """``compare(session, rows, epochs, rounds)`` in a Spark session of its own on
+    ``--spark-master``, after a warm-up feed."""
+    from pyspark.sql import SparkSession
+
+    session = checkout_on_executors(
+        SparkSession.builder.master(opts.spark_master).config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")).getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        print(title)
+        run_duotf(session, spark_data(session, opts.rows, False, 8), 1, 3144,
+                  "first feed of the session (warm-up)")
+        compare(session, opts.rows, opts.epochs, rounds)
+    finally:
+        session.stop()
+
+
 def shuffle_rounds(session, rows: int, epochs: int, rounds: int) -> None:
     """The default ``train(df, epochs)`` against ``train(df, epochs, shuffle=True, seed=r)``,
     alternating, on the MNIST-like ``array<float>`` DataFrame: what shuffling costs."""
@@ -744,36 +762,14 @@ def cli():
             session.stop()
         return
     if opts.shuffle:
-        from pyspark.sql import SparkSession
-
-        session = checkout_on_executors(
-            SparkSession.builder.master(opts.spark_master).config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")).getOrCreate()
-        session.sparkContext.setLogLevel("ERROR")
-        try:
-            print(f"Shuffling, Spark {opts.spark_master}, {opts.rows} MNIST-like rows, train "
-                  f"{opts.epochs} epochs, plain and shuffle=True:")
-            run_duotf(session, spark_data(session, opts.rows, False, 8), 1, 3144,
-                      "first feed of the session (warm-up)")
-            shuffle_rounds(session, opts.rows, opts.epochs, opts.shuffle)
-        finally:
-            session.stop()
+        compare_in_one_session(opts, f"Shuffling, Spark {opts.spark_master}, {opts.rows} MNIST-like "
+                               f"rows, train {opts.epochs} epochs, plain and shuffle=True:",
+                               shuffle_rounds, opts.shuffle)
         return
     if opts.arrow_batches:
-        from pyspark.sql import SparkSession
-
-        session = checkout_on_executors(
-            SparkSession.builder.master(opts.spark_master).config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")).getOrCreate()
-        session.sparkContext.setLogLevel("ERROR")
-        try:
-            print(f"Arrow batches, Spark {opts.spark_master}, {opts.rows} MNIST-like rows, "
-                  f"train {opts.epochs} epochs and inference:")
-            run_duotf(session, spark_data(session, opts.rows, False, 8), 1, 3144,
-                      "first feed of the session (warm-up)")
-            arrow_batches(session, opts.rows, opts.epochs, opts.arrow_batches)
-        finally:
-            session.stop()
+        compare_in_one_session(opts, f"Arrow batches, Spark {opts.spark_master}, {opts.rows} "
+                               f"MNIST-like rows, train {opts.epochs} epochs and inference:",
+                               arrow_batches, opts.arrow_batches)
         return
     x = np.random.default_rng(0).random((opts.rows, 784), dtype=np.float32)
     y = np.arange(opts.rows, dtype=np.int64) % 10
