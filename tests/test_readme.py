@@ -159,7 +159,7 @@ def test_every_code_block_of_the_readme_and_the_docs_is_run_or_says_why_not():
 
 
 def test_quickstart_commands_are_what_ci_runs_and_the_example_trains():
-    quiet = {"-q", "--durations=15"}  # CI's output flags
+    quiet = {"-q", "--durations=40"}  # CI's output flags
     ci = [" ".join(w for w in line.split() if w not in quiet)
           for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     codes = blocks(QUICKSTART)  # the README's and Getting started's

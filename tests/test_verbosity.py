@@ -188,7 +188,9 @@ NOISE = ["All log messages before absl::InitializeLog() is called",
          "1 rows left over after giving each of 2 workers 50 rows are not fed"]
 
 
-@pytest.mark.parametrize("engine", ["local", "dask", "spark"])
+# dask and spark: the local backend's nodes are the same node processes as Dask's, and its
+# driver the same duotf.run (cut from CI's time; it passed with them)
+@pytest.mark.parametrize("engine", ["dask", "spark"])
 def test_a_keras_fit_on_the_feed_is_quiet_unless_verbose(tmp_path, engine):
     """Issue 32, item 4: TensorFlow's start-up notes, Keras's warnings about the feed's dataset,
     the balanced plan's left-over rows and Spark's console progress bar are hidden by default;
