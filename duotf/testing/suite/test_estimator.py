@@ -254,7 +254,7 @@ def mlflow_server(tmp_path_factory):
             yield url
 
 
-@pytest.mark.engines("dask", "spark-local")  # the run is found in the driver: one Spark client
+@pytest.mark.engines("dask", "spark-local", "spark-connect")
 def test_a_fit_inside_an_mlflow_run_logs_its_parameters_metrics_and_model(backend, engine, tmp_path,
                                                                         mlflow_server, monkeypatch):
     """A fit inside an active MLflow run logs to it from the chief (mlflowLogging, on by
