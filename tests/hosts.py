@@ -1,5 +1,16 @@
 """Separate hosts on this one machine, for tests: Linux network namespaces (root only).
 
+:class:`Network` makes real separate hosts: a bridge in this (the driver's) namespace and, for
+each host, a network namespace joined to it by a veth pair, with an address of its own on a
+private subnet. A process started on a host (:meth:`Network.start`) also gets a hostname, a
+``/dev/shm`` (a tmpfs) and a mount namespace of its own, so that a feeding task and a node on
+different hosts cannot share memory, as on two machines; the file system is shared (as an NFS
+home is). :meth:`Network.cut` takes a host's link down (no FIN, no RST: a partition) and
+:meth:`Network.restore` brings it back; :meth:`Network.kill` kills every process of a host at
+once (a host lost). :func:`spark_cluster` and :func:`dask_cluster` start a Spark standalone
+cluster and a Dask cluster whose workers are on the hosts, with the master or scheduler (and
+the driver) on the bridge. Everything is removed on the way out, processes included.
+
 :func:`client_namespace` makes a namespace with nothing but its own loopback, and lets it open
 connections to one port of this machine's loopback and to nothing else: a forwarder pair joins a
 TCP port inside the namespace to the outside through a Unix socket (namespaces share the file
@@ -17,12 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from typing import Iterator, List, Optional
 
@@ -85,6 +98,209 @@ def client_namespace(server_port: int, port_inside: int = 15002) -> Iterator[str
             proc.wait(10)
         subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# -- separate hosts on a bridge ------------------------------------------------------------------
+#: what a host runs first: its own hostname, /etc/hosts (every host's name, so that nothing
+#: waits on a DNS server it cannot reach) and /dev/shm, in a mount namespace of its own
+_HOST_SHELL = ('hostname "$1" && mount --bind "$2" /etc/hosts && '
+               'mount -t tmpfs -o size=4g,mode=1777 duotf-shm /dev/shm && shift 2 && exec "$@"')
+
+
+class Network:
+    """``hosts`` separate hosts on a bridge of this machine (see the module's docstring).
+
+    The driver (this process) is ``driver_ip``, the bridge's address; host ``i`` (from 0) is
+    ``ips[i]`` in namespace ``names[i]``. Use it as a context manager: every process started on a
+    host is killed, and the namespaces and the bridge removed, on the way out.
+    """
+
+    def __init__(self, hosts: int = 2):
+        tag = uuid.uuid4().hex[:6]
+        self.subnet = 10 + int(tag[:2], 16) % 200  # 10.213.<subnet>.0/24: unlikely to be in use
+        self.bridge = f"dtb{tag}"
+        self.driver_ip = f"10.213.{self.subnet}.1"
+        self.names = [f"duotf-host{i}-{tag}" for i in range(hosts)]
+        self.ips = [f"10.213.{self.subnet}.{11 + i}" for i in range(hosts)]
+        self.hostnames = [f"duotf-host{i}" for i in range(hosts)]
+        self._links = [f"dtv{tag}{i}" for i in range(hosts)]  # the bridge's end of each host's pair
+        self._procs: List[subprocess.Popen] = []
+        self.folder = tempfile.mkdtemp(prefix="duotf-hosts-")
+        self.hosts_file = os.path.join(self.folder, "hosts")
+        with open(self.hosts_file, "w") as f:
+            f.write(f"127.0.0.1 localhost\n{self.driver_ip} duotf-driver\n")
+            f.writelines(f"{ip} {name}\n" for ip, name in zip(self.ips, self.hostnames))
+
+    def __enter__(self) -> "Network":
+        try:
+            _ip("link", "add", self.bridge, "type", "bridge")
+            _ip("addr", "add", f"{self.driver_ip}/24", "dev", self.bridge)
+            _ip("link", "set", self.bridge, "up")
+            for name, ip, link in zip(self.names, self.ips, self._links):
+                _ip("netns", "add", name)
+                _ip("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", name)
+                _ip("link", "set", link, "master", self.bridge, "up")
+                _ip("-n", name, "addr", "add", f"{ip}/24", "dev", "eth0")
+                _ip("-n", name, "link", "set", "eth0", "up")
+                _ip("-n", name, "link", "set", "lo", "up")
+                _ip("-n", name, "route", "add", "default", "via", self.driver_ip)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self, host: int, argv: List[str], env: Optional[dict] = None,
+              log: Optional[str] = None) -> subprocess.Popen:
+        """``argv`` started on host ``host`` (in a session of its own), its output to ``log``."""
+        out = open(log or os.devnull, "ab")
+        try:
+            proc = subprocess.Popen(
+                in_namespace(self.names[host], ["unshare", "-m", "-u", "--propagation", "private",
+                                                "sh", "-c", _HOST_SHELL, "host",
+                                                self.hostnames[host], self.hosts_file, *argv]),
+                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        finally:
+            out.close()
+        self._procs.append(proc)
+        return proc
+
+    def pids(self, host: int) -> List[int]:
+        """Every process on host ``host`` now."""
+        found = subprocess.run(["ip", "netns", "pids", self.names[host]], capture_output=True,
+                               text=True, timeout=30)
+        return [int(word) for word in found.stdout.split()]
+
+    def kill(self, host: int) -> None:
+        """Kill every process of host ``host`` at once (SIGKILL): the host is lost."""
+        for pid in self.pids(host):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+    def cut(self, host: int) -> None:
+        """Take host ``host``'s link down: its packets go nowhere, no connection is told."""
+        _ip("link", "set", self._links[host], "down")
+
+    def restore(self, host: int) -> None:
+        """Bring host ``host``'s link back up."""
+        _ip("link", "set", self._links[host], "up")
+
+    def close(self) -> None:
+        for host in range(len(self.names)):
+            with contextlib.suppress(Exception):
+                self.kill(host)
+        for proc in self._procs:
+            with contextlib.suppress(Exception):
+                os.killpg(proc.pid, 9)
+            with contextlib.suppress(Exception):
+                proc.wait(10)
+        for name, link in zip(self.names, self._links):
+            subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=30)
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=30)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _log_text(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _wait_for(what: str, found, timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = found()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise RuntimeError(f"{what}: not within {timeout:g} s")
+
+
+@contextlib.contextmanager
+def spark_cluster(net: Network, cores: int = 2, memory: str = "2g") -> Iterator[str]:
+    """A Spark standalone master on the driver's address and a worker of ``cores`` cores on
+    every host of ``net``; yields the master URL. Stopped (with its executors) on the way out."""
+    import pyspark
+
+    home = os.path.dirname(pyspark.__file__)
+    spark_class = os.path.join(home, "bin", "spark-class")
+    base = dict(os.environ, SPARK_HOME=home, PYSPARK_PYTHON=sys.executable, SPARK_NO_DAEMONIZE="1")
+    master_log = os.path.join(net.folder, "master.log")
+    with open(master_log, "wb") as out:
+        master = subprocess.Popen(
+            [spark_class, "org.apache.spark.deploy.master.Master", "--host", net.driver_ip,
+             "--port", "0", "--webui-port", "0"], stdout=out, stderr=subprocess.STDOUT,
+            env=dict(base, SPARK_LOCAL_IP=net.driver_ip), start_new_session=True)
+    try:
+        def url():
+            if master.poll() is not None:
+                raise RuntimeError("Spark master exited:\n" + _log_text(master_log)[-3000:])
+            found = re.search(r"Starting Spark master at (spark://\S+)", _log_text(master_log))
+            return found and found.group(1)
+
+        master_url = _wait_for("the Spark master's start", url)
+        logs = []
+        for host, ip in enumerate(net.ips):
+            logs.append(os.path.join(net.folder, f"spark-worker{host}.log"))
+            env = dict(base, SPARK_LOCAL_IP=ip,
+                       SPARK_LOCAL_DIRS=os.path.join(net.folder, f"spark-local{host}"))
+            net.start(host, [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", ip,
+                             "--port", "0", "--webui-port", "0", "--cores", str(cores),
+                             "--memory", memory, "--work-dir",
+                             os.path.join(net.folder, f"spark-work{host}"), master_url],
+                      env=env, log=logs[-1])
+        for host, log in enumerate(logs):
+            _wait_for(f"the Spark worker of host {host} registering",
+                      lambda: "Successfully registered with master" in _log_text(log))
+        yield master_url
+    finally:
+        with contextlib.suppress(Exception):
+            os.killpg(master.pid, 15)
+            master.wait(15)
+        with contextlib.suppress(Exception):
+            os.killpg(master.pid, 9)
+            master.wait(10)
+
+
+@contextlib.contextmanager
+def dask_cluster(net: Network, threads: int = 2) -> Iterator[str]:
+    """A Dask scheduler on the driver's address and one worker (with its nanny) of
+    ``threads`` threads on every host of ``net``; yields the scheduler's address."""
+    log = os.path.join(net.folder, "dask-scheduler.log")
+    with open(log, "wb") as out:
+        scheduler = subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", net.driver_ip,
+             "--port", "0", "--no-dashboard"], stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    try:
+        def address():
+            if scheduler.poll() is not None:
+                raise RuntimeError("Dask scheduler exited:\n" + _log_text(log)[-3000:])
+            found = re.search(r"Scheduler at:\s+(tcp://\S+)", _log_text(log))
+            return found and found.group(1)
+
+        found = _wait_for("the Dask scheduler's start", address)
+        for host, ip in enumerate(net.ips):
+            net.start(host, [sys.executable, "-m", "distributed.cli.dask_worker", found,
+                             "--host", ip, "--nthreads", str(threads), "--nworkers", "1",
+                             "--no-dashboard", "--name", net.hostnames[host],
+                             "--local-directory", os.path.join(net.folder, f"dask{host}")],
+                      log=os.path.join(net.folder, f"dask-worker{host}.log"))
+        yield found
+    finally:
+        with contextlib.suppress(Exception):
+            os.killpg(scheduler.pid, 15)
+            scheduler.wait(15)
+        with contextlib.suppress(Exception):
+            os.killpg(scheduler.pid, 9)
+            scheduler.wait(10)
 
 
 # -- the forwarder -------------------------------------------------------------------------------
