@@ -150,6 +150,34 @@ def _standalone_cluster(workers: int, cores: int, env: dict = None):
         shutil.rmtree(root, ignore_errors=True)
 
 
+# -- separate hosts (network namespaces: tests/hosts.py) -----------------------------------------
+def _hosts_or_skip():
+    from tests import hosts
+
+    why = hosts.unavailable()
+    if why:
+        pytest.skip(f"no separate hosts here: {why}")
+    return hosts
+
+
+@pytest.fixture(scope="session")
+def spark_hosts_master():
+    """A standalone master on a bridge's address and a worker of 2 cores on each of 2 separate
+    hosts (tests/hosts.py); yields ``(network, master URL)``."""
+    hosts = _hosts_or_skip()
+    with hosts.Network(2) as net, hosts.spark_cluster(net, cores=2) as url:
+        yield net, url
+
+
+@pytest.fixture(scope="session")
+def dask_hosts_scheduler():
+    """A Dask scheduler on a bridge's address and a worker (with its nanny) of 2 threads on
+    each of 2 separate hosts (tests/hosts.py); yields ``(network, scheduler address)``."""
+    hosts = _hosts_or_skip()
+    with hosts.Network(2) as net, hosts.dask_cluster(net, threads=2) as address:
+        yield net, address
+
+
 @pytest.fixture(autouse=True)
 def _classic_pyspark_outside_connect_tests(request):
     """pyspark marks the whole process "remote" (``SPARK_CONNECT_MODE_ENABLED``) once a Spark

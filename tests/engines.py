@@ -544,6 +544,39 @@ class SparkConnectEngine(SparkEngine):
         pytest.skip("a Spark Connect client sees no job of the server's Spark UI")
 
 
+class SparkHostsEngine(SparkStandaloneEngine):
+    """A standalone cluster across 2 separate hosts (``spark_hosts_master``): one executor of 2
+    cores on each, the driver on the bridge. Opt-in: it runs the tests that name it, those of
+    feeding, inference, restarts and failures across hosts, not the whole suite."""
+
+    opt_in = True
+
+    @classmethod
+    def _session(cls, request):
+        cls.hosts, url = request.getfixturevalue("spark_hosts_master")
+        ip = cls.hosts.driver_ip
+        return _spark_session(url, **{"spark.executor.cores": "2", "spark.cores.max": "4",
+                                      "spark.executor.memory": "1g", "spark.driver.host": ip,
+                                      "spark.driver.bindAddress": ip})
+
+
+class DaskHostsEngine(DaskEngine):
+    """A Dask scheduler on the bridge and a worker on each of 2 separate hosts
+    (``dask_hosts_scheduler``). Opt-in, as :class:`SparkHostsEngine`."""
+
+    opt_in = True
+
+    @classmethod
+    @contextlib.contextmanager
+    def start(cls, request):
+        from distributed import Client
+
+        cls.hosts, address = request.getfixturevalue("dask_hosts_scheduler")
+        with Client(address) as client:
+            client.wait_for_workers(cls.executors, timeout=120)
+            yield cls(duotf.backends.resolve_backend(client)[0], client)
+
+
 #: the ``backend`` fixture's params, in the order the suite runs them
 ENGINES: Dict[str, Type[Engine]] = {
     "local": LocalEngine,
@@ -552,4 +585,6 @@ ENGINES: Dict[str, Type[Engine]] = {
     "spark-local": SparkLocalEngine,
     "spark-standalone": SparkStandaloneEngine,
     "spark-connect": SparkConnectEngine,
+    "spark-hosts": SparkHostsEngine,
+    "dask-hosts": DaskHostsEngine,
 }

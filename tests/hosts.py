@@ -173,6 +173,14 @@ class Network:
                                text=True, timeout=30)
         return [int(word) for word in found.stdout.split()]
 
+    def host_of(self, pid: int) -> Optional[int]:
+        """The host process ``pid`` runs on (None: this, the driver's, namespace)."""
+        inode = os.stat(f"/proc/{pid}/ns/net").st_ino
+        for host, name in enumerate(self.names):
+            if os.stat(f"/run/netns/{name}").st_ino == inode:
+                return host
+        return None
+
     def kill(self, host: int) -> None:
         """Kill every process of host ``host`` at once (SIGKILL): the host is lost."""
         for pid in self.pids(host):

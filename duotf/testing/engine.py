@@ -73,6 +73,12 @@ class Engine(abc.ABC):
     converts_frames_once = False
     #: ... and that conversion runs in the engine's JVM (duotf's jar in a classic Spark session)
     converts_in_jvm = False
+    #: runs only the tests that name its kind (``engines(...)`` or ``also_on(...)``), not every
+    #: unmarked one: for an engine as costly to run as one across separate hosts
+    opt_in = False
+    #: the separate hosts its workers run on (an object with ``names``, ``cut(i)``,
+    #: ``restore(i)``, ``kill(i)``, ``host_of(pid)``), or None where every worker shares one host
+    hosts: Any = None
 
     def __init__(self, backend: Backend, handle: Any = None):
         self.backend = backend

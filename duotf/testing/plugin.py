@@ -7,8 +7,10 @@ It provides:
 - ``backend``: session-scoped, parametrized over the declared engines (the test id is the
   engine's kind): a duotf Backend with room for 2 nodes and for the tasks feeding them;
 - ``engine``: the :class:`~duotf.testing.Engine` under ``backend``;
-- the markers ``engines(*kinds)`` (run a test on these kinds only) and
-  ``xfail_on(*kinds, reason=...)`` (a strict xfail on these kinds);
+- the markers ``engines(*kinds)`` (run a test on these kinds only),
+  ``also_on(*kinds)`` (run it on these opt-in kinds too: an engine whose ``opt_in`` is true
+  runs only the tests that name it) and ``xfail_on(*kinds, reason=...)`` (a strict xfail on
+  these kinds);
 - ``scoring_models``: the tiny saved Keras models of the scoring tests;
 - ``no_leaks``: autouse, the leak check of :mod:`duotf.testing.leaks` after every test (a
   project overrides it with a fixture of that name).
@@ -49,7 +51,8 @@ except ImportError:
     pass
 
 #: the kinds the shipped suite's ``engines(...)`` markers name: duotf's own engines
-SUITE_KINDS = ("local", "procpool", "dask", "spark-local", "spark-standalone", "spark-connect")
+SUITE_KINDS = ("local", "procpool", "dask", "spark-local", "spark-standalone", "spark-connect",
+               "spark-hosts", "dask-hosts")
 
 _ENGINES = pytest.StashKey[Dict[str, Type[Engine]]]()
 _running: dict = {}  # kind -> the Engine the backend fixture holds now
@@ -92,6 +95,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "engines(*kinds): run this test on these kinds of the backend fixture only")
     config.addinivalue_line(
+        "markers", "also_on(*kinds): run this test on these opt-in kinds of the backend fixture "
+        "too (an engine whose opt_in is true runs only the tests that name it)")
+    config.addinivalue_line(
         "markers", "xfail_on(*kinds, reason): a known defect of these kinds of the backend "
         "fixture (a strict xfail: it fails once the defect is fixed, to be removed then)")
 
@@ -132,9 +138,24 @@ def _kind_in(item, marker) -> bool:
     return params["backend"] in kinds
 
 
+def _runs_on(item) -> bool:
+    """Whether ``item`` runs on its ``backend`` kind: every kind its ``engines`` marker names
+    (every kind without one), but an opt-in kind only where ``engines`` or ``also_on`` names it."""
+    marker = item.get_closest_marker("engines")
+    if marker is not None and not _kind_in(item, marker):
+        return False
+    kind = getattr(getattr(item, "callspec", None), "params", {}).get("backend")
+    engine = engines_of(item.config).get(kind)
+    if engine is None or not engine.opt_in:
+        return True
+    also = item.get_closest_marker("also_on")
+    return marker is not None or (also is not None and _kind_in(item, also))
+
+
 def pytest_collection_modifyitems(config, items):
-    """``engines(...)`` deselects a test on the other engines; ``xfail_on(...)`` marks it a
-    strict xfail on the engines named. Both keep the one ``backend`` fixture, so each engine is
+    """``engines(...)`` deselects a test on the other engines, and an opt-in engine runs only
+    the tests that name it (``engines`` or ``also_on``); ``xfail_on(...)`` marks a test a
+    strict xfail on the engines named. All keep the one ``backend`` fixture, so each engine is
     still started once and two engines of one kind never overlap."""
     kept: List[pytest.Item] = []
     dropped: List[pytest.Item] = []
@@ -142,8 +163,7 @@ def pytest_collection_modifyitems(config, items):
         for marker in item.iter_markers("xfail_on"):
             if _kind_in(item, marker):
                 item.add_marker(pytest.mark.xfail(reason=marker.kwargs["reason"], strict=True))
-        marker = item.get_closest_marker("engines")
-        (dropped if marker is not None and not _kind_in(item, marker) else kept).append(item)
+        (kept if _runs_on(item) else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

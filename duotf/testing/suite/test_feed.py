@@ -15,6 +15,7 @@ from duotf.testing.suite.data import (FED, SIZES, fed_every_epoch, frames, kept_
 from duotf.testing.suite.typed import mismatches
 
 
+@pytest.mark.also_on("spark-hosts", "dask-hosts")
 def test_train_epochs_balanced_across_workers(backend, engine):
     data = engine.rows(row_parts())
     with duotf.run(mains.feed_train_main, {"batch": 4}, backend, duotf.ClusterSpec(workers=2)) as cluster:
@@ -38,6 +39,7 @@ def test_train_epochs_balanced_across_workers(backend, engine):
         assert got == FED  # every row but the remainder, once per epoch
 
 
+@pytest.mark.also_on("spark-hosts", "dask-hosts")
 def test_a_dataframe_fed_several_epochs_arrives_once_an_epoch_and_leaves_nothing(backend, engine):
     df = engine.frame(frames(row_parts(), ["x", "y"]))
     before = kept_frame_folders()
@@ -71,6 +73,7 @@ def _infer_rows(backend, engine):
     return engine.partitions(out)
 
 
+@pytest.mark.also_on("spark-hosts", "dask-hosts")
 def test_inference_one_result_per_input_in_order(backend, engine):
     parts = _infer_rows(backend, engine)
     assert len(parts) == len(SIZES)  # one output partition per input partition
@@ -82,6 +85,7 @@ def test_inference_output_partition_is_its_input_partition(backend, engine):
     assert parts == [[x * 2 + i for x, i in part] for part in row_parts()]
 
 
+@pytest.mark.also_on("spark-hosts", "dask-hosts")
 def test_dataframe_inference_keeps_chosen_columns(backend, engine):
     df = engine.frame(frames(row_parts(), ["x", "y"]))
     with duotf.run(mains.feed_infer_main, {"batch": 8}, backend, duotf.ClusterSpec(workers=2)) as cluster:
@@ -158,6 +162,7 @@ def test_a_node_dying_mid_feed_is_raised_before_the_feeds_clean_up(backend, engi
     assert closed == [True], "train() waited for the feed's clean-up before it raised"
 
 
+@pytest.mark.also_on("spark-hosts", "dask-hosts")
 def test_node_dying_mid_feed_fails_train_fast(backend, engine):
     parts = [[(float(i), i) for i in range(p * 20000, (p + 1) * 20000)] for p in range(4)]
     data = engine.rows(parts)
