@@ -57,6 +57,7 @@ class _TrainReportSometimes(FeedAdapterReport, total=False):
 
     resumed_at_epoch: int
     shuffle_seed: int
+    rows_across_hosts: int
 
 
 class TrainReport(_TrainReportSometimes):
@@ -95,6 +96,10 @@ class TrainReport(_TrainReportSometimes):
     shuffle_seed : int
         Present where the feed was shuffled (``train(shuffle=True)``): the seed of its order,
         the one given or the one drawn; ``train(..., shuffle=True, seed=...)`` repeats it.
+    rows_across_hosts : int
+        Of ``rows_fed``, those fed from another host than their node's (a feeding task on one
+        machine, the node on another): the rows that crossed the network. Absent where the
+        driver reaches the nodes through a relay (a Spark Connect client they cannot reach).
     converted_once, converted_in_jvm, partitions_kept, epochs_fed_by_reference
         The backend's keys, where it has them: see :class:`FeedAdapterReport`.
     """

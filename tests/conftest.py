@@ -2,7 +2,7 @@
 
 The suite's fixtures (``backend``, ``engine``), its markers (``engines``, ``xfail_on``) and the
 leak check after every test come from :mod:`duotf.testing.plugin`, as for any third-party
-backend; this project declares its five engines (tests/engines.py) with the plugin's hook, and
+backend; this project declares its engines (tests/engines.py) with the plugin's hook, and
 tests/suite/ holds one file a suite module. pytest finishes one engine's tests (and tears it
 down) before it starts the next, so the two Spark sessions never overlap in this process.
 """
@@ -155,6 +155,8 @@ def _hosts_or_skip():
     from tests import hosts
 
     why = hosts.unavailable()
+    if why and os.environ.get("DUOTF_HOSTS_REQUIRED"):  # CI (.ci/run): they must run
+        pytest.fail(f"DUOTF_HOSTS_REQUIRED is set, but no separate hosts can be made: {why}")
     if why:
         pytest.skip(f"no separate hosts here: {why}")
     return hosts

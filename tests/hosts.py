@@ -5,7 +5,8 @@ each host, a network namespace joined to it by a veth pair, with an address of i
 private subnet. A process started on a host (:meth:`Network.start`) also gets a hostname, a
 ``/dev/shm`` (a tmpfs) and a mount namespace of its own, so that a feeding task and a node on
 different hosts cannot share memory, as on two machines; the file system is shared (as an NFS
-home is). :meth:`Network.cut` takes a host's link down (no FIN, no RST: a partition) and
+home is), but for each host's local disk (``Network.local_dirs``, where the engines keep their
+files). :meth:`Network.cut` takes a host's link down (no FIN, no RST: a partition) and
 :meth:`Network.restore` brings it back; :meth:`Network.kill` kills every process of a host at
 once (a host lost). :func:`spark_cluster` and :func:`dask_cluster` start a Spark standalone
 cluster and a Dask cluster whose workers are on the hosts, with the master or scheduler (and
@@ -37,7 +38,7 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 HERE = os.path.abspath(__file__)
 
@@ -102,9 +103,11 @@ def client_namespace(server_port: int, port_inside: int = 15002) -> Iterator[str
 
 # -- separate hosts on a bridge ------------------------------------------------------------------
 #: what a host runs first: its own hostname, /etc/hosts (every host's name, so that nothing
-#: waits on a DNS server it cannot reach) and /dev/shm, in a mount namespace of its own
+#: waits on a DNS server it cannot reach), /dev/shm and local disk (a tmpfs each), in a mount
+#: namespace of its own
 _HOST_SHELL = ('hostname "$1" && mount --bind "$2" /etc/hosts && '
-               'mount -t tmpfs -o size=4g,mode=1777 duotf-shm /dev/shm && shift 2 && exec "$@"')
+               'mount -t tmpfs -o size=4g,mode=1777 duotf-shm /dev/shm && '
+               'mount -t tmpfs -o size=4g,mode=1777 duotf-local "$3" && shift 3 && exec "$@"')
 
 
 class Network:
@@ -125,7 +128,13 @@ class Network:
         self.hostnames = [f"duotf-host{i}" for i in range(hosts)]
         self._links = [f"dtv{tag}{i}" for i in range(hosts)]  # the bridge's end of each host's pair
         self._procs: List[subprocess.Popen] = []
+        #: host -> starts its engine worker again (set by spark_cluster, dask_cluster)
+        self.revivers: Dict[int, Callable[[], None]] = {}
         self.folder = tempfile.mkdtemp(prefix="duotf-hosts-")
+        #: each host's local disk: a folder that only processes on that host see the files of
+        self.local_dirs = [os.path.join(self.folder, f"host{i}") for i in range(hosts)]
+        for folder in self.local_dirs:
+            os.makedirs(folder)
         self.hosts_file = os.path.join(self.folder, "hosts")
         with open(self.hosts_file, "w") as f:
             f.write(f"127.0.0.1 localhost\n{self.driver_ip} duotf-driver\n")
@@ -154,13 +163,16 @@ class Network:
 
     def start(self, host: int, argv: List[str], env: Optional[dict] = None,
               log: Optional[str] = None) -> subprocess.Popen:
-        """``argv`` started on host ``host`` (in a session of its own), its output to ``log``."""
+        """``argv`` started on host ``host`` (in a session of its own), its output to ``log``.
+        Each call makes the host's ``/dev/shm`` and local disk anew: start one process tree a
+        host (a Spark or Dask worker, whose children share them)."""
         out = open(log or os.devnull, "ab")
         try:
             proc = subprocess.Popen(
                 in_namespace(self.names[host], ["unshare", "-m", "-u", "--propagation", "private",
                                                 "sh", "-c", _HOST_SHELL, "host",
-                                                self.hostnames[host], self.hosts_file, *argv]),
+                                                self.hostnames[host], self.hosts_file,
+                                                self.local_dirs[host], *argv]),
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         finally:
             out.close()
@@ -188,6 +200,10 @@ class Network:
                 os.kill(pid, 9)
             except ProcessLookupError:
                 pass
+
+    def revive(self, host: int) -> None:
+        """After :meth:`kill`: the host's engine worker started again (a machine rebooted)."""
+        self.revivers[host]()
 
     def cut(self, host: int) -> None:
         """Take host ``host``'s link down: its packets go nowhere, no connection is told."""
@@ -254,19 +270,23 @@ def spark_cluster(net: Network, cores: int = 2, memory: str = "2g") -> Iterator[
             return found and found.group(1)
 
         master_url = _wait_for("the Spark master's start", url)
-        logs = []
-        for host, ip in enumerate(net.ips):
-            logs.append(os.path.join(net.folder, f"spark-worker{host}.log"))
-            env = dict(base, SPARK_LOCAL_IP=ip,
-                       SPARK_LOCAL_DIRS=os.path.join(net.folder, f"spark-local{host}"))
+
+        def start(host: int) -> Callable[[], None]:
+            log = os.path.join(net.folder, f"spark-worker{host}-{uuid.uuid4().hex[:6]}.log")
+            local, ip = net.local_dirs[host], net.ips[host]
+            env = dict(base, SPARK_LOCAL_IP=ip, SPARK_LOCAL_DIRS=os.path.join(local, "spark"))
             net.start(host, [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", ip,
                              "--port", "0", "--webui-port", "0", "--cores", str(cores),
                              "--memory", memory, "--work-dir",
-                             os.path.join(net.folder, f"spark-work{host}"), master_url],
-                      env=env, log=logs[-1])
-        for host, log in enumerate(logs):
-            _wait_for(f"the Spark worker of host {host} registering",
-                      lambda: "Successfully registered with master" in _log_text(log))
+                             os.path.join(local, "spark-work"), master_url],
+                      env=env, log=log)
+            return lambda: _wait_for(f"the Spark worker of host {host} registering",
+                                     lambda: "Successfully registered with master" in _log_text(log))
+
+        for registered in [start(host) for host in range(len(net.ips))]:
+            registered()
+        for host in range(len(net.ips)):
+            net.revivers[host] = lambda host=host: start(host)()
         yield master_url
     finally:
         with contextlib.suppress(Exception):
@@ -295,12 +315,17 @@ def dask_cluster(net: Network, threads: int = 2) -> Iterator[str]:
             return found and found.group(1)
 
         found = _wait_for("the Dask scheduler's start", address)
-        for host, ip in enumerate(net.ips):
+
+        def start(host: int) -> None:
             net.start(host, [sys.executable, "-m", "distributed.cli.dask_worker", found,
-                             "--host", ip, "--nthreads", str(threads), "--nworkers", "1",
+                             "--host", net.ips[host], "--nthreads", str(threads), "--nworkers", "1",
                              "--no-dashboard", "--name", net.hostnames[host],
-                             "--local-directory", os.path.join(net.folder, f"dask{host}")],
-                      log=os.path.join(net.folder, f"dask-worker{host}.log"))
+                             "--local-directory", os.path.join(net.local_dirs[host], "dask")],
+                      log=os.path.join(net.folder, f"dask-worker{host}-{uuid.uuid4().hex[:6]}.log"))
+
+        for host in range(len(net.ips)):
+            start(host)
+            net.revivers[host] = lambda host=host: start(host)
         yield found
     finally:
         with contextlib.suppress(Exception):

@@ -313,14 +313,14 @@ class Cluster:
         return self.job_id if not attempt else f"{self.job_id}-{attempt}"
 
     def _start(self, deadline: Deadline) -> "Cluster":
-        """Start one attempt: every node ready and running by ``deadline`` (the attempt's
-        ``reservation_timeout``)."""
+        """Start one attempt: every node ready and running by ``deadline`` (its ``reservation_timeout``)."""
         sup = self.supervisor
         n = len(self.nodes)
         if self.attempt:
             await_capacity(self.backend, n, max(n, self._engine_slots), deadline,
                            self.reservation_timeout)
         else:
+            self.backend.await_spread(n, deadline)
             self.backend.check_capacity(n)
             self._engine_slots = self.backend.slots() if self.max_restarts else n
         if self._owns_checkpoint_dir:

@@ -29,6 +29,7 @@ from duotf._transport import wire
 from duotf._transport.columns import ragged_columns
 from duotf._transport.feeder import FeedJob, FeedMode
 from duotf._transport.shuffle import partition_order
+from duotf._driver.nodes import TERMINAL
 from duotf._driver.progress import FeedProgress
 from duotf._driver.supervisor import FeedTarget, JobStopped, Supervisor
 
@@ -345,8 +346,9 @@ def _count(sup: Supervisor, adapter, targets: List[FeedTarget]) -> List[int]:
 def _end_feeds(sup: Supervisor, targets: List[FeedTarget], why: str) -> None:
     """The feed failed: tell every node at once (a "fail" marker, not queued behind data), so
     that its reads raise ``why`` and the tasks waiting on it are refused. Best effort: a node
-    that is gone needs nothing."""
-    pending = list(targets)
+    that is gone needs nothing, nor does one that failed (a node given up for its silence may
+    be cut off: connecting to it would only wait out the timeout)."""
+    pending = [t for t in targets if sup.nodes[t.node_id].state not in TERMINAL]
     while pending:
         try:
             sent, error = sup.reach(functools.partial(
@@ -368,14 +370,18 @@ def _end_feeds_for(sup: Supervisor, targets: List[FeedTarget], exc: BaseExceptio
 
 
 def _markers(sup: Supervisor, targets: List[FeedTarget], kind: wire.Marker, timeout: float,
-             epoch: Optional[int] = None) -> None:
-    """Queue an epoch/end marker on every target, on the data path, and wait for each ack."""
+             epoch: Optional[int] = None) -> Optional[int]:
+    """Queue an epoch/end marker on every target, on the data path, and wait for each ack.
+    An "end" marker returns the feed's rows that crossed hosts (a feeding task on one, its
+    node on another), where every node said (None: a relay stood between)."""
     pending = list(targets)
+    answers: list = []
     while pending:
         sent, error = sup.reach(functools.partial(
-            wire.send_markers, [t.address for t in pending], sup.secret, kind, timeout))
+            wire.send_markers, [t.address for t in pending], sup.secret, kind, timeout, answers))
         if error is None:
-            return
+            across = [a.get("across") for a in answers]
+            return sum(across) if across and None not in across else None
         target = pending[sent]
         pending = pending[sent + 1:]
         if sup.takes_no_feed(target.node_id):
@@ -470,7 +476,7 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
             epoch_seconds.append(time.monotonic() - t1)
             logger.debug("duotf: epoch %d fed in %.3f s, its markers acknowledged in %.3f s",
                          epoch, t2 - t1, time.monotonic() - t2)
-        _markers(sup, targets, wire.Marker.END, feed_timeout)
+        across = _markers(sup, targets, wire.Marker.END, feed_timeout)
     report: TrainReport = {
         "epochs": done, "rows": sum(counts), "rows_fed": fed, "rows_per_worker": per,
         "rows_dropped_per_epoch": dropped, "terminated": sup.feed_terminated(),
@@ -478,6 +484,8 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
         "epoch_seconds": epoch_seconds, **adapter.report()}
     if seed is not None:
         report["shuffle_seed"] = seed
+    if across is not None:
+        report["rows_across_hosts"] = across
     return report
 
 

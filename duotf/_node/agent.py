@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
 import logging
 import os
 import queue
@@ -365,6 +366,18 @@ class _Agent:
             except (ProcessLookupError, PermissionError):
                 pass
 
+    def _driver_gone(self, exc: BaseException) -> None:
+        """The driver is gone or closed the job: nothing may run unsupervised. The node ends
+        through "child-eof" (reported as stopped; the driver hears no more). Cut off from it
+        (what this agent sent went unacknowledged for the heartbeat timeout, or no route: a
+        network partition), the node is killed at once: the driver has given up on it by now,
+        and a restart may be starting its successor."""
+        cut = isinstance(exc, OSError) and exc.errno in _CUT_OFF
+        if not self.stop_requested:
+            logger.info("node %d: driver connection %s; stopping the node", self.node_id,
+                        "lost (unacknowledged for heartbeat_timeout)" if cut else "closed")
+        self._begin_stop(0 if cut else self.job.stop_timeout)
+
     def _begin_stop(self, timeout: float) -> None:
         """Stop the child on a thread of its own (once: a second SIGTERM would cut its
         clean-up short), so that this loop keeps pinging it while it winds down."""
@@ -386,6 +399,7 @@ class _Agent:
         port = reservation.getsockname()[1]
         try:
             self.channel = rendezvous.connect(job.driver_address, job.secret, job.connect_timeout)
+            _lose_silent_driver(self.channel.sock, job)
             # The address the driver reached us from is the one the other nodes can use too.
             host = self.channel.sock.getsockname()[0]
             self._spawn(reservation)
@@ -500,11 +514,28 @@ class _Agent:
                     logger.warning("node %d rejected by the driver: %s", self.node_id, message.get("reason"))
                     return NodeOutcome(self.node_id, OutcomeStatus.REJECTED)
             elif kind == "driver-eof":
-                # The driver is gone or closed the job: nothing may run unsupervised. The node
-                # ends through "child-eof" (reported as stopped; the driver hears no more).
-                if not self.stop_requested:
-                    logger.info("node %d: driver connection closed; stopping the node", self.node_id)
-                self._begin_stop(job.stop_timeout)
+                self._driver_gone(event[1])
+
+
+#: how a connection to a driver that this host can no longer reach fails: unacknowledged for
+#: TCP_USER_TIMEOUT, or the route gone (the link down, as a partition is seen from its side)
+_CUT_OFF = (errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH)
+
+
+def _lose_silent_driver(sock: socket.socket, job: NodeJob) -> None:
+    """Make the connection to the driver fail (ETIMEDOUT) once what this agent sent has gone
+    unacknowledged for about ``heartbeat_timeout`` (Linux's ``TCP_USER_TIMEOUT``): a partition
+    sends no FIN and no RST, and without it a node cut off from its driver would run on
+    until TCP gave up, many minutes later. The agent sends a heartbeat every
+    ``heartbeat_interval``, so one is in flight when the link goes: the timeout counts from then."""
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if not job.heartbeat_timeout or option is None:
+        return
+    after = max(job.heartbeat_timeout - job.heartbeat_interval, 1.0)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, option, int(after * 1000))
+    except OSError as exc:  # not TCP (a test's socket pair), or a kernel without it
+        logger.debug("TCP_USER_TIMEOUT not set: %s", exc)
 
 
 #: seconds the agent waits for a node's last output before it reports the node's end (a process

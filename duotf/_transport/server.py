@@ -253,6 +253,10 @@ class FeedServer:
         self.queue: "queue.Queue" = queue.Queue(maxsize=capacity)
         self.terminated = threading.Event()
         self._order = _Order(self.terminated)
+        self._host = socket.gethostname()
+        #: rows of ranges fed from another host since the last "end" marker, which takes them
+        self._across = 0
+        self._across_lock = threading.Lock()
         self._rings: Dict[str, _SharedRing] = {}
         self._rings_lock = threading.RLock()  # a frame may be dropped while it is held
         listener = socket.create_server(("0.0.0.0", 0), backlog=1024)
@@ -320,6 +324,9 @@ class FeedServer:
                     if seq is not None:
                         self._order.done(seq, rows, passed=bool(header.get("passed")))
                         seq = None
+                        if rows and (origin or {}).get("host", self._host) != self._host:
+                            with self._across_lock:
+                                self._across += rows
                     if self.terminated.is_set():
                         conn.send(Frame.TERMINATED)
                     elif header.get("mode") == FeedMode.TRAIN:
@@ -365,7 +372,12 @@ class FeedServer:
             conn.send(Frame.TERMINATED)
         else:
             self._order.reset()
-            conn.send(Frame.ACK)
+            if marker is Marker.END:  # the feed's rows that came from another host
+                with self._across_lock:
+                    across, self._across = self._across, 0
+                conn.send(Frame.ACK, across=across)
+            else:
+                conn.send(Frame.ACK)
 
     def _range_broken(self, seq: int, rows: int, partition, origin) -> None:
         failure = self._order.broken(seq, rows, partition, origin)

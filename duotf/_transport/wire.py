@@ -191,17 +191,20 @@ def connect(address: Tuple[str, int], secret: bytes, timeout: float) -> socket.s
 
 
 def send_markers(addresses: List[Tuple[str, int]], secret: bytes, marker: "Marker", timeout: float,
-                 **fields) -> Tuple[int, Optional[str]]:
+                 answers: Optional[list] = None, **fields) -> Tuple[int, Optional[str]]:
     """Send ``marker`` (with ``fields``) to the feed servers at ``addresses`` in turn, each on a
-    connection of its own, and wait for each answer. Returns how many took it, and the error
-    that stopped it at the next one (None: all took it). The driver calls it where it
-    reaches the nodes: in its own process, or in an engine task when a relay stands between."""
+    connection of its own, and wait for each answer (appended to ``answers``, a header each,
+    where given). Returns how many took it, and the error that stopped it at the next one
+    (None: all took it). The driver calls it where it reaches the nodes: in its own process,
+    or in an engine task when a relay stands between."""
     for i, address in enumerate(addresses):
         try:
             sock = connect(address, secret, timeout)
             try:
                 send_frame(sock, Frame.MARKER, marker=marker, **fields)
-                recv_frame(sock)  # ACK, or TERMINATED
+                answer, _ = recv_frame(sock)  # ACK, or TERMINATED
+                if answers is not None:
+                    answers.append(answer)
             finally:
                 sock.close()
         except OSError as exc:  # (FeedProtocolError is one)

@@ -26,6 +26,7 @@ import threading
 import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from duotf._deadline import Deadline
 from duotf._enum import StrEnum
 from duotf.errors import ConfigError, FeedError, InsufficientSlotsError, cause_of
 from duotf._node.agent import NodeOutcome
@@ -289,6 +290,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def slots(self) -> int:
         """How many nodes can run at once right now."""
+
+    def await_spread(self, nodes: int, deadline: Deadline) -> None:
+        """Before a cluster's first start: wait, until ``deadline`` (``reservation_timeout``)
+        at most, for the engine's executors still registering, so that ``nodes`` run one per
+        executor (host) where the engine has that many. The default waits for nothing."""
 
     def check_capacity(self, nodes: int) -> None:
         """Raise :class:`InsufficientSlotsError` quickly when ``nodes`` cannot all run at once."""

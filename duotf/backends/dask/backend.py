@@ -51,6 +51,11 @@ def _dask_node(fn: NodeFunction, node_id: int, gpus: Sequence[str] = ()) -> Node
     return fn(node_id, address, 0)
 
 
+def _host(address: str) -> str:
+    """The host of a worker's address (``tcp://10.0.0.5:40123`` -> ``10.0.0.5``)."""
+    return address.split("://", 1)[-1].rsplit(":", 1)[0]
+
+
 class DaskBackend(Backend):
     """Run nodes on the workers of a ``distributed.Client``."""
 
@@ -208,10 +213,18 @@ class DaskBackend(Backend):
         return ThreadJob(call, cancel=cancel, name="dask")
 
     def _place(self, workers: List[str], n: int) -> List[str]:
-        """``n`` distinct workers of ``workers``, those running the fewest of this backend's
-        nodes first (ties by address), counted as busy until :meth:`_release`."""
+        """``n`` distinct workers of ``workers``, spread over hosts: each next one on the host
+        with the fewest chosen so far, then running the fewest of this backend's nodes (ties by
+        address); counted as busy until :meth:`_release`."""
         with self._lock:
-            chosen = sorted(workers, key=lambda w: (self._placed.get(w, 0), w))[:n]
+            chosen: List[str] = []
+            on_host: Dict[str, int] = {}
+            left = sorted(workers, key=lambda w: (self._placed.get(w, 0), w))
+            for _ in range(min(n, len(left))):
+                best = min(left, key=lambda w: on_host.get(_host(w), 0))  # stable: the first such
+                left.remove(best)
+                chosen.append(best)
+                on_host[_host(best)] = on_host.get(_host(best), 0) + 1
             for w in chosen:
                 self._placed[w] = self._placed.get(w, 0) + 1
         return chosen

@@ -156,6 +156,57 @@ class SparkBackend(Backend):
                 needed=nodes, available=available, backend=self.name,
             )
 
+    def _expected_executors(self, nodes: int) -> Tuple[int, bool]:
+        """How many executors this application will have (at most ``nodes`` counted), and
+        whether Spark's settings say so: ``spark.executor.instances`` (YARN, Kubernetes), or a
+        standalone master's ``spark.cores.max`` / ``spark.executor.cores``. Without them a
+        standalone application takes an executor on every worker, which the driver learns only
+        as each registers: ``nodes``, not known."""
+        try:
+            instances = int(self._conf("spark.executor.instances") or 0)
+            if instances:
+                return min(instances, nodes), True
+            cores_max, cores = (int(self._conf(k) or 0) for k in ("spark.cores.max", "spark.executor.cores"))
+        except ValueError:
+            return nodes, False
+        if cores_max and cores and self.client.master.startswith("spark://"):
+            return min(max(cores_max // cores, 1), nodes), True
+        return nodes, False
+
+    def _registering_for(self) -> float:
+        """Seconds Spark itself gives executors to register after the application starts
+        (``spark.scheduler.maxRegisteredResourcesWaitingTime``, 30 s), less the application's
+        age: > 0 while executors may still be registering."""
+        try:
+            started = int(self._conf("spark.app.startTime") or 0) / 1000.0
+            window = float(self._conf("spark.scheduler.maxRegisteredResourcesWaitingTime", "30s")
+                           .rstrip("s") or 30)
+        except ValueError:
+            return 0.0
+        return started + window - time.time() if started else 0.0
+
+    def await_spread(self, nodes: int, deadline: Deadline) -> None:
+        """Wait for executors still registering (a fresh application's take seconds), so that
+        Spark, which deals a stage's tasks out over its executors in turn, puts one node on each:
+        until ``min(nodes, executors expected)`` have registered, or the application is older than
+        ``spark.scheduler.maxRegisteredResourcesWaitingTime`` where the settings do not say how
+        many to expect, or ``deadline``. Nodes then share executors only where there are fewer."""
+        if self._local or nodes < 2:
+            return
+        target, known = self._expected_executors(nodes)
+        waited = time.monotonic()
+        while True:
+            registered = self._executors()
+            if registered >= target or deadline.expired:
+                break
+            if not known and self._registering_for() <= 0:
+                break
+            time.sleep(0.25)  # executors still registering with the driver
+        if registered < nodes:
+            logger.log(logging.INFO if registered < target else logging.DEBUG,
+                       "duotf: %d executors registered for %d nodes after %.1f s: nodes share "
+                       "executors", registered, nodes, time.monotonic() - waited)
+
     def check_gpus(self, nodes: int, per_node: int) -> int:
         asked = f"ClusterSpec(gpus_per_node={per_node}) asks for GPUs"
         if self._local:

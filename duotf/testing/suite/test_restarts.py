@@ -94,6 +94,7 @@ def _restarted_feed_run(backend, engine, tmp_path, victim="node", **run_options)
     return cluster
 
 
+@pytest.mark.also_on("spark-hosts", "dask-hosts")
 def test_a_node_killed_mid_training_restarts_and_its_feed_resumes(backend, engine, tmp_path):
     cluster = _restarted_feed_run(backend, engine, tmp_path)
     # node 1 reported epoch 2 before it said it was ready to die: it resumes there

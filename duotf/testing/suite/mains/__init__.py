@@ -1,5 +1,5 @@
 """Node programs (``main(args, ctx)``) and the functions the shared suite hands duotf, one module
-per kind of test: ``training``, ``feeding``, ``models``, ``restarts``. This package is pickled by
+per kind of test: ``training``, ``feeding``, ``models``, ``restarts``, ``hosts``. This package is pickled by
 value (:mod:`duotf.testing.plugin` registers it with cloudpickle), so the executors of an engine
 run them without importing it; ``python -m duotf run duotf.testing.suite.mains:argv_main`` finds
 them by name here.
@@ -25,3 +25,4 @@ from duotf.testing.suite.mains.restarts import (  # noqa: F401
     always_exit_main, hold_after_epoch, ids_resume_main, keras_resume_main, mwms_resume_main, raise_main,
     save_then_fail_main, sgd_resume_main,
 )
+from duotf.testing.suite.mains.hosts import HostRows, allreduce_main, host_rows_main  # noqa: F401
