@@ -298,9 +298,10 @@ def spark_cluster(net: Network, cores: int = 2, memory: str = "2g") -> Iterator[
 
 
 @contextlib.contextmanager
-def dask_cluster(net: Network, threads: int = 2) -> Iterator[str]:
-    """A Dask scheduler on the driver's address and one worker (with its nanny) of
-    ``threads`` threads on every host of ``net``; yields the scheduler's address."""
+def dask_cluster(net: Network, threads: int = 2, workers: int = 1) -> Iterator[str]:
+    """A Dask scheduler on the driver's address and ``workers`` workers of ``threads`` threads
+    on every host of ``net`` (started by one ``dask worker`` process a host, so that they share
+    the host's ``/dev/shm``); yields the scheduler's address."""
     log = os.path.join(net.folder, "dask-scheduler.log")
     with open(log, "wb") as out:
         scheduler = subprocess.Popen(
@@ -318,7 +319,7 @@ def dask_cluster(net: Network, threads: int = 2) -> Iterator[str]:
 
         def start(host: int) -> None:
             net.start(host, [sys.executable, "-m", "distributed.cli.dask_worker", found,
-                             "--host", net.ips[host], "--nthreads", str(threads), "--nworkers", "1",
+                             "--host", net.ips[host], "--nthreads", str(threads), "--nworkers", str(workers),
                              "--no-dashboard", "--name", net.hostnames[host],
                              "--local-directory", os.path.join(net.local_dirs[host], "dask")],
                       log=os.path.join(net.folder, f"dask-worker{host}-{uuid.uuid4().hex[:6]}.log"))
