@@ -110,6 +110,17 @@ _HOST_SHELL = ('hostname "$1" && mount --bind "$2" /etc/hosts && '
                'mount -t tmpfs -o size=4g,mode=1777 duotf-local "$3" && shift 3 && exec "$@"')
 
 
+def _free_subnet(start: int) -> int:
+    """A ``10.213.<n>.0/24`` that no interface of this machine uses now (another Network's)."""
+    used = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True,
+                          timeout=30).stdout
+    for i in range(200):
+        n = 10 + (start + i) % 200
+        if f" 10.213.{n}." not in used:
+            return n
+    raise RuntimeError("no free 10.213.<n>.0/24 subnet for the hosts")
+
+
 class Network:
     """``hosts`` separate hosts on a bridge of this machine (see the module's docstring).
 
@@ -120,7 +131,7 @@ class Network:
 
     def __init__(self, hosts: int = 2):
         tag = uuid.uuid4().hex[:6]
-        self.subnet = 10 + int(tag[:2], 16) % 200  # 10.213.<subnet>.0/24: unlikely to be in use
+        self.subnet = _free_subnet(int(tag[:2], 16))  # 10.213.<subnet>.0/24
         self.bridge = f"dtb{tag}"
         self.driver_ip = f"10.213.{self.subnet}.1"
         self.names = [f"duotf-host{i}-{tag}" for i in range(hosts)]
