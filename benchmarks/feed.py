@@ -96,6 +96,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TF loads, here and 
 import numpy as np  # noqa: E402
 
 import duotf  # noqa: E402
+from benchmarks.mnist import mnist_frame  # noqa: E402
 from benchmarks.record import Record  # noqa: E402
 
 BATCH = 100
@@ -478,12 +479,10 @@ def spark_data(session, rows: int, tiny: bool, partitions: int, packed: bool = F
 
     from duotf.spark import pack_tensors
 
-    df = session.range(0, rows, numPartitions=partitions)
     if tiny:
-        df = df.select(F.col("id").alias("x"))
+        df = session.range(0, rows, numPartitions=partitions).select(F.col("id").alias("x"))
     else:
-        df = df.select(F.array_repeat((F.col("id") % 255 / 255.0).cast("float"), 784).alias("features"),
-                       (F.col("id") % 10).alias("label"))
+        df = mnist_frame(session, rows, partitions)
         if packed:
             df = pack_tensors(df, "features")
     df = df.cache()
