@@ -474,7 +474,8 @@ def spark_job_floor(session, tasks: int = 2, repeats: int = 9) -> float:
     return sorted(times)[repeats // 2]
 
 
-def spark_data(session, rows: int, tiny: bool, partitions: int, packed: bool = False):
+def spark_data(session, rows: int, tiny: bool, partitions: int, packed: bool = False,
+               varied: bool = False):
     from pyspark.sql import functions as F
 
     from duotf.spark import pack_tensors
@@ -482,7 +483,7 @@ def spark_data(session, rows: int, tiny: bool, partitions: int, packed: bool = F
     if tiny:
         df = session.range(0, rows, numPartitions=partitions).select(F.col("id").alias("x"))
     else:
-        df = mnist_frame(session, rows, partitions)
+        df = mnist_frame(session, rows, partitions, varied)
         if packed:
             df = pack_tensors(df, "features")
     df = df.cache()
