@@ -61,6 +61,7 @@ RUN_BY = {
     "def summaries_main(args, ctx):": "test_the_tensorboard_block_serves_and_keeps_the_events",
     "def resumable_main(args, ctx):": "test_the_restart_block_trains_and_reports_its_restarts",
     "def count_main(args, ctx):": "test_the_spark_connect_block_feeds_every_row_once_an_epoch",
+    'df = spark.read.parquet("hdfs:///data/mnist.parquet")': "test_the_petastorm_guide_block_trains_from_parquet",
 }
 
 #: a line of each block that cannot run here -> why
@@ -82,6 +83,11 @@ NOT_RUN = {
     ".ci/wheel-check": ".ci/run runs it on every CI run",
     'pip install -e ".[spark,dask,tensorflow-cpu,dev]"\n': "the install line of .ci/run, which "
                                                         "runs it before the tests run",
+    # docs/guides/petastorm.md's "before": tests/test_petastorm_bench.py checks its calls
+    "converter = make_spark_converter(df)": "petastorm 0.13.1 imports only with pyarrow 14 and "
+                                            "numpy < 2, not in this environment (pyarrow 26): "
+                                            "python -m benchmarks.petastorm --guide runs it in "
+                                            "the benchmark's own venv",
 }
 
 
@@ -244,6 +250,26 @@ def test_the_keras_fit_block_trains_on_the_feed(backend, engine):
     ns = run_block(block("def fit_main(args, ctx):"), spark=engine.session, df=_frame(engine.session))
     first, second = ns["losses"]
     assert first == second and len(first) == 3 and all(map(math.isfinite, first))
+    assert first[-1] < first[0]
+
+
+@pytest.mark.engines("spark-local")
+def test_the_petastorm_guide_block_trains_from_parquet(backend, engine, tmp_path):
+    """docs/guides/petastorm.md's duotf program, on a Parquet folder of 400 MNIST-shaped rows
+    whose label is the index of their largest feature: 10 epochs of 2 steps, the same loss on
+    both nodes (one model), going down."""
+    rng = np.random.default_rng(0)
+    labels = np.arange(400) % 10
+    x = rng.random((400, 784), dtype=np.float32) * 0.1
+    x[np.arange(400), labels] = 1.0
+    rows = [(x[i].tolist(), int(labels[i])) for i in range(400)]
+    path = str(tmp_path / "mnist.parquet")
+    engine.session.createDataFrame(rows, "features array<float>, label long").repartition(4) \
+        .write.parquet(path)
+    ns = run_block(block('df = spark.read.parquet("hdfs:///data/mnist.parquet")',
+                         {"hdfs:///data/mnist.parquet": path}), spark=engine.session)
+    first, second = ns["losses"]
+    assert first == second and len(first) == 10 and all(map(math.isfinite, first))
     assert first[-1] < first[0]
 
 
