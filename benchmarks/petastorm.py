@@ -219,17 +219,20 @@ def record_case(record, rows: int, epochs: int, case: dict, varied: bool = False
     chart = f"{rows:,} {kind}MNIST-like rows, 2 processes, end to end"
     name = f"{rows}-{kind.strip() + '-' if varied else ''}rows-{epochs}-epochs"
     record.add("rows/s", "rows/s", [x["rate"] for x in case["duotf"]], peer="duotf",
-               backend="spark", case=name, chart=chart, label=f"duotf train(df, epochs={epochs})",
+               backend="spark", case=name, chart=chart, label=f"train(df, epochs={epochs}), 2 nodes",
                job_seconds=[x["job"] for x in case["duotf"]])
     record.add("rows/s", "rows/s", [x["rate"] for x in case["petastorm"]], peer=PEER,
                backend="spark", case=name, chart=chart,
-               label=f"converter + make_tf_dataset, {epochs} epoch(s)",
+               label=f"converter + make_tf_dataset, {epochs} epoch(s), 2 shards",
                converter_seconds=[x["converter"] for x in case["petastorm"]],
                job_seconds=[x["job"] for x in case["petastorm"]],
                shard_rows=case["petastorm"][0]["shard_rows"])
+    ratio_chart = f"duotf over petastorm, {rows:,} {kind}rows"
     record.add("duotf / petastorm", "x", case["ratios"], peer="duotf", backend="spark",
-               case=name, chart="duotf over petastorm, median of the pairs",
-               label=f"{rows:,} {kind}rows, {epochs} epoch(s)")
+               case=name, chart=ratio_chart, label=f"{epochs} epoch(s), median of the pairs")
+    if not any(r["chart"] == ratio_chart and r.get("reference") for r in record.rows):
+        record.add("duotf / petastorm", "x", [GOAL], peer="goal", case="goal", chart=ratio_chart,
+                   label=f"goal: {GOAL:g}x", reference=True)
 
 
 def guide_run(python: str, master: str) -> None:
@@ -331,9 +334,6 @@ def cli(argv: Optional[Sequence[str]] = None) -> None:
         print(f"  {rows:>9,} rows {epochs:>3} epoch(s): duotf {d:>10,.0f}  petastorm {p:>10,.0f}  "
               f"ratio {case['median']:5.2f}x  {verdict(case['median'])}")
     if record:
-        record.add("duotf / petastorm", "x", [GOAL], peer="goal", case="goal",
-                   chart="duotf over petastorm, median of the pairs", label="goal: 3x",
-                   reference=True)
         record.write(opts.json)
 
 
