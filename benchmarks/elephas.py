@@ -73,6 +73,11 @@ ELEPHAS_PINS = ("pyspark==4.0.0", "tensorflow-cpu==2.19.1", "keras==3.15.1", "nu
                 "h5py==3.11.0", "flask==2.3.3")
 #: the modes of duotf measured, by name (see the module's docstring)
 MODES = ("averaging", "averaging-big", "mwms", "mwms-big")
+#: a mode's bar in the chart
+LABELS = {"averaging": "averaging every {every} steps, batch 32 (local[3])",
+          "averaging-big": "averaging every {every} steps, batch {big} (local[3])",
+          "mwms": "MWMS fit, batch 32 a worker (local[3])",
+          "mwms-big": "MWMS fit, batch {big} a worker (local[3])"}
 WIDTH, HIDDEN, CLASSES = 784, 128, 10
 LR = 0.01  # Keras's SGD default, as elephas's README compiles its MLP
 BATCH = 32  # rows a worker's step: Keras's and elephas's default batch_size
@@ -453,12 +458,17 @@ def summary(opts, times, results, record) -> None:
                    accuracy=[r["accuracy"] for r in results[key]],
                    phases=[r["marks"] for r in results[key]], **extra)
 
-    row("elephas 7.3.0", "SparkModel, synchronous", "elephas")
+    row("elephas 7.3.0", "SparkModel, synchronous", "elephas",
+        label="elephas 7.3.0: SparkModel (an average an epoch), batch 32, local[2]")
     for m in opts.modes:
         finite = [x if x != float("inf") else None for x in ratios[m]]
         median = statistics.median(ratios[m])
-        row("duotf", m, m, ratio=finite, ratio_median=None if median == float("inf") else median,
-            goal=0.5)
+        row("duotf", m, m, label=LABELS[m].format(every=opts.every, big=opts.big_batch),
+            ratio=finite, ratio_median=None if median == float("inf") else median, goal=0.5)
+    elephas = statistics.median(times["elephas"])
+    if elephas != float("inf"):
+        record.add("time to accuracy", "s", [0.5 * elephas], peer="goal", case="goal",
+                   chart=chart, reference=True, label="goal: 0.5x elephas's median")
 
 
 if __name__ == "__main__":

@@ -137,6 +137,8 @@ def test_the_summary_prints_each_pairs_ratio_and_their_median_and_records_them(t
     assert rows["averaging"]["ratio"] == [0.4, 0.6, 0.3] and rows["averaging"]["goal"] == 0.5
     assert rows["mwms"]["reached"] == [True, False, True] and rows["mwms"]["ratio"][1] is None
     assert rows["SparkModel, synchronous"]["values"] == [30.0, 20.0, 40.0]
+    assert rows["goal"]["values"] == [15.0] and rows["goal"]["reference"]  # 0.5x elephas's median
+    assert rows["averaging"]["label"] == "averaging every 100 steps, batch 32 (local[3])"
     def refuse(constant):
         raise AssertionError(f"not JSON: {constant}")
 
