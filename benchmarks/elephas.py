@@ -24,7 +24,9 @@ function on both sides, its time included), and training stops at the first epoc
   ``epochs=N`` runs the same Spark job N times).
 - **duotf**, ``SparkSession`` on ``local[3]`` (2 nodes and a feeding slot), a
   ``ClusterSpec(workers=2)`` started first (the nodes import TensorFlow while the driver makes
-  the DataFrame from the same arrays, through Arrow), ``cluster.train(df, epochs=MAX)``; each
+  a DataFrame of the same arrays: written as a Parquet file with pyarrow and read with
+  ``spark.read.parquet``, or with ``--frame arrow`` ``spark.createDataFrame`` of an Arrow
+  table), ``cluster.train(df, epochs=MAX)``; each
   node fits one epoch at a time (``model.fit(feed.dataset(...), epochs=1)``), checks the same
   accuracy of the same weights as the other node, and at the target both end the feed
   (``feed.terminate()``) and the first returns its weights. Its modes (``--modes``):
@@ -238,8 +240,26 @@ def node_main(args, ctx):
     return result
 
 
-def duotf_side(opts) -> None:
+def dataframe(session, x: np.ndarray, y: np.ndarray, how: str, folder: str):
+    """The rows as a Spark DataFrame (``x array<float>``, ``y bigint``): a Parquet file written
+    by pyarrow in ``folder`` and read by Spark (``how="parquet"``), or ``createDataFrame`` of
+    the Arrow table (``"arrow"``, which Spark then converts row by row on every read)."""
     import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    offsets = pa.array(np.arange(0, (len(x) + 1) * WIDTH, WIDTH, dtype=np.int32))
+    table = pa.table({"x": pa.ListArray.from_arrays(offsets, pa.array(x.reshape(-1))),
+                      "y": pa.array(y)})
+    if how == "arrow":
+        return session.createDataFrame(table)
+    path = os.path.join(folder, "rows.parquet")
+    pq.write_table(table, path, compression="none")
+    return session.read.parquet(path)
+
+
+def duotf_side(opts) -> None:
+    import shutil
+
     from pyspark.sql import SparkSession
 
     import duotf
@@ -259,11 +279,8 @@ def duotf_side(opts) -> None:
                    env={"TF_CPP_MIN_LOG_LEVEL": "3"}, progress=False) as cluster:
         marks["duotf.run"] = time.time()
         data = np.load(opts.data)
-        x, y = data["x_train"], data["y_train"]
-        offsets = pa.array(np.arange(0, (len(x) + 1) * WIDTH, WIDTH, dtype=np.int32))
-        table = pa.table({"x": pa.ListArray.from_arrays(offsets, pa.array(x.reshape(-1))),
-                          "y": pa.array(y)})
-        df = session.createDataFrame(table)
+        folder = tempfile.mkdtemp(prefix="rows-", dir=os.path.dirname(os.path.abspath(opts.data)))
+        df = dataframe(session, data["x_train"], data["y_train"], opts.frame, folder)
         marks["DataFrame"] = time.time()
         report = cluster.train(df, epochs=opts.max_epochs)
         marks["train()"] = time.time()
@@ -273,8 +290,10 @@ def duotf_side(opts) -> None:
     acc = accuracy(first["weights"], data["x_test"], data["y_test"])  # the driver's model
     say(side="duotf", mode=mode, marks=marks, epochs=first["epochs"], done=done, accuracy=acc,
         nodes=[{"start": r["start"], "tf": r["tf"]} for r in results],
-        count_seconds=report.get("count_seconds"), epoch_seconds=report.get("epoch_seconds"))
+        count_seconds=report.get("count_seconds"), epoch_seconds=report.get("epoch_seconds"),
+        train_seconds=report.get("seconds"))
     session.stop()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 # -- the parent: venv, data, rounds --------------------------------------------------------------
@@ -305,7 +324,7 @@ def child_command(python: str, side: str, opts, mode: Optional[str] = None) -> L
     cmd = [python, "-m", "benchmarks.elephas", "--side", side, "--data", opts.data,
            "--target", str(opts.target), "--max-epochs", str(opts.max_epochs),
            "--every", str(opts.every), "--big-batch", str(opts.big_batch),
-           "--driver-memory", opts.driver_memory]
+           "--driver-memory", opts.driver_memory, "--frame", opts.frame]
     return cmd + (["--mode", mode] if mode else [])
 
 
@@ -341,6 +360,12 @@ def describe(result: Dict[str, Any]) -> str:
     return ", ".join(parts) + f", model on the driver {result['time']:.1f}"
 
 
+def phases(result: Dict[str, Any]) -> Dict[str, Any]:
+    """A run's marks for the record: where its time went (s from its process's start)."""
+    keep = ("marks", "epochs", "nodes", "count_seconds", "epoch_seconds", "train_seconds")
+    return {k: result[k] for k in keep if k in result}
+
+
 def reached(result: Dict[str, Any], target: float) -> bool:
     return result["accuracy"] >= target
 
@@ -356,6 +381,8 @@ def parse(argv=None):
     parser.add_argument("--every", type=int, default=100, help="averaging: steps between averages")
     parser.add_argument("--big-batch", type=int, default=256, help="mwms-big: rows a worker's step")
     parser.add_argument("--driver-memory", default="4g", help="spark.driver.memory, both sides")
+    parser.add_argument("--frame", choices=["parquet", "arrow"], default="parquet",
+                        help="how duotf's side makes its DataFrame of the arrays")
     parser.add_argument("--warmup", type=int, default=1, help="uncounted runs of each side first")
     parser.add_argument("--venv", default=None, help="elephas's venv (made if missing)")
     parser.add_argument("--work", default=None, help="folder for the data and logs (default: temp)")
@@ -456,7 +483,7 @@ def summary(opts, times, results, record) -> None:
                    backend="spark", case=case, chart=chart, epochs=epochs[key],
                    reached=[reached(r, opts.target) for r in results[key]],
                    accuracy=[r["accuracy"] for r in results[key]],
-                   phases=[r["marks"] for r in results[key]], **extra)
+                   phases=[phases(r) for r in results[key]], **extra)
 
     row("elephas 7.3.0", "SparkModel, synchronous", "elephas",
         label="elephas 7.3.0: SparkModel (an average an epoch), batch 32, local[2]")

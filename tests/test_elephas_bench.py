@@ -17,7 +17,8 @@ from benchmarks.record import Record, load
 
 
 def test_the_options_reach_a_child_as_they_were_given():
-    opts = bench.parse(["--target", "0.82", "--every", "50", "--big-batch", "128"])
+    opts = bench.parse(["--target", "0.82", "--every", "50", "--big-batch", "128",
+                        "--frame", "arrow"])
     assert opts.pairs == 3 and opts.modes == list(bench.MODES) and opts.side is None
     opts.data = "/data/rows.npz"
     command = bench.child_command("/venv/bin/python", "duotf", opts, "mwms-big")
@@ -25,6 +26,7 @@ def test_the_options_reach_a_child_as_they_were_given():
     child = bench.parse(command[3:])
     assert (child.side, child.mode, child.data) == ("duotf", "mwms-big", "/data/rows.npz")
     assert (child.target, child.every, child.big_batch, child.max_epochs) == (0.82, 50, 128, 10)
+    assert child.frame == "arrow" and bench.parse([]).frame == "parquet"
     assert bench.parse(bench.child_command("python", "elephas", opts)[3:]).mode is None
 
 
