@@ -259,6 +259,29 @@ def _wait_for(what: str, found, timeout: float = 120.0):
 
 
 @contextlib.contextmanager
+def _daemon(argv: List[str], log: str, pattern: str, what: str,
+            env: Optional[dict] = None) -> Iterator[str]:
+    """``argv`` started on the driver's side (a session of its own, its output to ``log``);
+    yields the first group of ``pattern`` once its log shows it; stopped on the way out."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    try:
+        def started():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{what} exited:\n" + _log_text(log)[-3000:])
+            found = re.search(pattern, _log_text(log))
+            return found and found.group(1)
+
+        yield _wait_for(f"{what}'s start", started)
+    finally:
+        for sig, wait in ((15, 15), (9, 10)):
+            with contextlib.suppress(Exception):
+                os.killpg(proc.pid, sig)
+                proc.wait(wait)
+
+
+@contextlib.contextmanager
 def spark_cluster(net: Network, cores: int = 2, memory: str = "2g") -> Iterator[str]:
     """A Spark standalone master on the driver's address and a worker of ``cores`` cores on
     every host of ``net``; yields the master URL. Stopped (with its executors) on the way out."""
@@ -267,20 +290,10 @@ def spark_cluster(net: Network, cores: int = 2, memory: str = "2g") -> Iterator[
     home = os.path.dirname(pyspark.__file__)
     spark_class = os.path.join(home, "bin", "spark-class")
     base = dict(os.environ, SPARK_HOME=home, PYSPARK_PYTHON=sys.executable, SPARK_NO_DAEMONIZE="1")
-    master_log = os.path.join(net.folder, "master.log")
-    with open(master_log, "wb") as out:
-        master = subprocess.Popen(
-            [spark_class, "org.apache.spark.deploy.master.Master", "--host", net.driver_ip,
-             "--port", "0", "--webui-port", "0"], stdout=out, stderr=subprocess.STDOUT,
-            env=dict(base, SPARK_LOCAL_IP=net.driver_ip), start_new_session=True)
-    try:
-        def url():
-            if master.poll() is not None:
-                raise RuntimeError("Spark master exited:\n" + _log_text(master_log)[-3000:])
-            found = re.search(r"Starting Spark master at (spark://\S+)", _log_text(master_log))
-            return found and found.group(1)
-
-        master_url = _wait_for("the Spark master's start", url)
+    with _daemon([spark_class, "org.apache.spark.deploy.master.Master", "--host", net.driver_ip,
+                  "--port", "0", "--webui-port", "0"], os.path.join(net.folder, "master.log"),
+                 r"Starting Spark master at (spark://\S+)", "the Spark master",
+                 env=dict(base, SPARK_LOCAL_IP=net.driver_ip)) as master_url:
 
         def start(host: int) -> Callable[[], None]:
             log = os.path.join(net.folder, f"spark-worker{host}-{uuid.uuid4().hex[:6]}.log")
@@ -299,13 +312,6 @@ def spark_cluster(net: Network, cores: int = 2, memory: str = "2g") -> Iterator[
         for host in range(len(net.ips)):
             net.revivers[host] = lambda host=host: start(host)()
         yield master_url
-    finally:
-        with contextlib.suppress(Exception):
-            os.killpg(master.pid, 15)
-            master.wait(15)
-        with contextlib.suppress(Exception):
-            os.killpg(master.pid, 9)
-            master.wait(10)
 
 
 @contextlib.contextmanager
@@ -313,20 +319,9 @@ def dask_cluster(net: Network, threads: int = 2, workers: int = 1) -> Iterator[s
     """A Dask scheduler on the driver's address and ``workers`` workers of ``threads`` threads
     on every host of ``net`` (started by one ``dask worker`` process a host, so that they share
     the host's ``/dev/shm``); yields the scheduler's address."""
-    log = os.path.join(net.folder, "dask-scheduler.log")
-    with open(log, "wb") as out:
-        scheduler = subprocess.Popen(
-            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", net.driver_ip,
-             "--port", "0", "--no-dashboard"], stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True)
-    try:
-        def address():
-            if scheduler.poll() is not None:
-                raise RuntimeError("Dask scheduler exited:\n" + _log_text(log)[-3000:])
-            found = re.search(r"Scheduler at:\s+(tcp://\S+)", _log_text(log))
-            return found and found.group(1)
-
-        found = _wait_for("the Dask scheduler's start", address)
+    with _daemon([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", net.driver_ip,
+                  "--port", "0", "--no-dashboard"], os.path.join(net.folder, "dask-scheduler.log"),
+                 r"Scheduler at:\s+(tcp://\S+)", "the Dask scheduler") as found:
 
         def start(host: int) -> None:
             net.start(host, [sys.executable, "-m", "distributed.cli.dask_worker", found,
@@ -339,13 +334,6 @@ def dask_cluster(net: Network, threads: int = 2, workers: int = 1) -> Iterator[s
             start(host)
             net.revivers[host] = lambda host=host: start(host)
         yield found
-    finally:
-        with contextlib.suppress(Exception):
-            os.killpg(scheduler.pid, 15)
-            scheduler.wait(15)
-        with contextlib.suppress(Exception):
-            os.killpg(scheduler.pid, 9)
-            scheduler.wait(10)
 
 
 # -- the forwarder -------------------------------------------------------------------------------
