@@ -389,6 +389,7 @@ def _markers(sup: Supervisor, targets: List[FeedTarget], kind: wire.Marker, time
         sup.expect_failure(3.0)
         raise FeedError(f"could not send the {kind} marker to {target.label}: {error}",
                         epoch=epoch, node=target.label)
+    return None  # the last nodes needed no marker: what crossed is not known
 
 
 @contextlib.contextmanager

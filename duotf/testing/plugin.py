@@ -145,7 +145,7 @@ def _runs_on(item) -> bool:
     if marker is not None and not _kind_in(item, marker):
         return False
     kind = getattr(getattr(item, "callspec", None), "params", {}).get("backend")
-    engine = engines_of(item.config).get(kind)
+    engine = engines_of(item.config).get(kind) if kind is not None else None
     if engine is None or not engine.opt_in:
         return True
     also = item.get_closest_marker("also_on")
