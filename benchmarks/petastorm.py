@@ -60,8 +60,6 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TF loads, here and in the nodes
-
 #: the peer's venv: what petastorm 0.13.1 imports with, and the pyspark and TensorFlow that
 #: install beside pyarrow 14 and numpy < 2 (pyspark 4.x wants a newer pyarrow for its Arrow
 #: paths; TensorFlow 2.18 on allows numpy 2, 2.17 is the last built for numpy 1 alone)
@@ -281,6 +279,7 @@ def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def cli(argv: Optional[Sequence[str]] = None) -> None:
     opts = parse(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TF loads, here and in the nodes
     python = ensure_venv(opts.venv)
     if opts.guide:
         guide_run(python, opts.spark_master)
