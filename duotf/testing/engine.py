@@ -76,8 +76,10 @@ class Engine(abc.ABC):
     #: runs only the tests that name its kind (``engines(...)`` or ``also_on(...)``), not every
     #: unmarked one: for an engine as costly to run as one across separate hosts
     opt_in = False
-    #: the separate hosts its workers run on (an object with ``names``, ``cut(i)``,
-    #: ``restore(i)``, ``kill(i)``, ``host_of(pid)``), or None where every worker shares one host
+    #: the separate hosts its workers run on, or None where every worker shares one host: an
+    #: object with ``hostnames`` (host i's), ``host_of(pid)`` (the host a process runs on),
+    #: ``cut(i)`` / ``restore(i)`` (its link down and up), ``kill(i)`` (every process of it) and
+    #: ``revive(i)`` (its engine worker started again); tests/hosts.py's ``Network`` is one
     hosts: Any = None
 
     def __init__(self, backend: Backend, handle: Any = None):
