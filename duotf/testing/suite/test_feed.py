@@ -15,7 +15,6 @@ from duotf.testing.suite.data import (FED, SIZES, fed_every_epoch, frames, kept_
 from duotf.testing.suite.typed import mismatches
 
 
-@pytest.mark.also_on("spark-hosts", "dask-hosts")
 def test_train_epochs_balanced_across_workers(backend, engine):
     data = engine.rows(row_parts())
     with duotf.run(mains.feed_train_main, {"batch": 4}, backend, duotf.ClusterSpec(workers=2)) as cluster:
@@ -75,7 +74,6 @@ def _infer_rows(backend, engine):
     return engine.partitions(out)
 
 
-@pytest.mark.also_on("spark-hosts", "dask-hosts")
 def test_inference_one_result_per_input_in_order(backend, engine):
     parts = _infer_rows(backend, engine)
     assert len(parts) == len(SIZES)  # one output partition per input partition
