@@ -21,6 +21,7 @@ import tempfile
 import pytest
 
 from duotf.testing import QUIET_TF, poll_for  # noqa: F401 - tests import them from here
+from tests import hosts
 from tests.engines import ENGINES
 
 pytest_plugins = ["duotf.testing.plugin"]
@@ -152,8 +153,6 @@ def _standalone_cluster(workers: int, cores: int, env: dict = None):
 
 # -- separate hosts (network namespaces: tests/hosts.py) -----------------------------------------
 def _hosts_or_skip():
-    from tests import hosts
-
     why = hosts.unavailable()
     if why and os.environ.get("DUOTF_HOSTS_REQUIRED"):  # CI (.ci/run): they must run
         pytest.fail(f"DUOTF_HOSTS_REQUIRED is set, but no separate hosts can be made: {why}")
@@ -230,20 +229,11 @@ def connect_server(master: str, conf: dict = None):
     args = [os.path.join(_spark_home(), "sbin", "start-connect-server.sh"), "--master", master]
     for key, value in settings.items():
         args += ["--conf", f"{key}={value}"]
-    log_path = os.path.join(root, "connect.log")
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
     try:
-        def started():
-            if proc.poll() is not None:
-                raise RuntimeError("Spark Connect server exited:\n" + _read(log_path)[-3000:])
-            return "Spark Connect server started at" in _read(log_path)
-
-        poll_for(started, 120, 0.1, "Spark Connect server start")
-        yield f"sc://127.0.0.1:{port}"
+        with hosts.daemon(args, os.path.join(root, "connect.log"), r"(Spark Connect server started at)",
+                          "the Spark Connect server", env=env):
+            yield f"sc://127.0.0.1:{port}"
     finally:
-        _stop_process_group(proc)
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -259,10 +259,12 @@ def _wait_for(what: str, found, timeout: float = 120.0):
 
 
 @contextlib.contextmanager
-def _daemon(argv: List[str], log: str, pattern: str, what: str,
+def daemon(argv: List[str], log: str, pattern: str, what: str,
             env: Optional[dict] = None) -> Iterator[str]:
-    """``argv`` started on the driver's side (a session of its own, its output to ``log``);
-    yields the first group of ``pattern`` once its log shows it; stopped on the way out."""
+    """``argv`` started on this machine's side (a session of its own, its output to ``log``);
+    yields the first group of ``pattern`` once its log shows it (a ``RuntimeError`` with the
+    log's end if it exits first); SIGTERM, then SIGKILL, to its process group on the way out.
+    The Spark master, the Dask scheduler and tests/conftest.py's Spark Connect server."""
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
@@ -290,7 +292,7 @@ def spark_cluster(net: Network, cores: int = 2, memory: str = "2g") -> Iterator[
     home = os.path.dirname(pyspark.__file__)
     spark_class = os.path.join(home, "bin", "spark-class")
     base = dict(os.environ, SPARK_HOME=home, PYSPARK_PYTHON=sys.executable, SPARK_NO_DAEMONIZE="1")
-    with _daemon([spark_class, "org.apache.spark.deploy.master.Master", "--host", net.driver_ip,
+    with daemon([spark_class, "org.apache.spark.deploy.master.Master", "--host", net.driver_ip,
                   "--port", "0", "--webui-port", "0"], os.path.join(net.folder, "master.log"),
                  r"Starting Spark master at (spark://\S+)", "the Spark master",
                  env=dict(base, SPARK_LOCAL_IP=net.driver_ip)) as master_url:
@@ -319,7 +321,7 @@ def dask_cluster(net: Network, threads: int = 2, workers: int = 1) -> Iterator[s
     """A Dask scheduler on the driver's address and ``workers`` workers of ``threads`` threads
     on every host of ``net`` (started by one ``dask worker`` process a host, so that they share
     the host's ``/dev/shm``); yields the scheduler's address."""
-    with _daemon([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", net.driver_ip,
+    with daemon([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", net.driver_ip,
                   "--port", "0", "--no-dashboard"], os.path.join(net.folder, "dask-scheduler.log"),
                  r"Scheduler at:\s+(tcp://\S+)", "the Dask scheduler") as found:
 
