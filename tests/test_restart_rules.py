@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from duotf.errors import (BackendError, ConfigError, FeedError, NodeFailedError, NodeUnresponsiveError, ReservationTimeoutError)
-from duotf._driver.restarts import (DEFAULT_RESTART_ON, check_restart_on, failure_cause, restartable, resume_point)
+from duotf._driver import restarts
+from duotf._driver.nodes import NodeInfo
+from duotf._driver.restarts import (DEFAULT_RESTART_ON, check_restart_on, failure_cause, lost_host, restartable,
+                                    resume_point)
 
 
 def _failed(**attrs):
@@ -25,6 +30,36 @@ def test_each_failure_has_its_cause():
     assert failure_cause(ReservationTimeoutError("x", registered=0, expected=2, missing=[0, 1],
                                                  timeout=1)) is None
     assert failure_cause(FeedError("bad data")) is None
+
+
+def test_only_a_lost_or_silent_node_whose_host_does_not_answer_has_its_host_avoided(monkeypatch):
+    # a port of this host that nothing serves: a refused connection is an answer
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    node = NodeInfo(1, "worker:1", host="127.0.0.1", port=port, executor_id="box:12")
+    silent = NodeUnresponsiveError("x", node_id=1, role="worker:1", host="127.0.0.1", pid=1)
+    assert lost_host(silent, [node]) == set()
+    assert lost_host(_failed(host="127.0.0.1", exitcode=-9), [node]) == set()  # killed: not asked
+    # a host that does not answer: a listener whose queue is full drops the SYN, as a host
+    # cut off does (probed for HOST_PROBE_TIMEOUT): its address and the node's host name
+    monkeypatch.setattr(restarts, "HOST_PROBE_TIMEOUT", 0.5)
+    with socket.socket() as full:
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        waiting = []
+        while True:  # fill its queue: the next connection gets no answer
+            try:
+                waiting.append(socket.create_connection(full.getsockname(), timeout=0.2))
+            except TimeoutError:
+                break
+        node.port = full.getsockname()[1]
+        try:
+            assert lost_host(silent, [node]) == {"127.0.0.1", "box"}
+        finally:
+            for sock in waiting:
+                sock.close()
+    assert lost_host(silent, []) == set()  # no port it served: nothing to ask
 
 
 def test_restart_on_takes_causes_and_exception_classes():

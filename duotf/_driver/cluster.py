@@ -26,8 +26,8 @@ from duotf._node.agent import NodeJob, OutcomeStatus, default_log_dir, default_w
 from duotf._driver.nodelogs import NodeLogs, log_node_ids
 from duotf._driver.progress import FeedProgress, check_progress
 from duotf._transport.rendezvous import Msg
-from duotf._driver.restarts import (Cause, Restart, RestartOn, await_capacity, check_restart_on, failure_cause, restartable,
-                                    resume_point)
+from duotf._driver.restarts import (Cause, Restart, RestartOn, avoid_lost_host, await_capacity, check_restart_on,
+                                    failure_cause, restartable, resume_point)
 from duotf.reports import TrainReport
 from duotf.spec import ClusterSpec, seconds
 from duotf._driver.nodes import TERMINAL, ClusterStatus, NodeInfo, NodeState, still_running
@@ -443,6 +443,7 @@ class Cluster:
             for node_id, epochs in sup.checkpoints().items():
                 self._checkpoints.setdefault(node_id, {}).update(epochs)
             sup.stop_nodes(sup.failure_stop_timeout)
+            self._engine_slots = avoid_lost_host(self.backend, error, sup.nodes, self._engine_slots)
             sup.close()  # its error is this restart's cause, kept in cluster.restarts
             epoch, paths = resume_point(self._checkpoints, range(len(self.nodes)))
             record = Restart(
@@ -489,8 +490,8 @@ class Cluster:
         :class:`~duotf._transport.columns.RaggedColumn` (``values`` and ``row_splits``) from
         ``next_batch``, and as a ``tf.RaggedTensor`` from ``dataset()``.
 
-        ``convert_once``: a Spark DataFrame fed ``epochs > 1`` times is converted into feed
-        frames once, in the first epoch, kept in files in its executors' local dirs (as
+        ``convert_once``: a Spark DataFrame fed ``epochs > 1`` times (one of numbers: any) is
+        converted into feed frames once, first, kept in files in its executors' local dirs (as
         :func:`duotf.spark.feed_cache` does, never filling a disk past
         ``duotf.backends.spark.frames.MIN_FREE_BYTES``/``MIN_FREE_FRACTION``) that feed the later
         epochs and are deleted when ``train`` returns. ``False`` reads the DataFrame every epoch.
@@ -667,9 +668,8 @@ def start(cluster: Cluster) -> Cluster:
 
 
 def shutdown_quietly(cluster: Cluster, grace_secs: float = 0) -> None:
-    """:meth:`Cluster.shutdown` that raises no node failure nor
-    :class:`~duotf.errors.NodesStoppedError` (the atexit sweep, a caller that already has an
-    error of its own); default: no grace."""
+    """:meth:`Cluster.shutdown` raising no node failure nor :class:`~duotf.errors.NodesStoppedError`
+    (the atexit sweep, a caller with an error of its own); default: no grace."""
     cluster._shutdown(grace_secs)
 
 

@@ -8,6 +8,8 @@ on their own:
 * :func:`failure_cause`: what kind of failure an error is (a :class:`Cause`: ``"killed"``,
   ``"exited"``, ``"lost"``, ``"hung"``, ``"exception"``), or None for a failure no restart can cure (a
   protocol TensorFlow lacks, nodes that never registered, bad data);
+* :func:`lost_host`: the host of a node lost with its network (its driver cannot reach it),
+  which the restarted nodes are kept off where the engine can (``Backend.avoid_hosts``);
 * :func:`resume_point`: from the checkpoints the nodes reported with
   ``ctx.report_checkpoint(epoch, path)``, the epoch every node can resume at, and the
   checkpoint each node restores.
@@ -18,8 +20,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import socket
 import threading
-from typing import Dict, FrozenSet, Iterable, Optional, Tuple, Type, Union
+from typing import Dict, FrozenSet, Iterable, Optional, Set, Tuple, Type, Union
 
 from duotf._deadline import Deadline
 from duotf.errors import (BackendError, ConfigError, FeedError, InsufficientSlotsError, NodeFailedError,
@@ -28,7 +31,8 @@ from duotf.errors import (BackendError, ConfigError, FeedError, InsufficientSlot
 logger = logging.getLogger(__name__)
 
 __all__ = ["CAUSES", "Cause", "DEFAULT_RESTART_ON", "REPLACEMENT_WAIT", "Restart", "RestartOn",
-           "await_capacity", "check_restart_on", "failure_cause", "resume_point"]
+           "avoid_lost_host", "await_capacity", "check_restart_on", "failure_cause", "lost_host",
+           "resume_point"]
 
 #: one item of ``duotf.run(restart_on=...)``: a cause (``"killed"``, ...), or an exception class or
 #: its name
@@ -174,3 +178,42 @@ def await_capacity(backend, n: int, want: int, deadline: Deadline, reservation_t
         raise InsufficientSlotsError(
             f"{exc} (after waiting for the engine to replace what the failed attempt lost, "
             f"{min(REPLACEMENT_WAIT, reservation_timeout):g} s)", **exc.attributes) from exc
+
+
+#: seconds a restart waits for a failed node's host to answer before it counts the host as lost
+HOST_PROBE_TIMEOUT = 2.0
+
+
+def lost_host(error: BaseException, nodes: Iterable) -> Set[str]:
+    """The host of the node that failed first, where it was lost with its host's network: the
+    failure is a lost or silent node (``"lost"``, ``"hung"``), and a TCP connection to the port
+    it served on that host neither opens nor is refused within :data:`HOST_PROBE_TIMEOUT`
+    (a refusal is an answer: the host is up, only the node's process is gone). Else None. The
+    driver already reached that port to feed the node, so no firewall in between can make a
+    healthy host look lost. The host's names: its address and the name the node's process
+    gave (engines name executors by either); empty where it is not lost."""
+    host, node_id = getattr(error, "host", None), getattr(error, "node_id", None)
+    if not host or failure_cause(error) not in (Cause.LOST, Cause.HUNG):
+        return set()
+    found = [n for n in nodes if n.node_id == node_id]
+    ports = [p for n in found for p in (n.feed_port, n.port) if p]
+    if not ports:
+        return set()
+    try:
+        socket.create_connection((host, ports[0]), timeout=HOST_PROBE_TIMEOUT).close()
+    except ConnectionRefusedError:
+        return set()
+    except OSError as exc:  # no answer: timed out, unreachable
+        logger.warning("duotf: %s's host %s does not answer (%s): the restarted nodes are kept "
+                       "off it where the engine can", getattr(error, "role", "the node"), host, exc)
+        # "hostname:pid" of the process running the node's engine task
+        return {host} | {n.executor_id.rsplit(":", 1)[0] for n in found if n.executor_id}
+    return set()
+
+
+def avoid_lost_host(backend, error: BaseException, nodes: Iterable, engine_slots: int) -> int:
+    """Before a restart: keep the restarted nodes off the host of a node lost with its network
+    (:func:`lost_host`, ``backend.avoid_hosts``); the engine slots a restart waits for then
+    (``engine_slots``, or fewer: a Spark executor removed there is not coming back)."""
+    lost = lost_host(error, nodes)
+    return min(engine_slots, backend.avoid_hosts(lost)) if lost else engine_slots

@@ -24,7 +24,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Set, Tuple
 
 from duotf._deadline import Deadline
 from duotf._enum import StrEnum
@@ -295,6 +295,12 @@ class Backend(abc.ABC):
         """Before a cluster's first start: wait, until ``deadline`` (``reservation_timeout``)
         at most, for the engine's executors still registering, so that ``nodes`` run one per
         executor (host) where the engine has that many. The default waits for nothing."""
+
+    def avoid_hosts(self, hosts: Set[str]) -> int:
+        """Before a restart: keep the restarted nodes off ``hosts``, whose node was lost with
+        the host's network (:func:`duotf._driver.restarts.lost_host`), where the engine lets
+        duotf choose; the engine's slots after it (:meth:`slots`). The default chooses nothing."""
+        return self.slots()
 
     def check_capacity(self, nodes: int) -> None:
         """Raise :class:`InsufficientSlotsError` quickly when ``nodes`` cannot all run at once."""

@@ -73,6 +73,7 @@ class DaskBackend(Backend):
         self._owned_cluster: Optional[LocalCluster] = None
         self._lock = threading.Lock()
         self._placed: Dict[str, int] = {}  # worker -> this backend's nodes running there
+        self._avoided: Set[str] = set()  # hosts whose nodes were lost with their network
         #: worker -> the GPU slots (k addresses each) its nodes of this backend hold
         self._gpu_held: Dict[str, Set[int]] = {}
 
@@ -212,16 +213,26 @@ class DaskBackend(Backend):
 
         return ThreadJob(call, cancel=cancel, name="dask")
 
+    def avoid_hosts(self, hosts) -> int:
+        """Place nodes on ``hosts`` last, from now on in this backend: the scheduler lists a
+        worker it cannot reach until ``distributed.scheduler.worker-ttl`` (5 min) passes, and a
+        restarted node placed there would hang as the last did. Last, not never: with too few
+        workers elsewhere a node still goes there (the host may be back)."""
+        with self._lock:
+            self._avoided |= set(hosts)
+        return self.slots()
+
     def _place(self, workers: List[str], n: int) -> List[str]:
-        """``n`` distinct workers of ``workers``, spread over hosts: each next one on the host
-        with the fewest chosen so far, then running the fewest of this backend's nodes (ties by
-        address); counted as busy until :meth:`_release`."""
+        """``n`` distinct workers of ``workers``, spread over hosts: each next one on a host
+        not avoided (:meth:`avoid_hosts`), then on the host with the fewest chosen so far, then
+        running the fewest of this backend's nodes (ties by address); counted as busy until
+        :meth:`_release`."""
         with self._lock:
             chosen: List[str] = []
             on_host: Dict[str, int] = {}
             left = sorted(workers, key=lambda w: (self._placed.get(w, 0), w))
             for _ in range(min(n, len(left))):
-                best = min(left, key=lambda w: on_host.get(_host(w), 0))  # stable: the first such
+                best = min(left, key=lambda w: (_host(w) in self._avoided, on_host.get(_host(w), 0)))
                 left.remove(best)
                 chosen.append(best)
                 on_host[_host(best)] = on_host.get(_host(best), 0) + 1

@@ -128,6 +128,19 @@ class SparkBackend(Backend):
     def slots(self) -> int:
         return self.client.slots()
 
+    def avoid_hosts(self, hosts) -> int:
+        """Remove the executors on ``hosts`` from the application (classic Spark): the driver
+        could not reach them, and Spark would otherwise keep offering their cores to the
+        restarted nodes' barrier stage until ``spark.network.timeout`` (120 s) passes without a
+        heartbeat. The application's executor target is left as it is, so a standalone master
+        may start an executor on that host's worker again once it is back. A Connect client
+        cannot (no driver JVM): Spark's own timeout then applies."""
+        removed = self.client.remove_executors_on(hosts)
+        if removed:
+            logger.warning("duotf: removed Spark executor(s) %s on %s from the application: "
+                           "their host does not answer", ", ".join(removed), ", ".join(sorted(hosts)))
+        return self.slots()
+
     def capacity_hint(self) -> str:
         if self._local:
             return "Run with master local[N] where N is at least the number of nodes."

@@ -88,6 +88,11 @@ class SparkClient:
     def java_version(self) -> str:
         raise NotImplementedError
 
+    def remove_executors_on(self, hosts) -> List[str]:
+        """Remove the executors running on ``hosts`` from the application, at once and without
+        lowering its executor target; their ids (none where the client cannot)."""
+        return []
+
     def default_fs(self) -> str:
         raise NotImplementedError
 
@@ -149,6 +154,21 @@ class ClassicClient(SparkClient):
 
     def java_version(self) -> str:
         return str(self.sc._jvm.java.lang.System.getProperty("java.version"))
+
+    def remove_executors_on(self, hosts) -> List[str]:
+        sc = self.sc._jsc.sc()
+        ids: List[str] = []
+        try:
+            for host in hosts:
+                alive = sc.taskScheduler().getExecutorsAliveOnHost(host)
+                if alive.isDefined():
+                    ids += [i for i in str(alive.get().mkString(",")).split(",") if i]
+            if ids:  # no target change, no failure counted, even with tasks running there
+                sc.schedulerBackend().killExecutors(self.sc._jvm.PythonUtils.toSeq(ids), False, False, True)
+        except Exception:  # a Spark without these internal calls: its own timeout applies
+            logger.info("duotf: could not remove the executors on %s", hosts, exc_info=True)
+            return []
+        return ids
 
     def default_fs(self) -> str:
         return self.sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file://"

@@ -101,7 +101,7 @@ class SparkFeed(FeedAdapter):
         if self.cache is not None:
             return list(self.cache.counts)
         opts = self.options
-        if self.df is not None and opts.epochs > 1 and opts.convert_once is not False and not opts.ragged:
+        if self.df is not None and opts.convert_once is not False and not opts.ragged:
             counts = self._convert_in_jvm()
             if counts is not None:
                 return counts
@@ -129,9 +129,11 @@ class SparkFeed(FeedAdapter):
 
     def _convert_in_jvm(self) -> Optional[List[int]]:
         """The first pass of a DataFrame of numbers (numbers, arrays of numbers, tensor
-        columns) fed ``epochs > 1`` times: the JVM writes
+        columns), fed one epoch or more: the JVM writes
         each partition into a feed frame file in its executor's local dir, and counts its rows,
-        in one job (:func:`duotf.backends.spark.jvm.spill`); every epoch is then fed from those files
+        in one job (:func:`duotf.backends.spark.jvm.spill`): for one epoch as well, since this
+        pass is about twice as fast as Arrow's and replaces the counting job (a local-disk copy
+        of the data until ``train`` returns, within ``MIN_FREE_BYTES``). Every epoch is then fed from those files
         (:meth:`_train_cached`), and :meth:`close` deletes them. No row passes through Arrow
         or a Python worker, and no separate count is run. None (nothing done) where the
         DataFrame has another kind of column or the JVM helper is not usable: the first epoch

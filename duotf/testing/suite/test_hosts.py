@@ -124,3 +124,41 @@ def test_a_host_lost_whole_is_named_and_the_cluster_runs_again_once_it_is_back(b
         report = again.train(_host_rows(engine), epochs=1)
         results = again.wait()
     assert sum(r["rows"] for r in results) == report["rows_fed"] == 6 * 40
+
+
+def _engine_back(engine, backend, host: int, slots: int) -> None:
+    """After host ``host`` is restored: the engine's slots as many as before. Spark's worker
+    there starts an executor again; a Dask worker that lost its scheduler closed itself, and is
+    started again as a machine's service manager would."""
+    try:
+        poll_for(lambda: backend.slots() >= slots, 30, 0.5, "the engine's slots on the restored host")
+    except AssertionError:
+        engine.hosts.kill(host)
+        engine.hosts.revive(host)
+        poll_for(lambda: backend.slots() >= slots, 120, 0.5, "the engine's slots on the revived host")
+
+
+def test_with_restarts_a_job_cut_off_from_its_host_finishes_on_the_hosts_left(backend, engine, tmp_path, caplog):
+    # One node: its host is cut off mid-feed (and stays cut), so the restarted node must run on
+    # the other host, which the engine alone would not ensure: Spark keeps offering a silent
+    # executor until spark.network.timeout (120 s), Dask a silent worker until its worker-ttl
+    args = {"batch": 4, "started": str(tmp_path), "pause": 0.01}
+    cluster = duotf.run(mains.host_rows_main, args, backend, duotf.ClusterSpec(workers=1),
+                        heartbeat_interval=0.5, heartbeat_timeout=HEARTBEAT_TIMEOUT, max_restarts=1)
+    host, ip = engine.hosts.host_of(cluster.nodes[0].pid), cluster.nodes[0].host
+    slots = backend.slots()
+    cutter = _cut_when_started(engine, str(tmp_path), host, 0, [])
+    try:
+        report = cluster.train(_host_rows(engine, rows=300), epochs=1, feed_timeout=120)
+        again = engine.hosts.host_of(cluster.nodes[0].pid)
+        results = cluster.wait(timeout=120)
+    finally:
+        cutter.join()
+        engine.hosts.restore(host)
+        shutdown_quietly(cluster)
+        _engine_back(engine, backend, host, slots)
+    assert [r.cause for r in cluster.restarts] in (["hung"], ["lost"]), cluster.restarts
+    assert again != host, "the restarted node ran on the host cut off"
+    assert f"host {ip} does not answer" in caplog.text  # duotf kept the restarted node off it
+    # the restarted attempt fed its epoch whole (no checkpoint: it resumed at epoch 0)
+    assert sum(r["rows"] for r in results) == report["rows_fed"] == 6 * 300
