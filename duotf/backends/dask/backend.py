@@ -217,10 +217,23 @@ class DaskBackend(Backend):
         """Place nodes on ``hosts`` last, from now on in this backend: the scheduler lists a
         worker it cannot reach until ``distributed.scheduler.worker-ttl`` (5 min) passes, and a
         restarted node placed there would hang as the last did. Last, not never: with too few
-        workers elsewhere a node still goes there (the host may be back)."""
+        workers elsewhere a node still goes there (the host may be back). The workers on other
+        hosts."""
         with self._lock:
             self._avoided |= set(hosts)
-        return self.slots()
+        # a restart waits for these workers, not for those of a host that does not answer
+        return sum(1 for w in self._workers() if _host(w) not in self._avoided)
+
+    def _feed_where(self) -> dict:
+        """Where feeding tasks may run (keywords of ``client.submit``): anywhere, or, once
+        :meth:`avoid_hosts` named hosts, on the workers of the others first (loosely: a task
+        still runs on an avoided host when no other worker is left)."""
+        with self._lock:
+            avoided = set(self._avoided)
+        if not avoided:
+            return {}
+        usable = [w for w in self._workers() if _host(w) not in avoided]
+        return {"workers": usable, "allow_other_workers": True} if usable else {}
 
     def _place(self, workers: List[str], n: int) -> List[str]:
         """``n`` distinct workers of ``workers``, spread over hosts: each next one on a host
@@ -301,7 +314,7 @@ class DaskBackend(Backend):
 
         if kind_of(data) is None:
             return super().feed_adapter(data, nodes, options)
-        return DaskFeed(self.client, data, options)
+        return DaskFeed(self.client, data, options, where=self._feed_where)
 
     def driver_host(self) -> str:
         host = urlparse(self.client.scheduler.address).hostname or "127.0.0.1"

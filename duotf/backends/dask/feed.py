@@ -45,11 +45,12 @@ def _empty_like(part):
 class DaskFeed(FeedAdapter):
     """Feeds a Dask DataFrame, Bag or Array: one feeding task per partition (row block)."""
 
-    def __init__(self, client, data, options=None):
+    def __init__(self, client, data, options=None, where=dict):
         super().__init__(options)
         import dask
 
         self.client = client
+        self._where = where  # () -> where this feed's tasks may run (DaskBackend._feed_where)
         self.data = data
         self.kind = kind_of(data)
         if self.kind == "arrays":  # (features, labels, ...): columns "0", "1", ... by row block
@@ -71,7 +72,7 @@ class DaskFeed(FeedAdapter):
         job_id = self.options.job_id
         futures = self.client.compute([
             dask.delayed(len)(p, dask_key_name=f"duotf-count-{job_id}-part-{i}-{token}")
-            for i, p in enumerate(self.parts)])
+            for i, p in enumerate(self.parts)], **self._where())
         try:
             return list(self.client.gather(futures))
         except Exception:
@@ -88,7 +89,8 @@ class DaskFeed(FeedAdapter):
         client = self.client
         # Partition order is the scheduler's order too: a node queues its ranges in partition
         # order (see duotf._driver.planner.balance), so a task never waits on one not yet started.
-        futures = [client.compute(task, priority=len(tasks) - i) for i, task in enumerate(tasks)]
+        where = self._where()
+        futures = [client.compute(task, priority=len(tasks) - i, **where) for i, task in enumerate(tasks)]
 
         def call():
             try:
@@ -117,6 +119,7 @@ class DaskFeed(FeedAdapter):
             for t, *_ in job.plan[pid]:
                 last[t] = pid
         futures: Dict[object, int] = {}
+        where = self._where()
 
         def call():
             sent = [0] * len(self.parts)  # a partition with no range (empty, or left over) sends none
@@ -131,14 +134,14 @@ class DaskFeed(FeedAdapter):
 
             def block(pid):
                 if pid not in blocks:
-                    blocks[pid] = client.compute(self.parts[pid], priority=len(self.parts) - pid)
+                    blocks[pid] = client.compute(self.parts[pid], priority=len(self.parts) - pid, **where)
                 return blocks[pid]
 
             def submit_ready():
                 for pid in [q for q in pending if after[q] <= done]:
                     pending.remove(pid)
                     future = client.submit(train_partition, job, pid, block(pid), pure=False,
-                                           priority=len(self.parts) - pid,
+                                           priority=len(self.parts) - pid, **where,
                                            key=f"{job.key_prefix}-part-{pid}-{token}")
                     futures[future] = pid
                     running.add(future)
