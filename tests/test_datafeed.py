@@ -12,7 +12,7 @@ from duotf._transport import wire
 from duotf._transport.columns import TENSOR_KEY, decode_tensor, from_arrow, tensor_specs
 from duotf._transport.datafeed import DataFeed
 from duotf._transport.server import FeedServer
-from duotf._driver.planner import balance
+from duotf._driver.planner import balance, local_order
 
 SECRET = b"k" * 32
 
@@ -178,6 +178,29 @@ def test_balance_feeds_different_targets_from_partitions_that_run_together():
     assert all(len(plan[p]) == 1 for p in range(8))
     plan, _, _ = balance([1000] * 8, 2, drop_remainder=False)
     assert [plan[p] for p in range(3)] == [[(0, 0, 1000, 0)], [(1, 0, 1000, 0)], [(0, 0, 1000, 1)]]
+
+
+def _crossing(plan, hosts, names):
+    """Rows the plan sends to a target on another host than the partition's."""
+    return sum(stop - start for pid, ranges in plan.items() for t, start, stop, _ in ranges
+               if hosts[pid] not in names[t])
+
+
+def test_local_order_deals_each_worker_the_rows_of_its_own_host():
+    names = [{"10.0.0.2", "a"}, {"10.0.0.3", "b"}]
+    # partitions 0 and 1 on b, 2 and 3 on a: the plain order crosses hosts with half the rows
+    counts, hosts = [100] * 4, ["b", "b", "a", "a"]
+    assert _crossing(balance(counts, 2)[0], hosts, names) == 200
+    plan, per, dropped = balance(counts, 2, order=local_order(counts, hosts, names))
+    assert (per, dropped, _crossing(plan, hosts, names)) == (200, 0, 0)
+    # a host holding more than its worker's share: only the excess crosses, and the unknown
+    # partition fills the other worker's share
+    counts, hosts = [100, 100, 100, 50, 50], ["a", "a", "a", None, "10.0.0.3"]
+    plan, per, _ = balance(counts, 2, order=local_order(counts, hosts, names))
+    assert per == 200 and _crossing(plan, hosts, names) == 100 + 50  # a's excess, the unknown one
+    # two workers on one host share its partitions by rows
+    order = local_order([100] * 4, ["a"] * 4, [{"a"}, {"a"}])
+    assert sorted(order) == [0, 1, 2, 3]
 
 
 def _cache_file(folder, frames):

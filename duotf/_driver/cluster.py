@@ -471,7 +471,7 @@ class Cluster:
     def train(self, data: Any, epochs: int = 1, *, feed_timeout: float = 600.0,
               balance: bool = True, ragged: Sequence[str] = (),
               convert_once: Optional[bool] = None, shuffle: bool = False, seed: Optional[int] = None,
-              shuffle_buffer: Optional[int] = None, initial_epoch: int = 0) -> TrainReport:
+              shuffle_buffer: Optional[int] = None, initial_epoch: int = 0, locality: bool = False) -> TrainReport:
         """Push ``data`` into the chief and workers, ``epochs`` times; return when all is queued.
 
         ``data``: a Spark DataFrame or RDD, a Dask DataFrame, Bag or Array, or (local backend) a
@@ -499,13 +499,16 @@ class Cluster:
         ``shuffle=True`` shuffles each epoch by ``seed`` (drawn, reported as ``shuffle_seed``,
         if not given), nodes permuting windows of ``shuffle_buffer`` rows (default ~30 MiB): the
         same order on every engine and run (:mod:`duotf._transport.shuffle`). ``initial_epoch=k``
-        feeds epochs ``k + 1`` to ``epochs`` alone, numbered (and shuffled) as in a whole run."""
-        from duotf._driver.planner import shuffle_seed
-        _check_feed_args(epochs, feed_timeout, convert_once, initial_epoch)
+        feeds epochs ``k + 1`` to ``epochs`` alone, numbered (and shuffled) as in a whole run.
+        ``locality=True`` deals each epoch's partitions to the workers on the hosts holding them
+        where the balance allows (:func:`duotf._driver.planner.local_order`): fewer rows cross
+        hosts, but which worker gets which rows then depends on where the engine put them."""
+        from duotf._driver.planner import check_feed_args, shuffle_seed
+        check_feed_args(epochs, feed_timeout, convert_once, initial_epoch, locality, shuffle)
         self._feed_error = None
         self._feed_call = dict(data=data, epochs=epochs, feed_timeout=feed_timeout, balance=balance,
                                ragged=ragged, convert_once=convert_once, shuffle_buffer=shuffle_buffer
-                               or 0, shuffle=shuffle_seed(shuffle, seed, shuffle_buffer))
+                               or 0, shuffle=shuffle_seed(shuffle, seed, shuffle_buffer), local=locality)
         return self._feed(initial_epoch)
 
     def _feed(self, first_epoch: int) -> TrainReport:
@@ -522,7 +525,8 @@ class Cluster:
                 report = planner.train(self.supervisor, self.backend, call["data"], call["epochs"],
                                        call["feed_timeout"], call["balance"], call["ragged"], bar,
                                        call["convert_once"], first_epoch=first_epoch,
-                                       shuffle=call["shuffle"], shuffle_rows=call["shuffle_buffer"])
+                                       shuffle=call["shuffle"], shuffle_rows=call["shuffle_buffer"],
+                                       local=call["local"])
             except BaseException as exc:
                 self._end_bar()
                 # a feeding task lost with its process (the nodes are well, but their feed
@@ -551,7 +555,7 @@ class Cluster:
         :func:`duotf.spark.feed_stream` and :func:`duotf.dask.feed_stream` feed a Spark
         streaming DataFrame or Dask futures through one."""
         from duotf._driver import planner
-        _check_feed_args(1, feed_timeout)
+        planner.check_feed_args(1, feed_timeout)
         return planner.Stream(self.supervisor, self.backend, feed_timeout, balance, ragged)
 
     def inference(self, data: Any, *, keep: Optional[Sequence[str]] = None,
@@ -571,7 +575,7 @@ class Cluster:
         ``{"prediction": "double"}``. Nulls and ``ragged`` columns: as in :meth:`train`.
         """
         from duotf._driver import planner
-        _check_feed_args(1, feed_timeout)
+        planner.check_feed_args(1, feed_timeout)
         while True:
             bar = self._bar()
             try:
@@ -688,13 +692,3 @@ def _job_log_dir(tensorboard_dir, job_id: str, name: str = "tensorboard_dir") ->
         return posixpath.join(where, job_id)
     return os.path.join(os.path.abspath(where), job_id)
 
-
-def _check_feed_args(epochs, feed_timeout, convert_once=None, initial_epoch=0) -> None:
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ConfigError(f"epochs={epochs!r}: give a whole number of epochs, 1 or more")
-    if isinstance(initial_epoch, bool) or not isinstance(initial_epoch, int) or not (
-            0 <= initial_epoch < epochs):
-        raise ConfigError(f"initial_epoch={initial_epoch!r}: give the epochs done, 0 to {epochs - 1}")
-    if convert_once not in (None, True, False):
-        raise ConfigError(f"convert_once={convert_once!r}: give True, False or None")
-    seconds(feed_timeout, "feed_timeout")

@@ -18,13 +18,14 @@ import re
 import secrets
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from duotf._deadline import Deadline
 from duotf._verbosity import is_verbose
 from duotf.backends.base import Backend, FeedOptions
 from duotf.errors import ConfigError, DuotfError, FeedError, cause_of
 from duotf.reports import StreamReport, TrainReport
+from duotf.spec import seconds
 from duotf._transport import wire
 from duotf._transport.columns import ragged_columns
 from duotf._transport.feeder import FeedJob, FeedMode
@@ -91,6 +92,41 @@ def balance(counts: List[int], targets: int, drop_remainder: bool = True,
         plan[pid] = ranges
         start += n
     return _sequenced(dict(sorted(plan.items()))), per, total - per * targets
+
+
+def local_order(counts: List[int], hosts: Sequence[Optional[str]], names: Sequence[Set[str]]) -> List[int]:
+    """The partitions in an order that makes :func:`balance` deal each target rows held on
+    its own host where the balance allows (``train(locality=True)``): ``hosts`` the host of
+    each partition's data (None: not known), ``names`` each target's host names. A partition
+    goes to the least loaded target of its host; then, target by target, its own partitions,
+    followed by unplaced ones (unknown host, or a host without a target) while its share of
+    ``sum(counts) // targets`` rows is not reached. Rows cross hosts only where a host holds
+    more or fewer than its targets' shares."""
+    targets = len(names)
+    per = sum(counts) // max(targets, 1)
+    home: List[List[int]] = [[] for _ in names]
+    load = [0] * targets
+    free: List[int] = []
+    for pid, n in enumerate(counts):
+        host = hosts[pid] if pid < len(hosts) else None
+        mine = [t for t in range(targets) if host is not None and host in names[t]]
+        if not mine:
+            free.append(pid)
+            continue
+        t = min(mine, key=lambda t: (load[t], t))
+        home[t].append(pid)
+        load[t] += n
+    order: List[int] = []
+    dealt = 0
+    for t in range(targets):
+        for pid in home[t]:
+            order.append(pid)
+            dealt += counts[pid]
+        while free and dealt < (t + 1) * per:
+            pid = free.pop(0)
+            order.append(pid)
+            dealt += counts[pid]
+    return order + free
 
 
 def _sequenced(plan: Dict[int, List[Tuple[int, int, int]]]) -> Dict[int, List[Tuple[int, int, int, int]]]:
@@ -408,11 +444,12 @@ def _feeding(sup: Supervisor, targets, progress: FeedProgress):
 def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, balanced: bool,
           ragged=(), progress: Optional[FeedProgress] = None,
           convert_once: Optional[bool] = None, first_epoch: int = 0,
-          shuffle: Optional[int] = None, shuffle_rows: int = 0) -> TrainReport:
+          shuffle: Optional[int] = None, shuffle_rows: int = 0, local: bool = False) -> TrainReport:
     """Feed epochs ``first_epoch + 1`` to ``epochs`` (a restarted cluster resumes at
     ``first_epoch``, the epochs before it done); then the end marker. ``shuffle``: the seed
     of a shuffled feed (:mod:`duotf._transport.shuffle`), or None; ``shuffle_rows`` the rows
-    of its nodes' windows (0: by size)."""
+    of its nodes' windows (0: by size). ``local``: each epoch deals partitions to the targets
+    on their hosts (:func:`local_order`)."""
     if epochs < 1:
         raise ConfigError(f"epochs={epochs}: must be >= 1")
     ragged = ragged_columns(ragged)
@@ -423,7 +460,7 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
     adapter = backend.feed_adapter(data, len(sup.nodes), options)  # a ConfigError for bad data first
     try:
         report = _train(sup, adapter, epochs, feed_timeout, balanced, ragged, progress, first_epoch,
-                        shuffle, shuffle_rows)
+                        shuffle, shuffle_rows, local)
     except BaseException:
         if sup.error is None:  # the cluster goes on (bad data, say): its feed leaves nothing
             adapter.close()
@@ -437,9 +474,16 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
     return report
 
 
+def _names(sup: Supervisor, targets: List[FeedTarget]) -> List[Set[str]]:
+    """Each target's host names: its address, and the name its engine task's host gave."""
+    nodes = {n.node_id: n for n in sup.nodes}
+    return [{t.address[0]} | ({nodes[t.node_id].executor_id.rsplit(":", 1)[0]}
+                              if nodes[t.node_id].executor_id else set()) for t in targets]
+
+
 def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced: bool, ragged,
            progress: FeedProgress, first_epoch: int = 0, seed: Optional[int] = None,
-           shuffle_rows: int = 0) -> TrainReport:
+           shuffle_rows: int = 0, local: bool = False) -> TrainReport:
     sup.check_running("train")
     targets = sup.feed_targets()
     adapter.check_capacity(len(sup.nodes))
@@ -463,6 +507,9 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
             progress.start(f"feed epoch {epoch}/{epochs} (rows queued)", epoch_rows)
             if seed is not None:  # every epoch deals the rows out in an order of its own
                 order = partition_order(len(counts), seed, epoch)
+                job = dataclasses.replace(job, plan=balance(counts, len(targets), balanced, order)[0])
+            elif local:  # where the data lies now (Spark's kept frames exist from epoch 1 on)
+                order = local_order(counts, adapter.partition_hosts(), _names(sup, targets))
                 job = dataclasses.replace(job, plan=balance(counts, len(targets), balanced, order)[0])
             feed = dataclasses.replace(job, epoch=epoch, epochs=epochs)  # names its tasks too
             sent = _run(sup, adapter.train(feed), feed.what, True, targets, feed)
@@ -635,3 +682,19 @@ class Stream:
         return {"chunks": self.chunks, "rows_fed": self.rows_fed,
                 "rows_dropped": self.rows_dropped, "seconds": self.seconds,
                 "terminated": self.terminated, "ended": self.ended}
+
+
+def check_feed_args(epochs, feed_timeout, convert_once=None, initial_epoch=0, locality=False,
+                    shuffle=False) -> None:
+    """The arguments of ``cluster.train`` (and a stream's), checked before anything is fed."""
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ConfigError(f"epochs={epochs!r}: give a whole number of epochs, 1 or more")
+    if isinstance(initial_epoch, bool) or not isinstance(initial_epoch, int) or not (
+            0 <= initial_epoch < epochs):
+        raise ConfigError(f"initial_epoch={initial_epoch!r}: give the epochs done, 0 to {epochs - 1}")
+    if convert_once not in (None, True, False):
+        raise ConfigError(f"convert_once={convert_once!r}: give True, False or None")
+    if locality and shuffle:
+        raise ConfigError("locality=True deals each epoch's partitions by the host holding them, "
+                          "shuffle=True by the seed: pass one of them")
+    seconds(feed_timeout, "feed_timeout")

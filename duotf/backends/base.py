@@ -243,6 +243,12 @@ class FeedAdapter(abc.ABC):
         """Raise :class:`~duotf.errors.InsufficientSlotsError` at once when feeding tasks
         cannot run beside the ``nodes`` running node tasks. Called before anything else."""
 
+    def partition_hosts(self) -> List[Optional[str]]:
+        """The host holding each partition's data now, in partition order (None: not known or
+        not held: read from its source wherever the engine runs the task); asked before every
+        epoch of ``train(locality=True)``. The default knows none."""
+        return []
+
     @abc.abstractmethod
     def counts(self) -> List[int]:
         """Rows in each partition, in partition order. A partition whose source fails raises

@@ -51,6 +51,11 @@ def _dask_node(fn: NodeFunction, node_id: int, gpus: Sequence[str] = ()) -> Node
     return fn(node_id, address, 0)
 
 
+#: seconds a connection to a worker on an avoided host is given to open (a host back answers
+#: at once)
+AVOID_PROBE = 0.5
+
+
 def _host(address: str) -> str:
     """The host of a worker's address (``tcp://10.0.0.5:40123`` -> ``10.0.0.5``)."""
     return address.split("://", 1)[-1].rsplit(":", 1)[0]
@@ -214,25 +219,48 @@ class DaskBackend(Backend):
         return ThreadJob(call, cancel=cancel, name="dask")
 
     def avoid_hosts(self, hosts) -> int:
-        """Place nodes on ``hosts`` last, from now on in this backend: the scheduler lists a
-        worker it cannot reach until ``distributed.scheduler.worker-ttl`` (5 min) passes, and a
-        restarted node placed there would hang as the last did. Last, not never: with too few
-        workers elsewhere a node still goes there (the host may be back). The workers on other
-        hosts."""
+        """Place nodes and feeding tasks on ``hosts`` last, until a host answers again (see
+        :meth:`_avoiding`): the scheduler lists a worker it cannot reach until
+        ``distributed.scheduler.worker-ttl`` (5 min) passes, and a restarted node placed there
+        would hang as the last did. Last, not never: with too few workers elsewhere a node
+        still goes there. The workers on other hosts."""
         with self._lock:
             self._avoided |= set(hosts)
         # a restart waits for these workers, not for those of a host that does not answer
         return sum(1 for w in self._workers() if _host(w) not in self._avoided)
 
-    def _feed_where(self) -> dict:
-        """Where feeding tasks may run (keywords of ``client.submit``): anywhere, or, once
-        :meth:`avoid_hosts` named hosts, on the workers of the others first (loosely: a task
-        still runs on an avoided host when no other worker is left)."""
+    def _avoiding(self, workers: List[str]) -> Set[str]:
+        """The hosts avoided now: those :meth:`avoid_hosts` named, less each whose worker
+        accepts a connection again (probed for :data:`AVOID_PROBE` s; a host back on the
+        network is used as before)."""
+        import socket
+
         with self._lock:
             avoided = set(self._avoided)
+        for host in avoided:
+            for address in (w for w in workers if _host(w) == host):
+                try:
+                    socket.create_connection((host, int(address.rsplit(":", 1)[1])), timeout=AVOID_PROBE).close()
+                except (OSError, ValueError):
+                    continue
+                with self._lock:
+                    self._avoided.discard(host)
+                logger.info("duotf: host %s answers again: Dask nodes and feeding tasks may run there", host)
+                break
+        with self._lock:
+            return set(self._avoided)
+
+    def _feed_where(self) -> dict:
+        """Where feeding tasks may run (keywords of ``client.submit``): anywhere, or, while
+        :meth:`avoid_hosts` hosts do not answer, on the workers of the others first (loosely: a
+        task still runs on an avoided host when no other worker is left)."""
+        if not self._avoided:
+            return {}
+        workers = self._workers()
+        avoided = self._avoiding(workers)
         if not avoided:
             return {}
-        usable = [w for w in self._workers() if _host(w) not in avoided]
+        usable = [w for w in workers if _host(w) not in avoided]
         return {"workers": usable, "allow_other_workers": True} if usable else {}
 
     def _place(self, workers: List[str], n: int) -> List[str]:
@@ -240,12 +268,13 @@ class DaskBackend(Backend):
         not avoided (:meth:`avoid_hosts`), then on the host with the fewest chosen so far, then
         running the fewest of this backend's nodes (ties by address); counted as busy until
         :meth:`_release`."""
+        avoided = self._avoiding(workers) if self._avoided else set()
         with self._lock:
             chosen: List[str] = []
             on_host: Dict[str, int] = {}
             left = sorted(workers, key=lambda w: (self._placed.get(w, 0), w))
             for _ in range(min(n, len(left))):
-                best = min(left, key=lambda w: (_host(w) in self._avoided, on_host.get(_host(w), 0)))
+                best = min(left, key=lambda w: (_host(w) in avoided, on_host.get(_host(w), 0)))
                 left.remove(best)
                 chosen.append(best)
                 on_host[_host(best)] = on_host.get(_host(best), 0) + 1

@@ -63,6 +63,20 @@ class DaskFeed(FeedAdapter):
         else:
             self.parts = list(data.to_delayed())
 
+    def partition_hosts(self) -> List[Optional[str]]:
+        """The host of the worker holding each partition, or what it is made of directly, in
+        memory (a persisted collection, one built from futures): one scheduler call. None for
+        a partition held nowhere (computed where its task runs)."""
+        wanted = []
+        for part in self.parts:
+            task = part.__dask_graph__().get(part.key)
+            wanted.append([part.key, *sorted(getattr(task, "dependencies", None) or (), key=str)])
+        keys = list({key for keys in wanted for key in keys})
+        held = self.client.sync(self.client.scheduler.who_has, keys=keys) if keys else {}
+        # a worker's host: tcp://10.0.0.5:40123 -> 10.0.0.5
+        return [next((w.split("://", 1)[-1].rsplit(":", 1)[0] for key in keys for w in held.get(key) or ()),
+                     None) for keys in wanted]
+
     def counts(self) -> List[int]:
         import dask
 

@@ -385,6 +385,16 @@ class SparkFeed(FeedAdapter):
         rows = {entry.pid: n for entry, n in out if isinstance(entry, CachedPartition)}
         return [rows[pid] for pid in sorted(rows)]
 
+    def partition_hosts(self) -> List[Optional[str]]:
+        """The hosts of the kept frames (a DataFrame converted once, a ``feed_cache``), by
+        their executors' host names; none before they are written."""
+        if self.cache is None:
+            return []
+        hosts: List[Optional[str]] = [None] * (max((p.pid for p in self.cache.parts), default=-1) + 1)
+        for part in self.cache.parts:
+            hosts[part.pid] = part.host if part.path else None
+        return hosts
+
     def report(self) -> FeedAdapterReport:
         report: FeedAdapterReport = {}
         if self.kept is not None:

@@ -162,3 +162,59 @@ def test_with_restarts_a_job_cut_off_from_its_host_finishes_on_the_hosts_left(ba
     assert f"host {ip} does not answer" in caplog.text  # duotf kept the restarted node off it
     # the restarted attempt fed its epoch whole (no checkpoint: it resumed at epoch 0)
     assert sum(r["rows"] for r in results) == report["rows_fed"] == 6 * 100
+
+
+def _locality_rows(engine, backend, data, counts, hosts):
+    """Train ``data`` one epoch with ``locality`` off, then on: the rows that crossed hosts,
+    as the nodes saw them, each time; and what the planner's order makes cross, from the
+    partitions' hosts and the nodes' (the same planner the cluster runs)."""
+    from duotf._driver.planner import balance, local_order
+
+    crossed = []
+    for locality in (False, True):
+        with duotf.run(mains.host_rows_main, {"batch": 8}, backend, duotf.ClusterSpec(workers=2)) as cluster:
+            names = [{node.host, node.executor_id.rsplit(":", 1)[0]} for node in cluster.nodes]
+            report = cluster.train(data, epochs=1, locality=locality)
+            results = cluster.wait()
+        assert sum(r["rows"] for r in results) == report["rows_fed"] == sum(counts)
+        assert report["rows_across_hosts"] == sum(r["across"] for r in results)
+        crossed.append(report["rows_across_hosts"])
+    plan = balance(counts, 2, order=local_order(counts, hosts, names))[0]
+    planned = sum(stop - start for pid, ranges in plan.items() for t, start, stop, _ in ranges
+                  if hosts[pid] not in names[t])
+    return crossed, planned
+
+
+@pytest.mark.engines("dask-hosts")
+def test_locality_feeds_each_worker_the_partitions_its_host_holds_on_dask(backend, engine):
+    # partitions 0 and 1 held on host 1, 2 and 3 on host 0: the plain order sends half the
+    # rows across, locality none
+    import dask
+    import dask.bag as db
+
+    client = engine.client
+    workers = {w.split("://")[1].rsplit(":", 1)[0]: w for w in client.nthreads()}
+    placed = [1, 1, 0, 0]
+    # each partition's rows made (and so named) on the worker that holds them
+    held = [client.compute(dask.delayed(lambda rows: list(rows()))(mains.HostRows(p * 50, (p + 1) * 50)),
+                           workers=[workers[engine.hosts.ips[h]]]) for p, h in enumerate(placed)]
+    client.gather(held)
+    crossed, planned = _locality_rows(engine, backend, db.from_delayed(held), [50] * 4,
+                                      [engine.hosts.ips[h] for h in placed])
+    assert crossed == [100, 0] and planned == 0, crossed
+
+
+@pytest.mark.engines("spark-hosts")
+def test_locality_feeds_each_worker_the_kept_frames_its_host_holds_on_spark(backend, engine):
+    # kept frames lie where Spark ran each partition's task: locality sends no more rows
+    # across than that placement forces (what the planner computes from the frames' hosts)
+    from duotf.spark import feed_cache
+
+    df = engine.session.createDataFrame(_host_rows(engine, parts=8, rows=50), "host string, i long")
+    cache = feed_cache(df)
+    try:
+        parts = sorted(cache.parts, key=lambda p: p.pid)
+        crossed, planned = _locality_rows(engine, backend, cache, [50] * 8, [p.host for p in parts])
+    finally:
+        cache.unpersist()
+    assert crossed[1] == planned <= crossed[0], (crossed, planned)
