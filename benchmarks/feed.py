@@ -188,13 +188,19 @@ def identity_main(args, ctx):
     return {"rows": rows, "ready": ready, "first": first, "last": last}
 
 
-def run_inference(backend, data, row_bytes: int, label: str, count, keep=None, quiet=False) -> float:
+def run_inference(backend, data, row_bytes: int, label: str, count, keep=None, quiet=False,
+                  figures=None) -> float:
     """``cluster.inference(data)`` rows/s, from the moment it was called (once every node had
     imported TensorFlow) to the last answer; ``count(out)`` materializes the output and gives
-    its rows (they must all be there)."""
+    its rows (they must all be there). ``figures``, a dict, gets what is printed: ``rate``,
+    ``first_after_call`` and ``first_after_run`` (seconds from ``inference`` and from
+    ``duotf.run`` to every node's first answered batch), ``job_seconds`` and ``job_rate`` (from
+    ``duotf.run`` to the last answer), ``call_seconds`` (``inference`` itself) and
+    ``read_seconds`` (``count(out)``)."""
     import tempfile
 
     ready = tempfile.mkdtemp(prefix="duotf-bench-ready-")
+    launched = time.time()
     with duotf.run(identity_main, {"batch": 1000, "ready": ready}, backend,
                    duotf.ClusterSpec(workers=2)) as cluster:
         start = _when_ready(ready, 2)
@@ -213,12 +219,18 @@ def run_inference(backend, data, row_bytes: int, label: str, count, keep=None, q
     assert n == fed, (n, fed)
     span = max(r["last"] for r in results) - start
     rate = fed / span
+    first = max(r["first"] for r in results)  # every node has answered a batch
+    job = max(r["last"] for r in results) - launched
+    if figures is not None:
+        figures.update(rate=rate, rows=fed, seconds=span, first_after_call=first - start,
+                       first_after_run=first - launched, job_seconds=job, job_rate=fed / job,
+                       call_seconds=returned, read_seconds=read)
     if quiet:
         return rate
     print(f"  duotf {label:<40} {fed:>9} rows: {rate:>10,.0f} rows/s {rate * row_bytes / 1e6:>6.0f} MB/s "
           f"in {span:5.1f} s (inference, identity model)"
           + (f"; executors' JVMs: {jvm / fed * 1e6:.1f} us CPU a row" if jvm else ""), flush=True)
-    print(f"    every node's first batch {first - start:.2f} s after train() ({first - launched:.1f} s "
+    print(f"    every node's first batch {first - start:.2f} s after inference() ({first - launched:.1f} s "
           f"after duotf.run, TF's import on the nodes included); the whole job from duotf.run: "
           f"{job:.1f} s, {fed / job:,.0f} rows/s", flush=True)
     print(f"    inference() returned after {returned:.2f} s; reading its result (count()) took "
@@ -406,12 +418,16 @@ def executor_cpu() -> float:
 
 
 def run_duotf(backend, data, epochs: int, row_bytes: int, label: str, main=drain_main, env=None,
-              quiet=False, breakdown=False, **train):
+              quiet=False, breakdown=False, figures=None, **train):
     """The feed's rate over the whole run: every row fed, from the moment ``train`` was called
     (once every node had imported TensorFlow: the limit leaves TF's start-up out too) to the
     last batch a node read. Counting, a first epoch that converts, and every epoch's start are
     in it. The rate while every node was reading is printed beside it; with ``breakdown``, where
-    ``train`` spent its time (its report's ``count_seconds`` and ``epoch_seconds``)."""
+    ``train`` spent its time (its report's ``count_seconds`` and ``epoch_seconds``).
+    ``figures``, a dict, gets what is printed: ``rate``, ``steady``, ``first_after_call`` and
+    ``first_after_run`` (seconds from ``train`` and from ``duotf.run`` to every node's first
+    batch), ``job_seconds`` and ``job_rate`` (from ``duotf.run`` to the last batch) and
+    ``train``'s ``report``."""
     import tempfile
 
     ready = tempfile.mkdtemp(prefix="duotf-bench-ready-")
@@ -431,6 +447,10 @@ def run_duotf(backend, data, epochs: int, row_bytes: int, label: str, main=drain
     rate = fed / span
     first = max(r["marks"][0][0] for r in results)  # every node has read a batch
     job = max(r["marks"][-1][0] for r in results) - launched
+    if figures is not None:
+        figures.update(rate=rate, steady=steady, rows=fed, seconds=span, first_after_call=first - start,
+                       first_after_run=first - launched, job_seconds=job, job_rate=fed / job,
+                       report=report)
     if quiet:
         return rate, results
     print(f"  duotf {label:<40} {fed:>9} rows: {rate:>10,.0f} rows/s {rate * row_bytes / 1e6:>6.0f} MB/s "

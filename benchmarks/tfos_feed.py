@@ -50,7 +50,9 @@ def _answer(args, ctx):
 
 def run(master: str, wheel: str, rows: int, kind: str, cores: int = 2, inference: bool = False) -> float:
     """TFoS's rows/s feeding an RDD of ``kind``: "lists" ``([784 floats], label)`` as its
-    examples make them, "numpy" ``(float32[784], label)``, or "tiny" ``(i,)``."""
+    examples make them, "numpy" ``(float32[784], label)``, "frame" the rows of the benchmarks'
+    MNIST-like DataFrame (``benchmarks.mnist``) as tuples ``([784 floats], label)``, as a TFoS
+    program feeds a DataFrame (``df.rdd``), or "tiny" ``(i,)``."""
     import zipfile
 
     site = tempfile.mkdtemp(prefix="tfos-site-")
@@ -78,6 +80,10 @@ def run(master: str, wheel: str, rows: int, kind: str, cores: int = 2, inference
 
             rdd = sc.parallelize(range(rows), 8).map(
                 lambda i: (np.full(784, (i % 255) / 255.0, np.float32), i % 10))
+        elif kind == "frame":
+            from benchmarks.mnist import mnist_frame
+
+            rdd = mnist_frame(session, rows, 8).rdd.map(tuple)
         else:
             rdd = sc.parallelize(range(rows), 8).map(lambda i: ([(i % 255) / 255.0] * 784, i % 10))
         rdd = rdd.cache()
@@ -98,7 +104,8 @@ def run(master: str, wheel: str, rows: int, kind: str, cores: int = 2, inference
             n, _, end = open(os.path.join(out, name)).read().split()
             fed, last = fed + int(n), max(last, float(end))
         rate = fed / (last - t0)
-        label = {"tiny": "tiny", "numpy": "MNIST-like numpy", "lists": "MNIST-like lists"}[kind]
+        label = {"tiny": "tiny", "numpy": "MNIST-like numpy", "lists": "MNIST-like lists",
+                 "frame": "MNIST-like DataFrame"}[kind]
         label += " inference" if inference else ""
         print(f"  TFoS  {label + ' RDD':<28} {fed:>9} rows in {last - t0:6.2f} s: {rate:>10,.0f} rows/s "
               f"{rate * (8 if tiny else 3144) / 1e6:>7.0f} MB/s", flush=True)

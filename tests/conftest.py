@@ -83,7 +83,7 @@ def spark_standalone_master():
     (``spark_connect_server``) as many; 1 core a worker is left for a third application (the
     spark-submit command of docs/getting-started.md).
     """
-    yield from _standalone_cluster(workers=2, cores=5)
+    yield from standalone_cluster(workers=2, cores=5)
 
 
 #: what each worker of ``spark_gpu_master`` says it has: 2 GPUs that do not exist
@@ -100,13 +100,14 @@ def spark_gpu_master(tmp_path):
     script.chmod(0o755)
     opts = (f"-Dspark.worker.resource.gpu.amount=2 "
             f"-Dspark.worker.resource.gpu.discoveryScript={script}")
-    for url in _standalone_cluster(workers=1, cores=3, env={"SPARK_WORKER_OPTS": opts}):
+    for url in standalone_cluster(workers=1, cores=3, env={"SPARK_WORKER_OPTS": opts}):
         yield url, str(script)
 
 
-def _standalone_cluster(workers: int, cores: int, env: dict = None):
+def standalone_cluster(workers: int, cores: int, env: dict = None):
     """Start a standalone master and ``workers`` workers of ``cores`` cores on 127.0.0.1 (with
-    ``env`` added to their environment), yield the master URL, stop them all."""
+    ``env`` added to their environment), yield the master URL, stop them all. The benchmarks
+    start theirs with it too (``benchmarks.one_pass --standalone``)."""
     root = tempfile.mkdtemp(prefix="duotf-spark-")
     env = dict(
         os.environ,
