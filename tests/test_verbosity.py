@@ -66,6 +66,17 @@ def _script(tmp_path, verbose: bool):
                           timeout=120, cwd=tmp_path)
 
 
+def test_a_script_that_imports_ipykernel_shows_no_bars():
+    # pyspark imports ipykernel in any script where it is installed: that is no notebook
+    import subprocess
+    import sys
+
+    pytest.importorskip("ipykernel")
+    code = "import ipykernel; from duotf._driver.progress import _interactive; print(_interactive())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False"], out
+
+
 def test_a_script_is_quiet_by_default_and_shows_everything_when_verbose(tmp_path):
     """A plain script (no logging configured): by default nothing of duotf's own on stderr, the
     node's own line only (issue 32: shown, prefixed), and the nodes' TF INFO notes hidden;

@@ -50,8 +50,14 @@ def check_progress(progress) -> None:
 
 
 def _interactive() -> bool:
+    """A person is watching: a Jupyter kernel runs this process, or stderr is a terminal. A
+    kernel is asked of IPython, not read from ``sys.modules``: pyspark imports ``ipykernel``
+    in any script where it is installed (to name call sites), which would show bars in logs."""
     if "ipykernel" in sys.modules:
-        return True
+        ipython = sys.modules.get("IPython")
+        shell = getattr(ipython, "get_ipython", lambda: None)() if ipython is not None else None
+        if shell is not None and getattr(shell, "kernel", None) is not None:
+            return True
     try:
         return sys.stderr.isatty()
     except (AttributeError, ValueError):
