@@ -164,10 +164,11 @@ def _hosts_or_skip():
 
 @pytest.fixture(scope="session")
 def spark_hosts_master():
-    """A standalone master on a bridge's address and a worker of 2 cores on each of 2 separate
-    hosts (tests/hosts.py); yields ``(network, master URL)``."""
+    """A standalone master on a bridge's address and a worker of 4 cores on each of 2 separate
+    hosts (tests/hosts.py): the suite's application takes 2 on each, a fresh one the other 2;
+    yields ``(network, master URL)``."""
     hosts = _hosts_or_skip()
-    with hosts.Network(2) as net, hosts.spark_cluster(net, cores=2) as url:
+    with hosts.Network(2) as net, hosts.spark_cluster(net, cores=4) as url:
         yield net, url
 
 

@@ -40,6 +40,47 @@ def test_nodes_run_one_per_host_and_the_report_counts_the_rows_that_crossed(back
     assert report["rows_across_hosts"] == sum(r["across"] for r in results)
 
 
+#: a driver of its own, a fresh application on the hosts' master: ``duotf.run`` at once, while
+#: its second executor may still be registering; prints each node's host
+FRESH_APP = """
+import sys
+from pyspark.sql import SparkSession
+import duotf
+
+url, ip = sys.argv[1], sys.argv[2]
+spark = (SparkSession.builder.master(url).appName("duotf-fresh-app").config("spark.ui.enabled", "false")
+         .config("spark.driver.host", ip).config("spark.driver.bindAddress", ip)
+         .config("spark.executor.cores", "2").config("spark.cores.max", "4")
+         .config("spark.executor.memory", "512m")
+         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable).getOrCreate())
+
+
+def main(args, ctx):
+    import socket
+    return socket.gethostname()
+
+
+with duotf.run(main, {}, spark, duotf.ClusterSpec(workers=2), reservation_timeout=120) as cluster:
+    print("HOSTS", *sorted(cluster.wait()))
+spark.stop()
+"""
+
+
+@pytest.mark.engines("spark-hosts")
+def test_a_fresh_application_runs_its_nodes_one_per_host(backend, engine):
+    # the race of issue 34: run() right after the session starts put both nodes on the
+    # executor that registered first (and feeding then had no free slot)
+    import subprocess
+    import sys
+
+    url = backend.client.master
+    out = subprocess.run([sys.executable, "-c", FRESH_APP, url, engine.hosts.driver_ip],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    hosts = [line.split()[1:] for line in out.stdout.splitlines() if line.startswith("HOSTS")]
+    assert hosts == [sorted(engine.hosts.hostnames)], out.stdout
+
+
 def _cut_when_started(engine, folder: str, host: int, node: int, when: list) -> threading.Thread:
     def cut():
         poll_for(lambda: os.path.exists(os.path.join(folder, f"node-{node}")), 120,
@@ -113,7 +154,11 @@ def test_a_host_lost_whole_is_named_and_the_cluster_runs_again_once_it_is_back(b
             cluster.train(_host_rows(engine, rows=2000), epochs=50)
         killer.join()
         assert time.monotonic() - t0 <= 120
-        assert victim.host in str(info.value) and "worker:1" in str(info.value), str(info.value)
+        # the lost node's error, or (when a feeding task on that host died first) the feed's,
+        # naming the task's host
+        text = str(info.value)
+        assert victim.host in text or engine.hosts.hostnames[host] in text, text
+        assert "worker:1" in text or isinstance(info.value, duotf.FeedError), text
     finally:
         killer.join()
         shutdown_quietly(cluster)
