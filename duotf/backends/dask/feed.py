@@ -173,7 +173,12 @@ class DaskFeed(FeedAdapter):
                     blocks.pop(pid, None)  # released: the block is not kept
                     submit_ready()
             finally:
-                client.cancel(list(futures) + list(blocks.values()))  # counts only: nothing to keep
+                client.cancel(list(futures))  # duotf's own keys: nothing to keep
+                # the data's partitions are released, never cancelled: Dask cancels a key's
+                # dependents with it, and a restarted attempt's count and feed (or the user's
+                # own work) depend on the same partitions
+                for block in blocks.values():
+                    block.release()
             return sent
 
         return ThreadJob(call, cancel=lambda: client.cancel(list(futures)), name="dask-feed")

@@ -172,15 +172,29 @@ def test_a_host_lost_whole_is_named_and_the_cluster_runs_again_once_it_is_back(b
 
 
 def _engine_back(engine, backend, host: int, slots: int) -> None:
-    """After host ``host`` is restored: the engine's slots as many as before. Spark's worker
-    there starts an executor again; a Dask worker that lost its scheduler closed itself, and is
-    started again as a machine's service manager would."""
+    """After host ``host`` is restored: the engine's slots as many as before, and (Dask) a
+    task run on the host's worker. Spark's worker there starts an executor again; a Dask worker
+    cut from its scheduler for long closes itself, sooner or later. Else the host's worker is
+    started again, as a machine's service manager would."""
+    def works() -> bool:
+        if backend.slots() < slots:
+            return False
+        client = getattr(engine, "client", None)
+        if backend.name != "dask" or client is None:
+            return True
+        ip = engine.hosts.ips[host]
+        there = [w for w in client.nthreads() if w.split("://")[1].rsplit(":", 1)[0] == ip]
+        try:
+            return bool(there) and client.submit(int, 1, workers=there, pure=False).result(timeout=5) == 1
+        except Exception:
+            return False
+
     try:
-        poll_for(lambda: backend.slots() >= slots, 8, 0.5, "the engine's slots on the restored host")
+        poll_for(works, 8, 0.5, "the engine on the restored host")
     except AssertionError:
         engine.hosts.kill(host)
         engine.hosts.revive(host)
-        poll_for(lambda: backend.slots() >= slots, 120, 0.5, "the engine's slots on the revived host")
+        poll_for(works, 120, 0.5, "the engine on the revived host")
 
 
 def test_with_restarts_a_job_cut_off_from_its_host_finishes_on_the_hosts_left(backend, engine, tmp_path, caplog):
@@ -238,12 +252,15 @@ def test_locality_feeds_each_worker_the_partitions_its_host_holds_on_dask(backen
     import dask.bag as db
 
     client = engine.client
+    poll_for(lambda: len(client.nthreads()) == len(engine.hosts.ips), 60, 0.2, "one worker a host")
     workers = {w.split("://")[1].rsplit(":", 1)[0]: w for w in client.nthreads()}
     placed = [1, 1, 0, 0]
     # each partition's rows made (and so named) on the worker that holds them
     held = [client.compute(dask.delayed(lambda rows: list(rows()))(mains.HostRows(p * 50, (p + 1) * 50)),
                            workers=[workers[engine.hosts.ips[h]]]) for p, h in enumerate(placed)]
-    client.gather(held)
+    from distributed import wait
+
+    wait(held, timeout=120)  # raises rather than hangs where a worker is gone
     crossed, planned = _locality_rows(engine, backend, db.from_delayed(held), [50] * 4,
                                       [engine.hosts.ips[h] for h in placed])
     assert crossed == [100, 0] and planned == 0, crossed
