@@ -23,7 +23,7 @@ import time
 import psutil
 
 import duotf
-from benchmarks.feed import checkout_on_executors
+from benchmarks.feed import checkout_on_executors, quiet_tf
 
 BATCH = 1000
 
@@ -103,6 +103,7 @@ def measure(name, fn, rows):
 
 
 def main():
+    quiet_tf()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spark-master", required=True)
     parser.add_argument("--rows", type=int, default=1 << 20)

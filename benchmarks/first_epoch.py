@@ -19,7 +19,7 @@ import time
 
 import duotf
 from benchmarks.feed import (BATCH, _when_ready, checkout_on_executors, drain_main, executor_cpu,
-                             identity_main, spark_data)
+                             identity_main, quiet_tf, spark_data)
 
 
 def _drain(batches):
@@ -65,6 +65,7 @@ def inference_rate(session, df, keep) -> float:
 
 
 def main():
+    quiet_tf()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spark-master", default="local[3]")
     parser.add_argument("--rows", type=int, default=100_000)

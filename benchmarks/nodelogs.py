@@ -30,10 +30,8 @@ import statistics
 import sys
 import tempfile
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-import duotf  # noqa: E402
-from benchmarks.feed import BATCH, dask_data, drain_main, feed_rates  # noqa: E402
+import duotf
+from benchmarks.feed import BATCH, dask_data, drain_main, feed_rates, quiet_tf
 
 
 def print_main(args, ctx):
@@ -102,6 +100,7 @@ def print_cost(client, lines: int, log: bool):
 
 
 def cli():
+    quiet_tf()
     parser = argparse.ArgumentParser(description="cost of log_to_driver")
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--epochs", type=int, default=5)

@@ -57,19 +57,16 @@ TFoS's. TFoS needs a standalone master (``--standalone`` or ``--spark-master spa
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TF loads, here and in the nodes
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from benchmarks.feed import (checkout_on_executors, limit, run_duotf, run_inference,  # noqa: E402
+from benchmarks.feed import (checkout_on_executors, limit, quiet_tf, run_duotf, run_inference,
                              spark_data, tfos_wheel)
-from benchmarks.first_epoch import _drain  # noqa: E402
-from benchmarks.mnist import ROW_BYTES  # noqa: E402
-from benchmarks.record import Record  # noqa: E402
+from benchmarks.first_epoch import _drain
+from benchmarks.mnist import ROW_BYTES
+from benchmarks.record import Record
 
 #: the cases of a round, in the first round's order (each later round starts one place on)
 CASES = ("scan", "one pass", "scan + write back", "inference", "limit")
@@ -354,6 +351,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 def main() -> None:
+    quiet_tf()
     opts = parse()
     record = Record("one_pass", vars(opts)) if opts.json else None
     if not opts.standalone:

@@ -36,11 +36,10 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TF loads, here and in the workers
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from benchmarks.record import Record  # noqa: E402
+from benchmarks.feed import quiet_tf
+from benchmarks.record import Record
 
 WIDTH, CLASSES = 784, 10
 #: seconds of each case's first (cold) run, by its label, as ``timed`` printed them
@@ -257,6 +256,7 @@ def dask_bench(opts, paths, rates):
 
 
 def cli():
+    quiet_tf()
     parser = argparse.ArgumentParser(description="duotf DataFrame scoring benchmark")
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--partitions", type=int, default=8)

@@ -53,12 +53,10 @@ import sys
 import time
 from typing import Dict, List, Tuple
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TF loads, here and in the nodes
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from benchmarks.feed import drain_main, run_duotf  # noqa: E402
-from benchmarks.record import Record  # noqa: E402
+from benchmarks.feed import drain_main, quiet_tf, run_duotf
+from benchmarks.record import Record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROW_BYTES = 784 * 4 + 8
@@ -406,6 +404,7 @@ def record_rows(record, got, cpu, ratios: List[float], opts) -> None:
 
 
 def cli(argv=None) -> None:
+    quiet_tf()
     parser = argparse.ArgumentParser(description="duotf's feed across hosts beside a plain socket copy")
     parser.add_argument("--rows", type=int, default=100_000, help="MNIST-like rows in the data")
     parser.add_argument("--epochs", type=int, default=20)

@@ -77,10 +77,10 @@ def test_shuffle_settings_are_checked_and_a_drawn_seed_is_logged(caplog):
 def test_initial_epoch_is_checked_against_the_epochs():
     import pytest
 
-    from duotf._driver.cluster import _check_feed_args
+    from duotf._driver.planner import check_feed_args
     from duotf.errors import ConfigError
 
-    _check_feed_args(5, 60.0, None, 4)
+    check_feed_args(5, 60.0, None, 4)
     for bad in (5, -1, True, 1.0):
         with pytest.raises(ConfigError, match=r"initial_epoch=.*give the epochs done, 0 to 4"):
-            _check_feed_args(5, 60.0, None, bad)
+            check_feed_args(5, 60.0, None, bad)
