@@ -12,6 +12,7 @@ import atexit
 import dataclasses
 import functools
 import logging
+import shutil
 import time
 import uuid
 import weakref
@@ -169,6 +170,8 @@ class Cluster:
         self._engine_slots = 0  # the engine's slots at the first start (restarts wait for them)
         if checkpoint_dir is None:
             self.checkpoint_dir, self._owns_checkpoint_dir = self._workdir_root + "-checkpoints", True
+            # shutdown removes it; so does the end of a Cluster never shut down (a failed wait())
+            weakref.finalize(self, shutil.rmtree, self.checkpoint_dir, True)
         else:
             self.checkpoint_dir = _job_log_dir(checkpoint_dir, self.job_id, "checkpoint_dir")
             self._owns_checkpoint_dir = False
@@ -630,8 +633,6 @@ class Cluster:
         self._end_bar()
         if self._logs is not None:
             self._logs.close()
-        import shutil
-
         if self._owns_checkpoint_dir:
             shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
         if not self._keep_workdir:
