@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 import duotf
-from duotf.testing import leaks, node_processes
+from duotf.testing import leaks, node_processes, poll_for
 from duotf.testing.suite import mains
 
 
@@ -59,3 +61,33 @@ def test_leak_check_sees_the_node_processes_of_every_engine(backend, tmp_path):
     finally:
         (tmp_path / "release").touch()
         cluster.shutdown()
+
+
+def test_leak_check_sees_a_duotf_directory_in_the_temp_folder(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "duotf-0123456789ab-checkpoints").mkdir()
+    (tmp_path / "other").mkdir()
+    assert leaks.duotf_temp_dirs() == {str(tmp_path / "duotf-0123456789ab-checkpoints")}
+
+
+@pytest.mark.engines("local")
+def test_a_cluster_dropped_after_a_failed_wait_leaves_no_directory(backend):
+    """A user who calls wait(), gets the node's error and never calls shutdown: the cluster's
+    own checkpoint folder goes once the Cluster is collected, not at some later exit."""
+    import gc
+    import os
+
+    def fail_and_drop():
+        cluster = duotf.run(mains.talk_main, {"fail": 0}, backend, duotf.ClusterSpec(workers=1))
+        path = cluster.checkpoint_dir
+        with pytest.raises(duotf.NodeFailedError):
+            cluster.wait()
+        assert os.path.isdir(path)
+        return path
+
+    path = fail_and_drop()
+    # its threads hold it until they end (a node's stop): then a collection takes it
+    poll_for(lambda: gc.collect() is not None and not os.path.exists(path), 15,
+             what=f"{path} removed with its Cluster")

@@ -1,6 +1,6 @@
 """The leak check that :mod:`duotf.testing.plugin` runs after every test (its ``no_leaks``
 fixture): no duotf node process (:func:`duotf.testing.node_processes`), no new thread but an
-engine's, no new listening port remains.
+engine's, no new listening port and no new duotf directory in the temp folder remains.
 
 Threads are compared as sets, the way dask/distributed's ``check_thread_leak`` does, and each
 new one has a grace period to end. psutil is imported where it is used.
@@ -15,8 +15,8 @@ import time
 import traceback
 from typing import Iterable, List, Set
 
-__all__ = ["ENGINE_MODULES", "ENGINE_NAMES", "code_of", "describe_threads", "kept_by_an_engine",
-           "leaked_threads", "listening_ports"]
+__all__ = ["ENGINE_MODULES", "ENGINE_NAMES", "code_of", "describe_threads", "duotf_temp_dirs",
+           "kept_by_an_engine", "leaked_threads", "listening_ports"]
 
 # Threads that an engine or library starts and keeps for the life of the process: told by the
 # module whose code they run (py4j's connections and callback server, the Dask client's event
@@ -98,3 +98,13 @@ def listening_ports() -> Set[int]:
         c.laddr.port for c in psutil.Process().net_connections(kind="tcp")
         if c.status == psutil.CONN_LISTEN
     }
+
+
+def duotf_temp_dirs() -> Set[str]:
+    """The entries of this process's temp folder that duotf names (``duotf-<job id>``: a job's
+    working directories, its own checkpoint folder): none may outlive the job that made it."""
+    import os
+    import tempfile
+
+    root = tempfile.gettempdir()
+    return {os.path.join(root, n) for n in os.listdir(root) if n.startswith("duotf-")}

@@ -25,6 +25,7 @@ pyspark's copy of it when pyspark is installed, so executors never import the su
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -34,7 +35,7 @@ import cloudpickle
 import pytest
 
 from duotf.testing import SESSION_TAG, Engine, node_processes, poll_for
-from duotf.testing.leaks import describe_threads, leaked_threads, listening_ports
+from duotf.testing.leaks import describe_threads, duotf_temp_dirs, leaked_threads, listening_ports
 from duotf.testing.suite import mains
 
 __all__ = ["EngineHooks", "SUITE_KINDS", "engines_of"]
@@ -197,11 +198,20 @@ def scoring_models(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def no_leaks(request):
     """After each test: no node process, no new thread but an engine's, no new listening port
-    remains."""
+    and no new duotf directory in the temp folder remains."""
     before = listening_ports()
     threads = set(threading.enumerate())
+    dirs = duotf_temp_dirs()
     yield
     poll_for(lambda: not node_processes(), 15, what="no duotf node or TensorBoard process left")
+    # A Cluster's node logs (and, unshut, its checkpoint folder) go when it is collected, once
+    # its threads let it go; a node's agent on another process may still be removing its own.
+    deadline = time.monotonic() + 15
+    while duotf_temp_dirs() - dirs and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.2)
+    left = sorted(duotf_temp_dirs() - dirs)
+    assert not left, f"duotf directories left in the temp folder: {left}"
     leaked = leaked_threads(threads)
     assert not leaked, describe_threads(leaked)
     ports = listening_ports() - before
