@@ -25,7 +25,7 @@ import multiprocessing
 import os
 import socket
 import threading
-from typing import List, Optional
+from typing import List, Optional, Set
 
 import cloudpickle
 
@@ -65,7 +65,9 @@ class ProcessPool:
         self._context = _SpawnRecorder()
         self._lock = threading.Lock()
         self._executor: Optional[concurrent.futures.ProcessPoolExecutor] = None
-        self._futures: List[concurrent.futures.Future] = []
+        # the tasks not ended: an ended one goes (its error's traceback holds the frames of the
+        # job that ran it, and so that job's Cluster, which the leak check waits to collect)
+        self._futures: Set[concurrent.futures.Future] = set()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -88,14 +90,14 @@ class ProcessPool:
                 self._executor = concurrent.futures.ProcessPoolExecutor(
                     self.max_workers, mp_context=self._context)
                 future = self._executor.submit(fn, *args)
-            self._futures.append(future)
-            return future
+            self._futures.add(future)
+        future.add_done_callback(self._futures.discard)
+        return future
 
     def busy(self) -> int:
         """How many submitted tasks have not ended (running or waiting for a worker)."""
         with self._lock:
-            self._futures = [f for f in self._futures if not f.done()]
-            return len(self._futures)
+            return sum(not f.done() for f in set(self._futures))
 
     def processes(self) -> list:
         """The live worker processes, as ``psutil.Process`` (for tests that watch them)."""
