@@ -67,9 +67,11 @@ def test_leak_check_sees_a_duotf_directory_in_the_temp_folder(tmp_path, monkeypa
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    (tmp_path / "duotf-0123456789ab-checkpoints").mkdir()
-    (tmp_path / "other").mkdir()
-    assert leaks.duotf_temp_dirs() == {str(tmp_path / "duotf-0123456789ab-checkpoints")}
+    made = ["duotf-0123456789ab-checkpoints", "duotf-0123456789ab", "duotf-logs-0123456789ab-x1y",
+            "duotf-feedcache-7"]
+    for name in made + ["other", "duotf-models", "duotf-spark-q1", "duotf-hosts-a2"]:
+        (tmp_path / name).mkdir()
+    assert leaks.duotf_temp_dirs() == {str(tmp_path / name) for name in made}
 
 
 @pytest.mark.engines("local")

@@ -9,6 +9,7 @@ new one has a grace period to end. psutil is imported where it is used.
 from __future__ import annotations
 
 import functools
+import re
 import sys
 import threading
 import time
@@ -101,10 +102,16 @@ def listening_ports() -> Set[int]:
 
 
 def duotf_temp_dirs() -> Set[str]:
-    """The entries of this process's temp folder that duotf names (``duotf-<job id>``: a job's
-    working directories, its own checkpoint folder): none may outlive the job that made it."""
+    """The entries of this process's temp folder that a duotf job makes: its working
+    directories and own checkpoint folder (``duotf-<job id>...``), its node logs
+    (``duotf-logs-<job id>-...``) and feed caches (``duotf-feedcache-...``). None may outlive the
+    job (the logs: its Cluster). ``duotf-models``, the fits' models without a ``modelDir``, stays."""
     import os
     import tempfile
 
     root = tempfile.gettempdir()
-    return {os.path.join(root, n) for n in os.listdir(root) if n.startswith("duotf-")}
+    return {os.path.join(root, n) for n in os.listdir(root) if _JOB_ENTRY.match(n)}
+
+
+#: the names of what a duotf job makes in the temp folder
+_JOB_ENTRY = re.compile(r"duotf-(logs-[0-9a-f]{12}-|[0-9a-f]{12}|feedcache-)")
