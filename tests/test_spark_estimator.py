@@ -109,12 +109,14 @@ def test_a_failed_fit_ends_its_cross_validator_with_nothing_left_running(backend
     grid = ParamGridBuilder().addGrid(est.numWorkers, [1, 3]).build()
     cv = CrossValidator(estimator=est, estimatorParamMaps=grid, evaluator=RegressionEvaluator(),
                         numFolds=2, parallelism=2, seed=3)
+    before = set(duotf._driver.cluster._live)  # an earlier test's cluster never shut down is not this one's
     with pytest.raises(duotf.InsufficientSlotsError) as info:
         cv.fit(df)
     assert "needs 4 free slots (numWorkers=3 node tasks + 1 to feed them)" in str(info.value)
     assert "has 3 in all" in str(info.value)
     # at once, not after a while: nothing of the group runs once CrossValidator has raised
-    assert duotf._ml.estimator.running_fits() == 0 and not list(duotf._driver.cluster._live)
+    assert duotf._ml.estimator.running_fits() == 0 and not set(duotf._driver.cluster._live) - before
+    del before
     assert not _node_processes()
     # pyspark's CrossValidator never closes its ThreadPool when a fit raises; the traceback
     # holds its frame, and a log record's may too: end the pool (it joins its threads) before

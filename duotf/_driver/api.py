@@ -138,7 +138,8 @@ def run(
         all causes but ``"exception"``, usually a bug that a restart would repeat.
     checkpoint_dir:
         ``ctx.checkpoint_dir``: ``<checkpoint_dir>/<job id>``, made by each node, kept; a path (made
-        absolute here) or URL every node can write. Default: the driver's host, removed at shutdown.
+        absolute here) or URL every node can write. Default: the driver's host, removed at shutdown
+        (or, for a cluster never shut down, once it is collected).
 
     Returns
     -------
