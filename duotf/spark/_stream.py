@@ -62,6 +62,45 @@ class _Ledger:
         self.last = batch_id
 
 
+class _Batches:
+    """The function a query's ``foreachBatch`` calls: the stream's :meth:`SparkStream._batch`
+    while the stream is open. py4j keeps it, and pyspark the last error it raised, until the
+    JVM lets the query's proxy go, long after the query ended: neither may hold the stream (and
+    so the cluster) after :meth:`end`. The query fails with a copy of a micro-batch's error,
+    raised with no context; the stream keeps the error itself, with its traceback, for
+    ``wait()`` and ``stop()`` to raise."""
+
+    def __init__(self, target: "SparkStream"):
+        self.target: Optional[SparkStream] = target
+
+    def __call__(self, batch_df, batch_id: int) -> None:
+        target = self.target
+        if target is None:  # the stream has ended: nothing is fed, nothing committed
+            raise RuntimeError(_STOPPING)
+        failed: Optional[BaseException] = None
+        try:
+            target._batch(batch_df, batch_id)
+        except BaseException as exc:
+            failed = _copy_error(exc)
+        del target
+        if failed is not None:
+            raise failed
+
+    def end(self) -> None:
+        """The query has ended: let the stream go."""
+        self.target = None
+
+
+def _copy_error(exc: BaseException) -> BaseException:
+    """``exc`` again, without its traceback or context (duotf's errors pickle, so they copy)."""
+    import copy
+
+    try:
+        return copy.copy(exc).with_traceback(None)
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
 class SparkStream:
     """A streaming query feeding a cluster (:func:`feed_stream`): :attr:`query` is the
     ``StreamingQuery``; :meth:`stop` stops it and ends the nodes' feed, :meth:`wait` waits for
@@ -76,6 +115,9 @@ class SparkStream:
         self._ledger = ledger
         self._feeding = threading.Lock()  # held while a micro-batch is fed
         self._stopping = False
+        # what foreachBatch is given: py4j keeps it until the JVM lets the query's proxy go,
+        # long after the query ended, so it holds this object (and the cluster) only until then
+        self._batches = _Batches(self)
 
     def _started(self) -> StreamingQuery:
         assert self.query is not None, "feed_stream() starts the query before it returns"
@@ -106,6 +148,7 @@ class SparkStream:
     def _finish(self) -> SparkStreamReport:
         """The query has ended: end the feed (or fail it, if the query failed otherwise), and
         raise the feed's own error if it failed the query."""
+        self._batches.end()
         exc = self._started().exception()
         if exc is not None and _STOPPING in str(exc):
             exc = None  # a micro-batch refused by stop(): not fed, not committed
@@ -186,7 +229,7 @@ def feed_stream(cluster: Cluster, streaming_df: DataFrame, *, checkpoint_locatio
     ledger = _Ledger(checkpoint_location)
     handle = SparkStream(cluster.open_stream(feed_timeout=feed_timeout, balance=balance,
                                              ragged=ragged), ledger)
-    writer = (streaming_df.writeStream.foreachBatch(handle._batch)
+    writer = (streaming_df.writeStream.foreachBatch(handle._batches)
               .option("checkpointLocation", checkpoint_location))
     if trigger:
         writer = writer.trigger(**trigger)

@@ -26,6 +26,7 @@ pyspark's copy of it when pyspark is installed, so executors never import the su
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import threading
 import time
@@ -206,6 +207,9 @@ def no_leaks(request):
     poll_for(lambda: not node_processes(), 15, what="no duotf node or TensorBoard process left")
     # A Cluster's node logs (and, unshut, its checkpoint folder) go when it is collected, once
     # its threads let it go; a node's agent on another process may still be removing its own.
+    # The records pytest captured keep their tracebacks, and so a failed job's frames, until
+    # after this fixture: their text is formatted already, the objects are let go here.
+    _forget_captured_tracebacks(request.node)
     deadline = time.monotonic() + 15
     while duotf_temp_dirs() - dirs and time.monotonic() < deadline:
         gc.collect()
@@ -216,3 +220,18 @@ def no_leaks(request):
     assert not leaked, describe_threads(leaked)
     ports = listening_ports() - before
     assert not ports, f"listening ports left open: {sorted(ports)}"
+
+
+def _forget_captured_tracebacks(item) -> None:
+    """Drop the exception objects of the log records pytest captured for ``item`` (its
+    ``caplog`` and report text keep the formatted traceback)."""
+    try:
+        from _pytest.logging import caplog_records_key
+    except ImportError:  # a pytest without it: the records keep theirs
+        return
+    for records in item.stash.get(caplog_records_key, {}).values():
+        for record in records:
+            if record.exc_info:
+                if not record.exc_text:
+                    record.exc_text = logging.Formatter().formatException(record.exc_info)
+                record.exc_info = None
