@@ -205,7 +205,7 @@ def lost_host(error: BaseException, nodes: Iterable) -> Set[str]:
         return set()
     except OSError as exc:  # no answer: timed out, unreachable
         logger.warning("duotf: %s's host %s does not answer (%s): the restarted nodes are kept "
-                       "off it where the engine can", getattr(error, "role", "the node"), host, exc)
+                       "off it where the engine can", getattr(error, "role", "the node"), host, str(exc))
         # "hostname:pid" of the process running the node's engine task
         return {host} | {n.executor_id.rsplit(":", 1)[0] for n in found if n.executor_id}
     return set()

@@ -223,8 +223,8 @@ def no_leaks(request):
 
 
 def _forget_captured_tracebacks(item) -> None:
-    """Drop the exception objects of the log records pytest captured for ``item`` (its
-    ``caplog`` and report text keep the formatted traceback)."""
+    """Drop the exception objects of the log records pytest captured for ``item``, as
+    ``exc_info`` or as an argument of the message (its ``caplog`` and report keep the text)."""
     try:
         from _pytest.logging import caplog_records_key
     except ImportError:  # a pytest without it: the records keep theirs
@@ -235,3 +235,5 @@ def _forget_captured_tracebacks(item) -> None:
                 if not record.exc_text:
                     record.exc_text = logging.Formatter().formatException(record.exc_info)
                 record.exc_info = None
+            if isinstance(record.args, tuple) and any(isinstance(a, BaseException) for a in record.args):
+                record.msg, record.args = record.getMessage(), ()

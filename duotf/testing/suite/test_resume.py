@@ -112,7 +112,11 @@ def test_a_fit_whose_driver_was_killed_resumes_from_its_last_checkpoint(backend,
     TFEstimator, _, extra = engine.ml_stages()
     models, held = tmp_path / "models", tmp_path / "held"
     held.mkdir()
-    env = dict(os.environ, DUOTF_HEARTBEAT_TIMEOUT=str(DRIVER_HEARTBEAT_TIMEOUT))
+    # a driver killed with SIGKILL cannot remove its own folders (node logs, checkpoints): they
+    # go in a temp folder of the test's
+    (tmp_path / "driver-tmp").mkdir()
+    env = dict(os.environ, DUOTF_HEARTBEAT_TIMEOUT=str(DRIVER_HEARTBEAT_TIMEOUT),
+               TMPDIR=str(tmp_path / "driver-tmp"))
     driver = subprocess.Popen([sys.executable, "-c", _DRIVER, _where(engine), str(models), str(held)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
