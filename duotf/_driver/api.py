@@ -137,9 +137,8 @@ def run(
         and ``"exception"`` (main raised), and main's exception classes (or names). Default:
         all causes but ``"exception"``, usually a bug that a restart would repeat.
     checkpoint_dir:
-        ``ctx.checkpoint_dir``: ``<checkpoint_dir>/<job id>``, made by each node, kept; a path (made
-        absolute here) or URL every node can write. Default: the driver's host, removed at shutdown
-        (or, for a cluster never shut down, once it is collected).
+        ``ctx.checkpoint_dir``: ``<checkpoint_dir>/<job id>``, made by each node, kept; a path or URL
+        every node can write. Default: the driver's host, removed at shutdown (or when collected).
 
     Returns
     -------
