@@ -424,7 +424,7 @@ def executor_cpu() -> float:
 
 
 def run_duotf(backend, data, epochs: int, row_bytes: int, label: str, main=drain_main, env=None,
-              quiet=False, breakdown=False, figures=None, **train):
+              quiet=False, breakdown=False, figures=None, node_args=None, **train):
     """The feed's rate over the whole run: every row fed, from the moment ``train`` was called
     (once every node had imported TensorFlow: the limit leaves TF's start-up out too) to the
     last batch a node read. Counting, a first epoch that converts, and every epoch's start are
@@ -433,13 +433,13 @@ def run_duotf(backend, data, epochs: int, row_bytes: int, label: str, main=drain
     ``figures``, a dict, gets what is printed: ``rate``, ``steady``, ``first_after_call`` and
     ``first_after_run`` (seconds from ``train`` and from ``duotf.run`` to every node's first
     batch), ``job_seconds`` and ``job_rate`` (from ``duotf.run`` to the last batch) and
-    ``train``'s ``report``."""
+    ``train``'s ``report``. ``node_args`` go to ``main`` beside the batch size."""
     import tempfile
 
     ready = tempfile.mkdtemp(prefix="duotf-bench-ready-")
     launched = time.time()
-    with duotf.run(main, {"batch": BATCH, "ready": ready}, backend, duotf.ClusterSpec(workers=2),
-                   env=env) as cluster:
+    with duotf.run(main, {"batch": BATCH, "ready": ready, **(node_args or {})}, backend,
+                   duotf.ClusterSpec(workers=2), env=env) as cluster:
         start = _when_ready(ready, 2)
         jvm = executor_cpu()
         report = cluster.train(data, epochs=epochs, **train)

@@ -1,14 +1,15 @@
 """The feed across hosts: what the wire costs, as a share of a plain socket copy.
 
-    python -m benchmarks.wire [--rows 100000 --epochs 20 --rounds 3 --streams 2] [--json PATH]
+    python -m benchmarks.wire [--rows 100000 --epochs 20 --rounds 3 --streams 2]
+                              [--drains arrays dataset] [--json PATH]
 
 Two separate hosts on this one machine (``tests/hosts.py``: network namespaces on a bridge, each
 with its own address, hostname and ``/dev/shm``; root only), and a Dask cluster whose scheduler
 (and the driver) is on the bridge and whose workers are on the hosts, two worker processes a
-host (started by one ``dask worker`` process). duotf's two nodes go to the two workers of host 0, the *node host*
-(a Dask node goes to a worker running none, ties by address: host 0's is the lower). Measured,
-for MNIST-like rows (784 float32 and an int64 label, 3,144 bytes), in rounds that alternate
-the order of the three:
+host (started by one ``dask worker`` process). duotf's two nodes go to the two workers of host 0,
+the *node host* (duotf spreads a job's nodes over hosts; here its Dask backend is shown host 0's
+workers alone, :func:`node_host_backend`). Measured, for MNIST-like rows (784 float32 and an
+int64 label, 3,144 bytes), in rounds that alternate the order of the cases:
 
 - **cross-host feed**: the rows persisted on a worker of host 1, the *feeding host*. Dask runs a
   task where the data it needs already is, and work stealing is off (the scheduler's
@@ -19,14 +20,21 @@ the order of the three:
 - **plain socket copy**: the same number of bytes from host 1 to host 0 over ``--streams``
   TCP connections (as many as the nodes by default), from one sender process to one receiver
   process, a thread a connection, ``sendall`` and ``recv_into`` of 4 MiB buffers (a feed
-  frame's size, reused), no framing, the kernel's default socket buffers: the most the bridge
-  carries between these two namespaces.
+  frame's size, reused), no framing: the most the bridge carries between these two namespaces.
 
-A feed's rate is measured as ``benchmarks/feed.py`` measures it (its ``run_duotf`` and
-``drain_main``): every row fed, from ``train`` (called once both nodes had imported TF) to the
-last batch a node read. The copy's rate is the bytes over the time from the receiver's
-``accept`` to its last byte. Each round prints the three, the cross-host feed's share of the
-copy (goal: at least 50 %) and of the same-host feed, and what shows where the rows went: the
+Each feed runs once for each of ``--drains``, how its nodes take the rows, in batches of 100:
+
+- **arrays**: ``feed.next_batch(100)`` of the columns as numpy arrays (views of the received
+  frames), as a program that feeds TF itself takes them: what the feed costs up to the node,
+  the measure of the wire's cost that the copy is beside (it reads into a buffer, no more).
+- **dataset**: a Python loop over ``feed.dataset(100)`` (``benchmarks/feed.py``'s
+  ``drain_main``): TensorFlow's per-batch cost is in it too, the same on either path.
+
+A feed's rate is measured as ``benchmarks/feed.py`` measures it (its ``run_duotf``): every row
+fed, from ``train`` (called once both nodes had imported TF) to the last batch a node read.
+The copy's rate is the bytes over the time from the receiver's ``accept`` to its last byte.
+Each round prints each case, the cross-host feed's share of the copy (goal: at least 50 %) and
+of the same-host feed, and what shows where the rows went: the
 hosts of the nodes (their hostnames) and of the feeding tasks (Dask's task stream), and the bytes
 that left the feeding host (its interface's counter) beside the bytes fed; a feed that ran
 elsewhere than its case says stops the run.
@@ -81,10 +89,35 @@ def node_main(args, ctx):
 
     __import__("tensorflow")  # before the count starts: drain_main's import is then a no-op
     cpu = _cpu()
-    out = drain_main(args, ctx)
+    out = (arrays_drain_main if args.get("drain") == "arrays" else drain_main)(args, ctx)
     out["cpu"] = _cpu() - cpu
     out["host"] = _socket.gethostname()
     return out
+
+
+def arrays_drain_main(args, ctx):
+    """``benchmarks.feed.drain_main`` with the rows taken as numpy arrays, as a program that
+    feeds TF itself takes them: ``next_batch(100)`` of the columns (views of the received
+    frames), no TensorFlow. What the feed costs up to the node, without TF's per-batch cost."""
+    import time as _time
+
+    import resource
+
+    from benchmarks.feed import _say_ready
+
+    ready = _say_ready(args, ctx)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    feed = ctx.get_data_feed(train=True, input_mapping={"0": "x", "1": "y"})
+    rows, marks, step, last = 0, [], 0, _time.time()
+    while not feed.should_stop():
+        rows += len(feed.next_batch(args["batch"])["y"])
+        last = _time.time()
+        if rows >= step:
+            marks.append((last, rows))
+            step = rows + 20_000
+    marks.append((last, rows))
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return {"rows": rows, "marks": marks, "ready": ready, "faults": faults}
 
 
 # -- the plain socket copy ---------------------------------------------------------------------
@@ -241,7 +274,20 @@ def _spent(before: Dict[Tuple[int, int], float], after: Dict[Tuple[int, int], fl
     return sum(cpu - before.get(key, 0.0) for key, cpu in after.items() if key[0] in pids)
 
 
-def feed(client, net, data, epochs: int, host_of: Dict[str, int], data_host: int) -> Tuple[float, dict]:
+def node_host_backend(client, net):
+    """A Dask backend of ``client`` that places nodes on the node host's workers alone (duotf
+    would spread two nodes over the two hosts); feeding tasks still run where Dask puts them."""
+    from duotf.backends.dask.backend import DaskBackend
+
+    class NodeHostBackend(DaskBackend):
+        def _workers(self):
+            return [w for w in super()._workers() if f"//{net.ips[NODE_HOST]}:" in w]
+
+    return NodeHostBackend(client)
+
+
+def feed(client, net, data, epochs: int, host_of: Dict[str, int], data_host: int,
+         drain: str) -> Tuple[float, dict]:
     """The feed's rows/s (as ``benchmarks.feed.run_duotf`` measures it) and where it ran: the
     nodes' hosts, the feeding tasks' hosts, and the bytes the feeding host sent meanwhile;
     and the CPU seconds a GB fed of the nodes and of the task threads of the Dask workers of
@@ -250,7 +296,8 @@ def feed(client, net, data, epochs: int, host_of: Dict[str, int], data_host: int
 
     before, cpu = sent_bytes(net, FEEDING_HOST), task_threads_cpu(net, data_host)
     with get_task_stream(client=client) as stream:
-        rate, results = run_duotf(client, data, epochs, ROW_BYTES, "", main=node_main, quiet=True)
+        rate, results = run_duotf(node_host_backend(client, net), data, epochs, ROW_BYTES, "",
+                                  main=node_main, quiet=True, node_args={"drain": drain})
     sent = sent_bytes(net, FEEDING_HOST) - before
     cpu = _spent(cpu, task_threads_cpu(net, data_host))
     tasks: Dict[str, int] = {}
@@ -287,10 +334,24 @@ def check_placement(case: str, info: dict, net) -> None:
         raise RuntimeError(f"{crossed:.0%} of the bytes fed left the feeding host in the same-host feed")
 
 
-CASES = ("cross-host", "same-host", "socket copy")
-LABELS = {"cross-host": "duotf feed, across hosts (TCP)",
-          "same-host": "duotf feed, on one host (shared memory)",
-          "socket copy": "plain socket copy across hosts"}
+PATHS = ("cross-host", "same-host")
+DRAINS = ("arrays", "dataset")
+COPY = "socket copy"
+PATH_LABELS = {"cross-host": "duotf feed, across hosts (TCP)",
+               "same-host": "duotf feed, on one host (shared memory)"}
+DRAIN_LABELS = {"arrays": "next_batch(100), numpy", "dataset": "dataset(100), TF"}
+
+
+def cases(drains) -> List[str]:
+    """A round's cases: each path with each drain ("cross-host/arrays", ...), then the copy."""
+    return [f"{path}/{drain}" for drain in drains for path in PATHS] + [COPY]
+
+
+def label(case: str) -> str:
+    if case == COPY:
+        return "plain socket copy across hosts"
+    path, drain = case.split("/")
+    return f"{PATH_LABELS[path]}, {DRAIN_LABELS[drain]}"
 
 
 def run(opts, record) -> None:
@@ -311,96 +372,110 @@ def run(opts, record) -> None:
         host_of = {w: net.ips.index(w.split("://")[1].rsplit(":", 1)[0]) for w in client.nthreads()}
         holder = {"cross-host": min(w for w, h in host_of.items() if h == FEEDING_HOST),
                   "same-host": min(w for w, h in host_of.items() if h == NODE_HOST)}
-        data = {case: placed_data(client, opts.rows, worker, seed)
-                for seed, (case, worker) in enumerate(holder.items())}
+        data = {path: placed_data(client, opts.rows, worker, seed)
+                for seed, (path, worker) in enumerate(holder.items())}
         print(f"Across hosts: {net.hostnames[NODE_HOST]} ({net.ips[NODE_HOST]}: the nodes) and "
               f"{net.hostnames[FEEDING_HOST]} ({net.ips[FEEDING_HOST]}: the cross-host feed's "
-              f"tasks), Dask (2 workers of 2 threads a host, work stealing off), 2 nodes draining "
-              f"dataset(100); {opts.rows} MNIST-like rows x {opts.epochs} epochs "
-              f"({opts.rows * opts.epochs * ROW_BYTES / 1e9:.2f} GB) a run, {opts.rounds} rounds",
-              flush=True)
-        for case in ("cross-host", "same-host"):  # each path's first feed: shown, not counted
-            rate, info = feed(client, net, data[case], 2, host_of, host_of[holder[case]])
-            check_placement(case, info, net)
-            print(f"  warm-up, {case} feed (2 epochs): {rate:,.0f} rows/s; {_where(info)}", flush=True)
+              f"tasks), Dask (2 workers of 2 threads a host, work stealing off), 2 nodes taking "
+              f"batches of 100 ({', '.join(DRAIN_LABELS[d] for d in opts.drains)}); {opts.rows} "
+              f"MNIST-like rows x {opts.epochs} epochs ({opts.rows * opts.epochs * ROW_BYTES / 1e9:.2f}"
+              f" GB) a run, {opts.rounds} rounds", flush=True)
+        for path in PATHS:  # each path's first feed: shown, not counted
+            rate, info = feed(client, net, data[path], 2, host_of, host_of[holder[path]], opts.drains[0])
+            check_placement(path, info, net)
+            print(f"  warm-up, {path} feed (2 epochs): {rate:,.0f} rows/s; {_where(info)}", flush=True)
         got, cpu = rounds(opts, client, net, data, host_of, holder)
-        for case, worker in holder.items():
-            if holders(client, data[case]) != {worker}:
-                raise RuntimeError(f"the {case} data moved: {holders(client, data[case])}")
+        for path, worker in holder.items():
+            if holders(client, data[path]) != {worker}:
+                raise RuntimeError(f"the {path} data moved: {holders(client, data[path])}")
     summary(got, cpu, opts, record)
 
 
 def rounds(opts, client, net, data, host_of, holder):
-    """The three cases ``opts.rounds`` times, each round in the other order; their rows/s, and
-    the CPU seconds a GB of their parts, by case."""
+    """The cases (:func:`cases`) ``opts.rounds`` times, each round in the other order; their
+    rows/s, and the CPU seconds a GB of their parts, by case."""
     nbytes = opts.rows * opts.epochs * ROW_BYTES
-    got: Dict[str, List[float]] = {case: [] for case in CASES}
-    cpu: Dict[str, Dict[str, List[float]]] = {case: {} for case in CASES}
+    order = cases(opts.drains)
+    got: Dict[str, List[float]] = {case: [] for case in order}
+    cpu: Dict[str, Dict[str, List[float]]] = {case: {} for case in order}
     for r in range(opts.rounds):
-        for case in (CASES if r % 2 == 0 else CASES[::-1]):
-            if case == "socket copy":
+        for case in (order if r % 2 == 0 else order[::-1]):
+            if case == COPY:
                 rate, parts = socket_copy(net, nbytes, opts.streams, f"{r}")
                 rate /= ROW_BYTES
                 where = (f"{opts.streams} connections, {net.hostnames[FEEDING_HOST]} -> "
                          f"{net.hostnames[NODE_HOST]}; CPU s a GB: receiver {parts['receiver']:.2f}, "
                          f"sender {parts['sender']:.2f}")
             else:
-                rate, info = feed(client, net, data[case], opts.epochs, host_of, host_of[holder[case]])
-                check_placement(case, info, net)
+                path, drain = case.split("/")
+                rate, info = feed(client, net, data[path], opts.epochs, host_of, host_of[holder[path]],
+                                  drain)
+                check_placement(path, info, net)
                 where = _where(info)
                 parts = {"nodes": info["node_cpu"], "feeding tasks": info["feeding_cpu"]}
             got[case].append(rate)
             for part, value in parts.items():
                 cpu[case].setdefault(part, []).append(value)
-            print(f"  round {r + 1}, {case:<12} {rate:>10,.0f} rows/s {rate * ROW_BYTES / 1e6:>6,.0f} "
+            print(f"  round {r + 1}, {case:<18} {rate:>10,.0f} rows/s {rate * ROW_BYTES / 1e6:>6,.0f} "
                   f"MB/s; {where}", flush=True)
-        print(f"  round {r + 1}: cross-host / socket copy "
-              f"{got['cross-host'][-1] / got['socket copy'][-1]:.2f} (goal >= {GOAL}), cross-host / "
-              f"same-host {got['cross-host'][-1] / got['same-host'][-1]:.2f}", flush=True)
+        for drain in opts.drains:
+            cross, same = got[f"cross-host/{drain}"][-1], got[f"same-host/{drain}"][-1]
+            print(f"  round {r + 1}, {drain}: cross-host / socket copy {cross / got[COPY][-1]:.2f} "
+                  f"(goal >= {GOAL}), cross-host / same-host {cross / same:.2f}", flush=True)
     return got, cpu
 
 
+def ratios(got: Dict[str, List[float]], drain: str) -> Tuple[List[float], List[float]]:
+    """Per round, the cross-host feed's rate with ``drain`` over the plain copy's, and over
+    the same-host feed's."""
+    cross = got[f"cross-host/{drain}"]
+    return ([a / c for a, c in zip(cross, got[COPY])],
+            [a / b for a, b in zip(cross, got[f"same-host/{drain}"])])
+
+
 def summary(got: Dict[str, List[float]], cpu: dict, opts, record) -> None:
-    ratios = [a / c for a, c in zip(got["cross-host"], got["socket copy"])]
-    same = [a / b for a, b in zip(got["cross-host"], got["same-host"])]
     print("summary (medians of the rounds; rows of 3,144 bytes):")
-    for case in CASES:
+    for case in got:
         rate = statistics.median(got[case])
         parts = ", ".join(f"{part} {statistics.median(v):.2f}" for part, v in cpu[case].items())
-        print(f"  {LABELS[case]:<40} {rate:>10,.0f} rows/s {rate * ROW_BYTES / 1e6:>6,.0f} MB/s "
+        print(f"  {label(case):<62} {rate:>10,.0f} rows/s {rate * ROW_BYTES / 1e6:>6,.0f} MB/s "
               f"(rounds: {', '.join(f'{x:,.0f}' for x in got[case])}); CPU s a GB: {parts}")
-    median = statistics.median(ratios)
-    print(f"  cross-host feed / plain socket copy: {median:.2f} (rounds: "
-          f"{', '.join(f'{x:.2f}' for x in ratios)}); goal >= {GOAL}: {'met' if median >= GOAL else 'NOT met'}")
-    print(f"  cross-host feed / same-host feed:    {statistics.median(same):.2f} (rounds: "
-          f"{', '.join(f'{x:.2f}' for x in same)})")
+    for drain in opts.drains:
+        copy, same = ratios(got, drain)
+        median = statistics.median(copy)
+        print(f"  {DRAIN_LABELS[drain]}: cross-host feed / plain socket copy: {median:.2f} (rounds: "
+              f"{', '.join(f'{x:.2f}' for x in copy)}); goal >= {GOAL}: "
+              f"{'met' if median >= GOAL else 'NOT met'}; cross-host / same-host: "
+              f"{statistics.median(same):.2f} (rounds: {', '.join(f'{x:.2f}' for x in same)})")
     if record is not None:
-        record_rows(record, got, cpu, ratios, opts)
+        record_rows(record, got, cpu, opts)
         record.write(opts.json)
 
 
-def record_rows(record, got, cpu, ratios: List[float], opts) -> None:
+def record_rows(record, got, cpu, opts) -> None:
     """The rates, the goal, the ratios and the CPU a GB as rows of ``record``."""
     chart = "MNIST-like rows across hosts"
-    labels = {"cross-host": "feeding tasks on another host (TCP)",
-              "same-host": "feeding tasks on the nodes' host (shared memory)"}
-    for case in ("cross-host", "same-host"):
-        record.add("rows/s", "rows/s", got[case], peer="duotf", backend="dask", case=case,
-                   chart=chart, label=labels[case])
-    record.add("rows/s", "rows/s", got["socket copy"], peer="plain socket copy", case="cross-host",
-               chart=chart, label=f"plain socket copy across hosts, {opts.streams} connections")
-    record.add("rows/s", "rows/s", [GOAL * statistics.median(got["socket copy"])], peer="goal",
+    for case in got:
+        if case == COPY:
+            record.add("rows/s", "rows/s", got[COPY], peer="plain socket copy", case="cross-host",
+                       chart=chart, label=f"plain socket copy across hosts, {opts.streams} connections")
+            continue
+        path, drain = case.split("/")
+        record.add("rows/s", "rows/s", got[case], peer="duotf", backend="dask", case=path, drain=drain,
+                   chart=chart, label=label(case))
+    record.add("rows/s", "rows/s", [GOAL * statistics.median(got[COPY])], peer="goal",
                case="cross-host", chart=chart, label="goal: 50% of the plain socket copy",
                reference=True)
-    record.add("ratio", "x", ratios, peer="duotf", backend="dask", case="cross-host",
-               chart="cross-host feed over the plain socket copy",
-               label="cross-host feed / plain socket copy, per round")
+    for drain in opts.drains:
+        record.add("ratio", "x", ratios(got, drain)[0], peer="duotf", backend="dask", case="cross-host",
+                   drain=drain, chart="cross-host feed over the plain socket copy",
+                   label=f"{DRAIN_LABELS[drain]}: cross-host feed / plain socket copy, per round")
     for case, parts in cpu.items():
-        peer = "plain socket copy" if case == "socket copy" else "duotf"
+        peer = "plain socket copy" if case == COPY else "duotf"
         for part, values in parts.items():
             record.add("CPU seconds a GB", "s/GB", values, peer=peer,
                        backend="dask" if peer == "duotf" else None, case=case,
-                       chart="CPU a GB moved", label=f"{labels.get(case, 'across hosts')}: {part}")
+                       chart="CPU a GB moved", label=f"{label(case)}: {part}")
 
 
 def cli(argv=None) -> None:
@@ -408,7 +483,11 @@ def cli(argv=None) -> None:
     parser = argparse.ArgumentParser(description="duotf's feed across hosts beside a plain socket copy")
     parser.add_argument("--rows", type=int, default=100_000, help="MNIST-like rows in the data")
     parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of the three, alternating")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the cases, alternating")
+    parser.add_argument("--drains", nargs="+", choices=DRAINS, default=list(DRAINS),
+                        help="how the nodes take batches of 100 rows, each a case of its own: "
+                             "next_batch(100) as numpy arrays (arrays: the feed's own cost), a "
+                             "Python loop over feed.dataset(100) (dataset: TF's per-batch cost too)")
     parser.add_argument("--streams", type=int, default=2,
                         help="connections of the plain copy (default: as many as the nodes)")
     parser.add_argument("--json", metavar="PATH",
