@@ -130,20 +130,31 @@ def _when_ready(folder: str, nodes: int, timeout: float = 300.0) -> float:
 
 
 def drain_main(args, ctx):
+    """Iterate ``feed.dataset(batch)`` in a Python loop, as a TF program's own loop does."""
+    __import__("tensorflow")  # what a TF program does first
+
+    def batch_rows(feed):
+        for batch in feed.dataset(args["batch"]):
+            yield int(next(iter(batch.values())).shape[0])
+
+    return timed_drain(args, ctx, batch_rows)
+
+
+def timed_drain(args, ctx, batch_rows, input_mapping=None) -> dict:
+    """Say the node is ready, then read its training feed (``get_data_feed(train=True,
+    input_mapping=...)``) through ``batch_rows(feed)``, an iterator of each batch's rows: the
+    rows, the times when about every 20,000 had been read, the time the node was ready and its
+    page faults meanwhile."""
     import time as _time
 
     import resource
 
-    __import__("tensorflow")  # what a TF program does first
     ready = _say_ready(args, ctx)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-    feed = ctx.get_data_feed(train=True)
-    rows = 0
-    marks = []  # (time, rows read by then), about every 20,000 rows
-    step = 0
-    for batch in feed.dataset(args["batch"]):
-        rows += int(next(iter(batch.values())).shape[0])
+    feed = ctx.get_data_feed(train=True, input_mapping=input_mapping)
+    rows, marks, step, last = 0, [], 0, _time.time()  # marks: (time, rows read by then)
+    for n in batch_rows(feed):
+        rows += n
         last = _time.time()
         if rows >= step:
             marks.append((last, rows))

@@ -63,7 +63,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from benchmarks.feed import drain_main, quiet_tf, run_duotf
+from benchmarks.feed import drain_main, quiet_tf, run_duotf, timed_drain
 from benchmarks.record import Record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,25 +99,11 @@ def arrays_drain_main(args, ctx):
     """``benchmarks.feed.drain_main`` with the rows taken as numpy arrays, as a program that
     feeds TF itself takes them: ``next_batch(100)`` of the columns (views of the received
     frames), no TensorFlow. What the feed costs up to the node, without TF's per-batch cost."""
-    import time as _time
+    def batch_rows(feed):
+        while not feed.should_stop():
+            yield len(feed.next_batch(args["batch"])["y"])
 
-    import resource
-
-    from benchmarks.feed import _say_ready
-
-    ready = _say_ready(args, ctx)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    feed = ctx.get_data_feed(train=True, input_mapping={"0": "x", "1": "y"})
-    rows, marks, step, last = 0, [], 0, _time.time()
-    while not feed.should_stop():
-        rows += len(feed.next_batch(args["batch"])["y"])
-        last = _time.time()
-        if rows >= step:
-            marks.append((last, rows))
-            step = rows + 20_000
-    marks.append((last, rows))
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-    return {"rows": rows, "marks": marks, "ready": ready, "faults": faults}
+    return timed_drain(args, ctx, batch_rows, input_mapping={"0": "x", "1": "y"})
 
 
 # -- the plain socket copy ---------------------------------------------------------------------

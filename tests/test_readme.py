@@ -164,7 +164,7 @@ def test_every_code_block_of_the_readme_and_the_docs_is_run_or_says_why_not():
         assert any(key in code for _, _, code in found), f"no block contains {key!r} any more"
 
 
-def test_quickstart_commands_are_what_ci_runs_and_the_example_trains():
+def test_quickstart_commands_are_what_ci_runs_and_the_example_trains(tmp_path):
     quiet = {"-q", "--durations=40"}  # CI's output flags
     ci = [" ".join(w for w in line.split() if w not in quiet)
           for line in (ROOT / ".ci" / "run").read_text().splitlines()]
@@ -174,8 +174,9 @@ def test_quickstart_commands_are_what_ci_runs_and_the_example_trains():
     install, example = install_and_example.split(" && ")
     assert install in ci and test_command in ci
     assert example == "python3 examples/digits/train.py"
+    # the example keeps its data and model in a new temp folder (it prints where): the test's
     out = subprocess.run([sys.executable] + example.split()[1:], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+                         text=True, timeout=300, env=dict(os.environ, TMPDIR=str(tmp_path)))
     assert out.returncode == 0, out.stderr[-3000:]
     accuracy = float(re.search(r"test accuracy=([\d.]+)", out.stdout).group(1))
     assert accuracy > 0.9, out.stdout
@@ -344,10 +345,12 @@ def test_the_dask_block_runs_the_program_above(backend, engine, tmp_path):
 
 
 def test_the_spark_submit_command_runs_on_the_standalone_master(spark_standalone_master,
-                                                                 spark_standalone_master_log):
+                                                                 spark_standalone_master_log, tmp_path):
     command = block("examples/digits/train.py --backend spark",
                     {"spark://master:7077": spark_standalone_master}).replace("\\\n", " ")
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    # the example's data and model folder (a new temp folder) in the test's
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               TMPDIR=str(tmp_path))
     out = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True,
                          env=env, timeout=300)
     problems = [line for line in out.stderr.splitlines() if " INFO " not in line]
