@@ -83,8 +83,9 @@ def _cpu() -> float:
 
 
 def node_main(args, ctx):
-    """``benchmarks.feed.drain_main``, and beside what it returns the node's hostname and the
-    CPU seconds it spent from its feed's start to its end (every thread, TF's included)."""
+    """``benchmarks.feed.drain_main``, or :func:`arrays_drain_main` where ``args["drain"]`` is
+    "arrays" (TF imported all the same, as in a TF program); beside what it returns, the node's
+    hostname and the CPU seconds it spent from its feed's start to its end (every thread)."""
     import socket as _socket
 
     __import__("tensorflow")  # before the count starts: drain_main's import is then a no-op
