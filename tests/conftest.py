@@ -24,7 +24,16 @@ from duotf.testing import QUIET_TF, poll_for  # noqa: F401 - tests import them f
 from tests import hosts
 from tests.engines import ENGINES
 
-pytest_plugins = ["duotf.testing.plugin"]
+pytest_plugins = ["duotf.testing.plugin", "tests.timings"]
+
+# The suite runs with the interpreter that runs it, activated or not (``.venv/bin/python -m
+# pytest``): Spark's Python workers take PYSPARK_PYTHON (else whatever ``python3`` is first on
+# PATH), and the commands the docs show (``python3 -m duotf ...``) run as a user's shell would
+# find them in the activated environment. A PYSPARK_PYTHON the user set is kept.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+_BIN = os.path.dirname(sys.executable)
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
+    os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
 # The test-only "procpool" backend (tests/procpool_backend.py) is known to duotf through nothing
 # but the entry point of its dist-info folder here, as an installed plugin would be.
@@ -34,6 +43,51 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "plu
 def pytest_duotf_engines(config):
     """The ``backend`` fixture's kinds: every engine of tests/engines.py."""
     return ENGINES
+
+
+# -- tiers: `python3 -m pytest` is the fast one, `python3 -m pytest --full` the whole matrix ----
+#: the engines of the full tier alone: a real standalone cluster, Spark Connect on it, separate
+#: hosts, and the procpool test double (what it proves, a backend found by its entry point, the
+#: fast tier proves by name with tests/test_registry.py)
+FULL_ENGINES = {"spark-standalone", "spark-connect", "spark-hosts", "dask-hosts", "procpool"}
+#: fixtures that start clusters of the full tier alone
+FULL_FIXTURES = {"spark_standalone_master", "spark_connect_server", "spark_hosts_master",
+                 "dask_hosts_scheduler", "spark_gpu_master", "spark_standalone_master_log"}
+TIERS = ("fast", "full", "rest")
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("duotf tiers")
+    group.addoption("--full", action="store_const", const="full", dest="tier",
+                    help="run the full matrix: every engine and every case (CI)")
+    group.addoption("--tier", choices=TIERS, default="fast", dest="tier",
+                    help="fast (the default): the in-process backend, Dask and Spark local[3], "
+                         "every behaviour at least once, in minutes; full: every engine and "
+                         "case; rest: the full tier less the fast one (CI runs fast, then rest)")
+
+
+def in_fast_tier(item) -> bool:
+    """Whether ``item`` runs in the fast tier: not on an engine, nor with a cluster, of the full
+    tier alone, and not marked ``slow``."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if params.get("backend") in FULL_ENGINES:
+        return False
+    if FULL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        return False
+    return item.get_closest_marker("slow") is None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    tier = config.getoption("tier")
+    if tier == "full":
+        return
+    kept, dropped = [], []
+    for item in items:
+        (kept if in_fast_tier(item) == (tier == "fast") else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 # -- Spark standalone --------------------------------------------------------------------------

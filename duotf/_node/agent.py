@@ -25,9 +25,10 @@ import tempfile
 import threading
 import time
 from multiprocessing.connection import Connection
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from duotf._transport import rendezvous
+from duotf._node import warm
 from duotf._node.gpus import visible_devices
 from duotf._node.output import OutputRelay, tf_noise
 from duotf.errors import ConfigError
@@ -209,7 +210,7 @@ class _Agent:
         self.gpu_addresses = [str(a) for a in gpus]
         self.gpus: List[str] = []  # the node's CUDA_VISIBLE_DEVICES entries
         self.events: "queue.Queue[tuple]" = queue.Queue()
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: Optional[Union[subprocess.Popen, warm.WarmProcess]] = None
         self.child_tx: Optional[Connection] = None
         self.channel: Optional[rendezvous.Channel] = None
         self.result: Optional[bytes] = None
@@ -220,6 +221,7 @@ class _Agent:
         self.serving = False
         self.threads: list = []
         self.output: Optional[OutputRelay] = None
+        self.env: Optional[Dict[str, str]] = None  # the node process's
 
     # -- plumbing -------------------------------------------------------------------------
     def _thread(self, target, name) -> threading.Thread:
@@ -282,8 +284,6 @@ class _Agent:
     # -- lifecycle ------------------------------------------------------------------------
     def _spawn(self, reservation: socket.socket) -> None:
         job = self.job
-        a_rx, c_tx = os.pipe()  # child -> agent
-        c_rx, a_tx = os.pipe()  # agent -> child
         env = node_environment(job.env)
         env["DUOTF_NODE_ID"] = str(self.node_id)
         env["DUOTF_JOB_ID"] = job.job_id
@@ -298,23 +298,44 @@ class _Agent:
                 gpu_error = str(exc)  # the node process reports it, as it reports a bad protocol
                 env["CUDA_VISIBLE_DEVICES"] = ""  # and, until it exits, sees no GPU
         captured = self.node_id in job.log_nodes
-        out_r = out_w = None
-        if captured:
-            # One pipe as fd 1 and fd 2: the output of the process, its children and its C
-            # code, in the order written (see duotf._node.output).
-            out_r, out_w = os.pipe()
+        self.env = env
+        try_warm = True
+        while True:
+            a_rx, c_tx = os.pipe()  # child -> agent
+            c_rx, a_tx = os.pipe()  # agent -> child
+            out_r = out_w = None
+            if captured:
+                # One pipe as fd 1 and fd 2: the output of the process, its children and its C
+                # code, in the order written (see duotf._node.output).
+                out_r, out_w = os.pipe()
+            try:
+                # Forked by a warm server (TensorFlow imported already) where one serves this
+                # environment, else spawned: see duotf._node.warm.
+                if try_warm:
+                    self.proc = warm.fork_node(env, [c_rx, c_tx, reservation.fileno(),
+                                                     out_w if captured else 1,
+                                                     out_w if captured else 2], logger)
+            except warm.Abandoned:  # its fds may live on in a late fork: new ones for the spawn
+                for fd in (a_rx, c_tx, c_rx, a_tx, out_r, out_w):
+                    if fd is not None:
+                        os.close(fd)
+                try_warm = False
+                continue
+            break
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "duotf._node.child", str(c_rx), str(c_tx)],
-                # The child holds the port's reservation from here on (it never reads it): the
-                # port is free once the node process is gone, even while this agent is stalled.
-                pass_fds=(c_rx, c_tx, reservation.fileno()),
-                env=env,
-                close_fds=True,
-                start_new_session=True,
-                stdout=out_w,
-                stderr=out_w,
-            )
+            if self.proc is None:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "duotf._node.child", str(c_rx), str(c_tx)],
+                    # The child holds the port's reservation from here on (it never reads it):
+                    # the port is free once the node process is gone, even while this agent is
+                    # stalled.
+                    pass_fds=(c_rx, c_tx, reservation.fileno()),
+                    env=env,
+                    close_fds=True,
+                    start_new_session=True,
+                    stdout=out_w,
+                    stderr=out_w,
+                )
         finally:
             if out_w is not None:
                 os.close(out_w)
@@ -432,6 +453,10 @@ class _Agent:
                 thread.join(5)
             if self.output is not None:
                 self.output.join(2)
+            if isinstance(self.proc, warm.WarmProcess):
+                self.proc.close()
+            if self.env is not None:  # the next node of this environment starts warm
+                warm.prepare(self.env, logger)
 
     def _fail(self, kind: str, **fields) -> None:
         if not self.reported_failure:

@@ -372,11 +372,14 @@ def _json(obj) -> str:
     return json.dumps(obj)
 
 
-if __name__ == "__main__":
+def run(argv) -> int:
+    """Run a node process to its end (:func:`main`, then its atexit handlers and TensorBoard's
+    stop) and return its exit code, for ``os._exit``: the entry point of a spawned node, and of
+    one forked warm (:mod:`duotf._node.warm`)."""
     import atexit
 
     try:
-        code = main(sys.argv)
+        code = main(argv)
     except SystemExit:  # stopped (SIGTERM) before main ran, e.g. while a ps imported TF
         code = ChildExit.FAILED
     # Run the user's atexit handlers (summary writers, ...), then skip the interpreter teardown:
@@ -389,4 +392,8 @@ if __name__ == "__main__":
             stream.flush()
         except (OSError, ValueError):  # the pipe to a lost agent
             pass
-    os._exit(code)
+    return int(code)
+
+
+if __name__ == "__main__":
+    os._exit(run(sys.argv))

@@ -36,7 +36,12 @@ logger = logging.getLogger(__name__)
 
 def _node_task(fn: NodeFunction, gpus: int = 0):
     def task(partition: int, tc):
+        from duotf._node import warm
+
         executor = f"{socket.gethostname()}:{os.getppid()}"
+        # A warm node server lives as long as the executor's Python daemon (this task's worker
+        # process may be one of several it forks, and may go before it)
+        warm.set_owner(os.getppid())
         if gpus:
             return fn(partition, executor, tc.attemptNumber(), gpus=list(tc.resources()["gpu"].addresses))
         return fn(partition, executor, tc.attemptNumber())

@@ -1,0 +1,626 @@
+"""Warm node processes: a server per host and environment that has imported TensorFlow once and
+forks a node process for each agent that asks, so that a run's ``main`` starts with TensorFlow
+imported instead of paying its import (seconds of CPU) in every node of every run.
+
+The first node an agent starts in an environment is spawned as always (``python -m
+duotf._node.child``); the agent also starts this module's server, ``python -m duotf._node.warm``,
+which imports what a node imports before ``main`` (duotf's node side and TensorFlow, nothing
+initialised: no device, no eager context, no thread of TensorFlow's own) and then listens on an
+abstract Unix socket named after its environment. Every later node in that environment is forked
+by the server: the agent sends the node's pipes, its port reservation and its output pipe
+(``SCM_RIGHTS``) with its environment and working directory; the forked process takes them in
+a session of its own, sets the environment, reseeds what a fresh process would seed, shows the
+command line and environment of a cold node in ``/proc`` (so ``ps`` and duotf's own checks by
+pid see a node with its job's tags), replays what TensorFlow printed on import into its own
+output, and runs :func:`duotf._node.child.main` exactly as a spawned node does. The server waits
+for it and tells the agent its exit status, so the agent supervises it as its own child.
+
+Which nodes share a server: those whose environment, but the node's own tags, is the same
+(``PYTHONPATH``, ``TF_CPP_MIN_LOG_LEVEL``, ``CUDA_VISIBLE_DEVICES`` and every other variable
+that TensorFlow may read while it is imported), with the same Python, of the same user, in the
+same network namespace (a host). A server exits once the process that started it (its engine
+worker: a Spark executor's Python daemon, a Dask worker, the driver for the embedded backend)
+is gone, or after ``DUOTF_WARM_IDLE`` seconds without a request (default 900), in both cases
+once its last node has ended. ``DUOTF_WARM_NODES=0`` in the nodes' environment
+(``duotf.run(env=...)``, or the executors') turns it off: every node is spawned.
+
+Anything that goes wrong on the way to a warm node (no server yet, one still importing, a
+refused or broken connection) leaves the agent to spawn the node as always: a node is never
+lost to the warm path, only its head start.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+#: ``0`` turns warm nodes off, for the nodes of an environment that has it
+SWITCH = "DUOTF_WARM_NODES"
+#: seconds a server lives without a request (its nodes ended), default 900
+IDLE = "DUOTF_WARM_IDLE"
+#: the most servers of one user on one host, default 3 (each holds an imported TensorFlow: about
+#: half a GB); starting one more ends the one unused longest
+MAX = "DUOTF_WARM_MAX"
+#: a node's own tags, never part of what picks its server
+PER_NODE = ("DUOTF_NODE_ID", "DUOTF_JOB_ID")
+#: the variables that may change what importing TensorFlow, Keras, numpy and duotf does (their
+#: libraries, threads, devices, logging, Python's own start-up): a forked node shares its
+#: server's import, so these must be the server's. Every other variable is the node's own, set
+#: after the fork, as is its PYTHONPATH (the modules the server imported must resolve to the same
+#: files: see _origins).
+IMPORT_PREFIXES = ("TF_", "TF2_", "CUDA", "NVIDIA_", "XLA_", "KERAS_", "OMP_", "MKL_", "KMP_",
+                   "OPENBLAS_", "GOTO", "BLIS_", "TPU_", "HIP_", "ROCM_", "PYTHON", "LD_", "MALLOC_",
+                   "GLIBC_", "DUOTF_", "HDF5_", "LANG", "LC_", "HOME")
+#: the modules a server imports, which a forked node must find where its own path would
+IMPORTED = ("duotf", "tensorflow", "keras", "numpy")
+#: room the server keeps in its environment block for a node's own tags (see _retitle)
+_ROOM = "DUOTF_WARM_ROOM"
+_ROOM_BYTES = 512
+#: seconds an agent waits for the server's answer before it spawns the node itself
+ANSWER_TIMEOUT = 30.0
+#: seconds an agent waits for a server that is starting (importing TensorFlow) before it spawns
+#: the node itself: the server has a head start on a node spawned now
+STARTING_WAIT = 20.0
+#: the most fds one request carries: the node's two pipes, its port, its stdout and stderr
+_MAX_FDS = 5
+
+#: the servers this process started (kept, so that they are reaped when they exit)
+_servers: List[subprocess.Popen] = []
+#: a longer-lived process than this one that the servers should live as long as (set_owner)
+_owner: Optional[int] = None
+
+
+def available(env: Dict[str, str]) -> bool:
+    """Whether a node with the environment ``env`` may be forked warm here."""
+    return (sys.platform.startswith("linux") and hasattr(socket, "send_fds")
+            and hasattr(os, "pidfd_open") and env.get(SWITCH, "1") != "0")
+
+
+def set_owner(pid: int) -> None:
+    """Tie the servers this process starts to ``pid`` (a longer-lived process of the same engine
+    worker, such as the Spark Python daemon that forks the task's worker) instead of this one."""
+    global _owner
+    _owner = pid
+
+
+def server_environment(env: Dict[str, str]) -> Dict[str, str]:
+    """The environment of the server for nodes of ``env``: theirs without the node's own tags."""
+    return {k: v for k, v in env.items() if k not in PER_NODE}
+
+
+def _search_path(cwd: str, pythonpath: str) -> List[str]:
+    """Where ``python -m`` started in ``cwd`` with ``PYTHONPATH=pythonpath`` looks for modules
+    (this interpreter's own folders last)."""
+    entries = [cwd] + [p for p in pythonpath.split(os.pathsep) if p]
+    return entries + [p for p in sys.path if p and p not in entries]
+
+
+def _origins(path: List[str]) -> List[Optional[str]]:
+    from importlib.machinery import PathFinder
+
+    found = []
+    for name in IMPORTED:
+        spec = PathFinder.find_spec(name, path)
+        found.append(spec.origin if spec is not None else None)
+    return found
+
+
+def address(env: Dict[str, str], cwd: str) -> str:
+    """The abstract socket name of the server for nodes of the environment ``env`` started in
+    ``cwd``: the same for every node whose import would be the same."""
+    same = sorted((k, v) for k, v in env.items()
+                  if k.startswith(IMPORT_PREFIXES) and k not in PER_NODE and k != "PYTHONPATH")
+    origins = _origins(_search_path(cwd, env.get("PYTHONPATH", "")))
+    key = hashlib.sha256(json.dumps([sys.executable, same, origins]).encode()).hexdigest()[:32]
+    return f"\0{_PREFIX}{os.getuid()}-{key}"
+
+
+_PREFIX = "duotf-warm-"
+
+
+def _servers_here() -> List[str]:
+    """The names of this user's servers listening on this host (its network namespace)."""
+    mine = f"@{_PREFIX}{os.getuid()}-"
+    names = set()
+    try:
+        with open("/proc/net/unix") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 8 and parts[7].startswith(mine) and not parts[7].endswith("-starting"):
+                    names.add("\0" + parts[7][1:])
+    except OSError:
+        pass
+    return sorted(names)
+
+
+def _ask(name: str, op: str) -> Optional[dict]:
+    """Send ``op`` ("ping", "quit") to the server ``name``; its answer, None when it gave none."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.settimeout(2)
+        sock.connect(name)
+        if _peer_uid(sock) != os.getuid():
+            return None
+        sock.send(json.dumps({"op": op}).encode())
+        return json.loads(sock.recv(4096) or b"null")
+    except (OSError, ValueError):
+        return None
+    finally:
+        sock.close()
+
+
+def _make_room() -> None:
+    """Below ``DUOTF_WARM_MAX`` servers, ending the idle one unused longest if need be."""
+    most = int(os.environ.get(MAX, "3"))
+    names = _servers_here()
+    if len(names) < most:
+        return
+    idle = []
+    for name in names:
+        answer = _ask(name, "ping")
+        if answer and not answer.get("nodes"):
+            idle.append((answer.get("idle", 0.0), name))
+    for _, name in sorted(idle, reverse=True)[:len(names) - most + 1]:
+        _ask(name, "quit")
+
+
+# -- the agent's side -----------------------------------------------------------------------------
+class WarmProcess:
+    """A node process forked by a server, seen as ``subprocess.Popen`` sees its child: ``pid``,
+    ``poll()``, ``wait(timeout)`` and ``returncode`` (negative: the signal that ended it), from
+    the status the server sends when it has waited for it."""
+
+    def __init__(self, sock: socket.socket, pid: int):
+        self._sock = sock
+        self._lock = threading.Lock()
+        self.pid = pid
+        self.returncode: Optional[int] = None
+        self.args = ["duotf._node.warm", str(pid)]
+
+    def _read(self, timeout: Optional[float]) -> bool:
+        """Whether the status came, waiting ``timeout`` seconds (None: until it does). Safe to
+        call from several threads (the agent's loop and its stopper)."""
+        if self.returncode is not None:
+            return True
+        try:
+            ready = select.select([self._sock], [], [], timeout)[0]
+        except (OSError, ValueError):  # closed by close(): the agent is done with it
+            return self.returncode is not None
+        with self._lock:
+            if self.returncode is not None:
+                return True
+            if not ready:
+                return False
+            try:
+                data = self._sock.recv(4096, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return False
+            except OSError:
+                data = b""
+            if data:
+                self.returncode = int(json.loads(data)["returncode"])
+            else:
+                # The server itself was killed: its nodes die with it (PR_SET_PDEATHSIG)
+                self._wait_gone()
+                self.returncode = -signal.SIGKILL
+            return True
+
+    def _wait_gone(self) -> None:
+        while True:
+            try:
+                os.kill(self.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.05)
+
+    def poll(self) -> Optional[int]:
+        self._read(0)
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if not self._read(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def close(self) -> None:
+        """Let the connection go (the agent is done with this node)."""
+        self._sock.close()
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def _starting(name: str) -> bool:
+    """Whether a server of that name is starting (its lock name is bound)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        probe.bind(name + "-starting")
+        return False
+    except OSError:
+        return True
+    finally:
+        probe.close()
+
+
+def _connect(name: str) -> Optional[socket.socket]:
+    """A connection to the server ``name``, waiting up to ``STARTING_WAIT`` seconds for one that
+    is starting; None when there is none."""
+    deadline = time.monotonic() + STARTING_WAIT
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.connect(name)
+        except OSError:
+            sock.close()
+            if time.monotonic() > deadline or not _starting(name):
+                return None
+            time.sleep(0.05)
+            continue
+        if _peer_uid(sock) != os.getuid():  # another user's socket of that name: never talk to it
+            sock.close()
+            return None
+        return sock
+
+
+def fork_node(env: Dict[str, str], fds: Sequence[int], log) -> Optional[WarmProcess]:
+    """Ask the server for ``env`` to fork a node process that gets ``fds`` (its read pipe, write
+    pipe, port reservation, stdout, stderr), waiting for one that is starting. None: no server
+    (spawn the node as always; :func:`prepare` starts one for the next node)."""
+    if not available(env):
+        return None
+    cwd = os.getcwd()
+    name = address(env, cwd)
+    sock = _connect(name)
+    if sock is None:
+        return None
+    try:
+        sock.settimeout(ANSWER_TIMEOUT)
+        request = {"env": env, "cwd": cwd}
+        socket.send_fds(sock, [json.dumps(request).encode()], list(fds))
+        answer = json.loads(sock.recv(4096) or b"{}")
+        if "pid" not in answer:
+            raise OSError(f"the warm node server answered {answer}")
+        sock.settimeout(None)
+        log.debug("node forked by the warm node server %s", name[1:])
+        return WarmProcess(sock, int(answer["pid"]))
+    except (OSError, ValueError) as exc:
+        log.debug("warm node server %s: %s; spawning the node", name[1:], exc)
+        sock.close()
+        raise Abandoned() from exc
+
+
+class Abandoned(Exception):
+    """The request went out but no node came back: its fds may live on in a late fork, so the
+    agent spawns the node on new ones (the late fork then finds its pipes closed and exits)."""
+
+
+def prepare(env: Dict[str, str], log) -> None:
+    """After a node of ``env`` ended: start the server for the next ones unless one serves or
+    is starting. Started only then, so that its import never competes with a run's own."""
+    if not available(env):
+        return
+    name = address(env, os.getcwd())
+    lock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        lock.bind(name + "-starting")
+    except OSError:  # one is starting
+        lock.close()
+        return
+    try:
+        if name in _servers_here():  # one serves
+            return
+        for proc in list(_servers):  # reap those that ended
+            if proc.poll() is not None:
+                _servers.remove(proc)
+        _make_room()
+        server_env = dict(server_environment(env), **{_ROOM: "." * _ROOM_BYTES})
+        _servers.append(subprocess.Popen(
+            [sys.executable, "-m", "duotf._node.warm", str(lock.fileno()), str(_owner or os.getpid()),
+             "." * 32],  # room for a node's command line (see _retitle)
+            pass_fds=(lock.fileno(),), env=server_env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+            start_new_session=True,
+        ))
+        log.debug("started a warm node server for the next nodes (%s)", name[1:])
+    except OSError as exc:
+        log.debug("could not start a warm node server: %s", exc)
+    finally:
+        lock.close()
+
+
+# -- the server's side ----------------------------------------------------------------------------
+def _proc_stat_fields() -> List[str]:
+    with open("/proc/self/stat") as f:
+        text = f.read()
+    return text[text.rindex(")") + 2:].split()  # from field 3 (state) on
+
+
+def _region(first: int) -> tuple:
+    """The start and end address of this process's argument (``first=48``) or environment
+    (``first=50``) block, from /proc/self/stat."""
+    fields = _proc_stat_fields()
+    return int(fields[first - 3]), int(fields[first - 2])
+
+
+def _retitle(first: int, items: Sequence[str]) -> bool:
+    """Write ``items`` NUL-separated over this process's argument or environment block, which
+    /proc/PID/cmdline and /proc/PID/environ show (nothing in the process reads it after start:
+    Python keeps its own copies, and libc's environment points elsewhere once os.environ was
+    replaced). False, and nothing written, when they do not fit."""
+    start, end = _region(first)
+    data = b"".join(item.encode() + b"\0" for item in items)
+    if len(data) > end - start:
+        return False
+    ctypes.memmove(start, data + b"\0" * (end - start - len(data)), end - start)
+    return True
+
+
+def _set_comm(name: bytes) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+class _Server:
+    def __init__(self, lock_fd: int, owner: int):
+        self.lock = socket.socket(fileno=lock_fd)
+        self.owner = owner
+        self.name = self.lock.getsockname()
+        if isinstance(self.name, bytes):
+            self.name = self.name.decode()
+        self.name = self.name[: -len("-starting")]
+        self.listener: Optional[socket.socket] = None
+        self.children: Dict[int, socket.socket] = {}  # pid -> the agent's connection
+        self.imported = b""
+        self.last_request = time.monotonic()
+        self.idle = float(os.environ.get(IDLE, "900"))
+        self.wakeup = (-1, -1)
+        self.cwd = os.getcwd()
+
+    def prepare(self) -> None:
+        """Import what a node imports before main, its output kept to replay in each node."""
+        from duotf._transport import malloc
+
+        malloc.tune()
+        captured = os.memfd_create("duotf-warm-import")
+        saved = os.dup(1), os.dup(2)
+        os.dup2(captured, 1)
+        os.dup2(captured, 2)
+        try:
+            # On a thread of its own, while this one watches the owner: a server whose engine
+            # worker ended (a script that ran once) is not kept importing for nothing.
+            importer = threading.Thread(target=_import_node_modules, name="duotf-warm-import",
+                                        daemon=True)
+            importer.start()
+            owner = os.pidfd_open(self.owner)
+            while importer.is_alive():
+                if select.select([owner], [], [], 0.2)[0]:
+                    os._exit(0)
+            os.close(owner)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+        os.lseek(captured, 0, os.SEEK_SET)
+        chunks = []
+        while True:
+            chunk = os.read(captured, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(captured)
+        self.imported = b"".join(chunks)
+
+    def serve(self) -> None:
+        # whether a forked node can show its own tags in /proc (else no node is forked here)
+        start, end = _region(50)
+        if end - start < _ROOM_BYTES or os.environ.get(_ROOM) is None:
+            return
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.listener.bind(self.name)
+        except OSError:  # another server took the name first
+            return
+        self.listener.listen(64)
+        owner: Optional[int] = os.pidfd_open(self.owner)
+        # a node's exit wakes the loop at once: its agent hears its status without delay
+        self.wakeup = os.pipe()
+        os.set_blocking(self.wakeup[0], False)
+        os.set_blocking(self.wakeup[1], False)
+        signal.set_wakeup_fd(self.wakeup[1])
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        while True:
+            self._reap()
+            if self.listener is None and not self.children:
+                return
+            if (self.listener is not None and not self.children
+                    and time.monotonic() - self.last_request > self.idle):
+                self._stop_listening()
+                continue
+            waiting = [self.wakeup[0]] + ([owner] if owner is not None else []) \
+                + ([self.listener] if self.listener is not None else [])
+            ready = select.select(waiting, [], [], 1.0)[0]
+            if self.wakeup[0] in ready:
+                try:
+                    os.read(self.wakeup[0], 4096)
+                except BlockingIOError:
+                    pass
+            if owner is not None and owner in ready:
+                # its engine worker is gone: no new node; it stays until its nodes end (they
+                # are supervised by their agents)
+                self._stop_listening()
+                os.close(owner)
+                owner = None
+            if self.listener is not None and self.listener in ready:
+                conn, _ = self.listener.accept()
+                self._request(conn)
+
+    def _stop_listening(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+        self.lock.close()
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is not None:
+                try:
+                    conn.send(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode())
+                except OSError:
+                    pass
+                conn.close()
+
+    def _request(self, conn: socket.socket) -> None:
+        fds: List[int] = []
+        try:
+            if _peer_uid(conn) != os.getuid():
+                conn.close()
+                return
+            conn.settimeout(5)
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, _MAX_FDS)
+            request = json.loads(message)
+            op = request.get("op")
+            if op == "ping":
+                idle = 0.0 if self.children else time.monotonic() - self.last_request
+                conn.send(json.dumps({"idle": idle, "nodes": len(self.children)}).encode())
+                conn.close()
+                return
+            if op == "quit":  # another server needs the room: no new node here
+                conn.send(b"{}")
+                conn.close()
+                self._stop_listening()
+                return
+            self.last_request = time.monotonic()
+            pid = os.fork()
+            if pid == 0:
+                self._node(conn, fds, request)  # never returns
+            self.children[pid] = conn
+            conn.settimeout(None)
+            conn.send(json.dumps({"pid": pid}).encode())
+        except (OSError, ValueError) as exc:
+            try:
+                conn.send(json.dumps({"error": str(exc)}).encode())
+            except OSError:
+                pass
+            conn.close()
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _node(self, conn: socket.socket, fds: List[int], request: dict) -> None:
+        """In the forked process: become the node the agent asked for, run it, exit."""
+        code = 70  # EX_SOFTWARE: the node could not be set up
+        try:
+            os.setsid()
+            _die_with_parent()
+            for sock in (self.listener, self.lock, conn):
+                if sock is not None:
+                    sock.close()
+            signal.set_wakeup_fd(-1)
+            for fd in self.wakeup:
+                os.close(fd)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE):
+                signal.signal(sig, signal.SIG_DFL if sig != signal.SIGPIPE else signal.SIG_IGN)
+            rx, tx, _port, out, err = fds
+            os.dup2(out, 1)
+            os.dup2(err, 2)
+            for fd in (out, err):
+                if fd > 2:
+                    os.close(fd)
+            env = request["env"]
+            # the module path a node spawned there would have: its folder, its PYTHONPATH,
+            # then the interpreter's own folders (this server's path less its folder and its
+            # PYTHONPATH)
+            own = {self.cwd, *os.environ.get("PYTHONPATH", "").split(os.pathsep)}
+            interpreter = [p for p in sys.path if p and p not in own]
+            os.environ.clear()
+            os.environ.update(env)
+            os.chdir(request["cwd"])
+            first = [request["cwd"]] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+            sys.path[:] = first + [p for p in interpreter if p not in first]
+            import importlib
+            import tempfile
+
+            importlib.invalidate_caches()
+            tempfile.tempdir = None  # found again from the node's TMPDIR
+            _retitle(48, [sys.executable, "-m", "duotf._node.child", str(rx), str(tx)])
+            _retitle(50, [f"{k}={v}" for k, v in env.items()])
+            _set_comm(os.path.basename(sys.executable).encode()[:15])
+            _reseed()
+            if self.imported:
+                os.write(2, self.imported)
+            from duotf._node import child
+
+            code = child.run(["duotf._node.child", str(rx), str(tx)])
+        except BaseException:
+            try:
+                import traceback
+
+                os.write(2, traceback.format_exc().encode(errors="replace"))
+            except BaseException:
+                pass
+        os._exit(code)
+
+
+def _import_node_modules() -> None:
+    import duotf._node.child  # noqa: F401 - what every node imports
+
+    try:
+        import tensorflow  # noqa: F401 - the point of it all
+    except ImportError:
+        pass
+
+
+def _reseed() -> None:
+    """What a new process seeds from the OS and a fork copies: numpy's global generator
+    (Python's ``random`` reseeds itself after a fork)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def main(argv: Sequence[str]) -> None:
+    _set_comm(b"duotf-warm")
+    server = _Server(int(argv[1]), int(argv[2]))
+    try:
+        os.close(os.pidfd_open(server.owner))
+    except OSError:  # its owner is gone already
+        return
+    server.prepare()
+    server.serve()
+
+
+if __name__ == "__main__":
+    main(sys.argv)
+    os._exit(0)

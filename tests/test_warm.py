@@ -1,0 +1,147 @@
+"""Warm node processes (duotf._node.warm): after a first run, the nodes of the next runs are
+forked by a server that imported TensorFlow once, and are the same nodes as spawned ones to
+everything that looks at them: their command line and environment in /proc, their module path,
+temp folder, random state and exit status. On the embedded backend, whose engine worker is this
+process; the shared suite runs every engine with them on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+import duotf
+from duotf.testing import poll_for
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="warm nodes are Linux's")
+
+SPEC = duotf.ClusterSpec(workers=2)
+
+
+def describe(args, ctx):
+    """What a node sees of itself at the start of main."""
+    import os
+    import sys
+    import tempfile
+
+    import numpy as np
+    import psutil
+
+    me = psutil.Process()
+    with open(f"/proc/{os.getpid()}/environ", "rb") as f:
+        proc_env = dict(i.split(b"=", 1) for i in f.read().split(b"\0") if b"=" in i)
+    return {
+        "tf_before_main": "tensorflow" in sys.modules,
+        "keras_before_main": "keras" in sys.modules,
+        "hooks": [type(f).__name__ for f in sys.meta_path].count("_ApplyOnImport"),
+        "parent": " ".join(me.parent().cmdline()),
+        "cmdline": me.cmdline()[1:3],
+        "proc_tags": (proc_env.get(b"DUOTF_JOB_ID", b"").decode(), proc_env.get(b"DUOTF_NODE_ID", b"").decode()),
+        "tags": (os.environ["DUOTF_JOB_ID"], os.environ["DUOTF_NODE_ID"]),
+        "own_session": os.getsid(0) == os.getpid(),
+        "tmp": tempfile.gettempdir(),
+        "cwd": os.getcwd(),
+        "random": float(np.random.random()),
+        "beside": __import__("beside_the_script").VALUE if args else None,
+    }
+
+
+def run_twice(env=None, args=None):
+    """Two runs of ``describe`` with ``env``: the first may spawn, the second is the one looked at."""
+    results = []
+    for _ in range(2):
+        with duotf.run(describe, args, "local", SPEC, env=env or {}) as cluster:
+            results.append((cluster.job_id, cluster.wait(timeout=120)))
+    return results
+
+
+def test_a_second_run_is_forked_with_tensorflow_imported_and_looks_spawned(tmp_path):
+    (tmp_path / "beside_the_script.py").write_text("VALUE = 'found'\n")
+    env = {"PYTHONPATH": str(tmp_path), "TMPDIR": str(tmp_path)}
+    (_, first), (job_id, second) = run_twice(env, args=True)
+    for node_id, node in enumerate(second):
+        assert node["tf_before_main"] and "duotf._node.warm" in node["parent"], node
+        # what ps, the driver's kill by pid and the tests' leak checks read
+        assert node["cmdline"] == ["-m", "duotf._node.child"]
+        assert node["proc_tags"] == node["tags"] == (job_id, str(node_id))
+        assert node["own_session"]
+        # the node's own environment, not the server's: its PYTHONPATH and temp folder
+        assert node["beside"] == "found" and node["tmp"] == str(tmp_path)
+        assert node["cwd"].endswith(f"node-{node_id}")  # its working directory
+    # a fresh process's random state in each: no two nodes, and no two runs, alike
+    draws = [n["random"] for n in first + second]
+    assert len(set(draws)) == len(draws)
+
+
+def test_keras_is_fixed_in_a_warm_node_and_waited_for_in_a_spawned_one():
+    (_, _), (_, warm) = run_twice()
+    (_, _), (_, cold) = run_twice({"DUOTF_WARM_NODES": "0"})
+    for node in warm:
+        assert node["keras_before_main"] and node["hooks"] == 0, node
+    for node in cold:  # spawned, TensorFlow not imported: the fix waits for Keras's import
+        assert not node["tf_before_main"] and not node["keras_before_main"], node
+        assert node["hooks"] == 1 and "duotf._node.warm" not in node["parent"], node
+
+
+def exits(args, ctx):
+    import os
+
+    os._exit(args)
+
+
+@pytest.mark.parametrize("code", [3, 0])
+def test_a_warm_node_exit_status_reaches_the_driver(code):
+    run_twice()  # a server for this environment serves
+    with duotf.run(exits, code, "local", duotf.ClusterSpec(workers=1)) as cluster:
+        with pytest.raises(duotf.errors.NodeError) as raised:
+            cluster.wait(timeout=60)
+    assert f"exited with code {code}" in str(raised.value)
+
+
+def test_a_server_ends_with_the_process_that_started_it(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent("""
+        import os
+        import duotf
+
+        def main(args, ctx):
+            import sys
+            return "tensorflow" in sys.modules
+
+        print(os.getpid())
+        for _ in range(2):
+            with duotf.run(main, backend="local", spec=duotf.ClusterSpec(workers=1)) as c:
+                warm = c.wait(timeout=120)[0]
+        print(warm)
+    """))
+    driver = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=180)
+    assert driver.returncode == 0, driver.stderr
+    pid, warm = driver.stdout.split()
+    assert warm == "True"  # its second run was forked by the server
+
+    def its_servers():
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = proc.info["cmdline"] or []
+            if "duotf._node.warm" in cmdline and cmdline[cmdline.index("duotf._node.warm") + 2] == pid:
+                found.append(proc)
+        return found
+
+    poll_for(lambda: not its_servers(), 30, what="the driver's warm node server gone")
+
+
+def test_the_servers_of_a_host_are_capped(monkeypatch):
+    from duotf._node import warm
+
+    monkeypatch.setenv(warm.MAX, "1")
+    names = []
+    for level in ("2", "3"):  # two environments: two servers, one at a time
+        run_twice({"TF_CPP_MIN_LOG_LEVEL": level})
+        names.append(poll_for(lambda: warm._servers_here(), 30, what="a server listening"))
+    poll_for(lambda: len(warm._servers_here()) <= 1, 30, what="at most one server")
+    assert names[0] != names[1]

@@ -1,0 +1,86 @@
+"""Loaded by every Python process that the suite starts while ``pytest --timings DIR`` runs
+(``tests/timings.py`` puts this folder first on ``PYTHONPATH``): it records when the process
+started, when it imported TensorFlow and how long that took, and when it ended, as one JSON
+line in ``DIR/procs-<pid>.jsonl``. Nothing else changes in the process."""
+
+import atexit
+import importlib.abc
+import json
+import os
+import sys
+import time
+
+_DIR = os.environ.get("DUOTF_TIMINGS_DIR")
+
+
+def _kind() -> str:
+    argv = " ".join(getattr(sys, "orig_argv", None) or getattr(sys, "argv", []))
+    for marker, kind in (("duotf._node.child", "node"), ("pyspark.daemon", "spark-python"),
+                         ("pyspark/daemon", "spark-python"), ("distributed", "dask"),
+                         ("tensorboard", "tensorboard")):
+        if marker in argv:
+            return kind
+    return "other"
+
+
+class _Record:
+    def __init__(self):
+        self.start = time.time()
+        self.tf = None  # (start, end) of `import tensorflow`
+
+    def write(self, end=None):
+        if not _DIR:
+            return
+        line = {"pid": os.getpid(), "kind": _kind(), "start": self.start,
+                "end": end if end is not None else time.time(), "tf": self.tf}
+        try:
+            with open(os.path.join(_DIR, f"procs-{os.getpid()}.jsonl"), "a") as f:
+                f.write(json.dumps(line) + "\n")
+        except OSError:
+            pass
+
+
+_record = _Record()
+
+
+class _TimedLoader(importlib.abc.Loader):
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        begun = time.time()
+        try:
+            self.loader.exec_module(module)
+        finally:
+            if _record.tf is None:
+                _record.tf = (begun, time.time())
+                # a node and a forked Spark worker end with os._exit: say it now, too
+                _record.write(end=_record.tf[1])
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "tensorflow" or _record.tf is not None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _TimedLoader(spec.loader)
+                return spec
+        return None
+
+
+def _after_fork():
+    global _record
+    _record = _Record()
+
+
+if _DIR:
+    sys.meta_path.insert(0, _Finder())
+    atexit.register(lambda: _record.write())
+    os.register_at_fork(after_in_child=_after_fork)
