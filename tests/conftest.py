@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import zlib
 
 import pytest
 
@@ -51,9 +52,20 @@ def pytest_duotf_engines(config):
 #: fast tier proves by name with tests/test_registry.py)
 FULL_ENGINES = {"spark-standalone", "spark-connect", "spark-hosts", "dask-hosts", "procpool"}
 #: fixtures that start clusters of the full tier alone
+#: fixtures that start clusters and servers of the full tier alone (the MLflow server's venv is
+#: made by .ci/run after the fast tier)
 FULL_FIXTURES = {"spark_standalone_master", "spark_connect_server", "spark_hosts_master",
-                 "dask_hosts_scheduler", "spark_gpu_master", "spark_standalone_master_log"}
+                 "dask_hosts_scheduler", "spark_gpu_master", "spark_standalone_master_log",
+                 "mlflow_server"}
 TIERS = ("fast", "full", "rest")
+#: the engines of the fast tier, and the modules of the shared suite that run on each of them
+#: there: the behaviours whose code differs by engine (its data feeding, scoring and ML stages,
+#: the weights it gives). Every other test of the suite runs, in the fast tier, on one of the
+#: fast engines it is collected for, the same one in every run (picked by its name): every
+#: behaviour once, and each engine a share of them; the full tier runs each on every engine.
+FAST_ENGINES = ("local", "dask", "spark-local")
+ON_EVERY_FAST_ENGINE = {"test_feed", "test_scoring", "test_estimator", "test_determinism",
+                        "test_feed_errors"}
 
 
 def pytest_addoption(parser):
@@ -66,25 +78,47 @@ def pytest_addoption(parser):
                          "case; rest: the full tier less the fast one (CI runs fast, then rest)")
 
 
-def in_fast_tier(item) -> bool:
-    """Whether ``item`` runs in the fast tier: not on an engine, nor with a cluster, of the full
-    tier alone, and not marked ``slow``."""
+def _case(item) -> tuple:
+    """What tells a test's cases apart but the engine: its module, function and other params."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    if params.get("backend") in FULL_ENGINES:
+    others = tuple(sorted((k, repr(v)) for k, v in params.items() if k != "backend"))
+    return (item.module.__name__, getattr(item, "originalname", item.name), others)
+
+
+def in_fast_tier(item, fast_engines_of) -> bool:
+    """Whether ``item`` runs in the fast tier: not on an engine, nor with a cluster, of the full
+    tier alone, not marked ``slow``, and, for a test of the shared suite outside
+    ``ON_EVERY_FAST_ENGINE``, on the one fast engine picked for it. ``fast_engines_of(item)``:
+    the fast engines its cases are collected for."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    engine = params.get("backend")
+    if engine in FULL_ENGINES:
         return False
     if FULL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
         return False
-    return item.get_closest_marker("slow") is None
+    if item.get_closest_marker("slow") is not None:
+        return False
+    if engine is None or item.module.__name__.rsplit(".", 1)[-1] in ON_EVERY_FAST_ENGINE:
+        return True
+    engines = sorted(fast_engines_of(item))
+    picked = engines[zlib.crc32(repr(_case(item)).encode()) % len(engines)]
+    return engine == picked
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    tier = config.getoption("tier")
+    tier = config.getoption("tier") or "fast"
     if tier == "full":
         return
+    engines: dict = {}
+    for item in items:
+        engine = getattr(getattr(item, "callspec", None), "params", {}).get("backend")
+        if engine in FAST_ENGINES:
+            engines.setdefault(_case(item), set()).add(engine)
     kept, dropped = [], []
     for item in items:
-        (kept if in_fast_tier(item) == (tier == "fast") else dropped).append(item)
+        fast = in_fast_tier(item, lambda i: engines[_case(i)])
+        (kept if fast == (tier == "fast") else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

@@ -2,8 +2,8 @@
 ``benchmarks/charts.py`` draws it, and every document committed under docs/benchmarks/data/
 is sound, drawn, and shown on docs/benchmarks.md beside the command that measured it.
 
-matplotlib comes with the ``docs`` extra, which CI installs before the tests (.ci/run): it is
-imported plainly, so that a machine without it fails here rather than skipping.
+matplotlib comes with the ``dev`` extra of the README's install command: it is imported
+plainly, so that an environment without it fails here rather than skipping.
 """
 
 from __future__ import annotations

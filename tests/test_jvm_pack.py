@@ -25,17 +25,28 @@ from duotf._transport.columns import from_arrow
 TYPES = ["float", "double", "int", "bigint", "smallint", "tinyint"]
 
 
-def test_the_shipped_jar_is_built_from_its_source(tmp_path):
-    with zipfile.ZipFile(jvm.JAR) as z:
-        assert z.read(jvm.DIGEST_ENTRY).decode() == jvm.source_digest(), \
-            "duotf/jvm/duotf-jvm.jar is older than its source: run python -m duotf.backends.spark.jvm"
+@pytest.mark.parametrize("line", sorted(jvm.LINES))
+def test_each_shipped_jar_is_built_from_the_current_sources(tmp_path, line):
+    with zipfile.ZipFile(jvm.jar(line)) as z:
+        assert z.read(jvm.DIGEST_ENTRY).decode() == jvm.source_digest(line), (
+            f"duotf-jvm-{line}.jar is older than its sources: run python -m duotf.backends.spark.jvm "
+            "(see its --help for the other line)")
         shipped = sorted(n for n in z.namelist() if n.endswith(".class"))
-    if shutil.which("javac") is None:
-        pytest.skip("no JDK here: the source's digest is checked, not a rebuild")
+    import pyspark
+
+    if shutil.which("javac") is None or jvm.line_of(pyspark.__version__) != line:
+        pytest.skip(f"a rebuild of the {line} jar needs a JDK and that line's pyspark: the "
+                    "sources' digest is checked")
     rebuilt = tmp_path / "rebuilt.jar"
-    subprocess.run([sys.executable, "-m", "duotf.backends.spark.jvm", str(rebuilt)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "duotf.backends.spark.jvm", "--into", str(rebuilt)],
+                   check=True, timeout=120)
     with zipfile.ZipFile(rebuilt) as z:
         assert sorted(n for n in z.namelist() if n.endswith(".class")) == shipped
+
+
+def test_a_spark_of_no_line_is_never_given_a_jar():
+    assert jvm.line_of("3.5.9") == "spark3" and jvm.line_of("4.0.5") == jvm.line_of("4.3.0") == "spark4"
+    assert jvm.line_of("3.4.4") is None and jvm.line_of("5.0.0") is None
 
 
 def _batches(df, specs):

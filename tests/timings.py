@@ -174,7 +174,7 @@ def pytest_runtest_makereport(item, call):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not _by_engine:
         return
-    tier = config.getoption("tier", default=None) or "-"
+    tier = config.getoption("tier", default="all") or "fast"
     write = terminalreporter.write_line
     terminalreporter.section(f"time by engine (tier {tier})", sep="-")
     for engine, (tests, seconds) in sorted(_by_engine.items(), key=lambda kv: -kv[1][1]):

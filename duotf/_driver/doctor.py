@@ -439,12 +439,17 @@ class _Doctor:
                      f"install duotf {duotf_version} on every executor",
                      driver=f"driver: duotf {duotf_version}")
         self._tensorflow(nodes)
-        for package in ("pyspark", "distributed"):
+        # the engine, what the feed reads data with (engine tasks), Keras (node processes)
+        for package, where in (("pyspark", "engine"), ("distributed", "engine"), ("pyarrow", "engine"),
+                               ("pandas", "engine"), ("keras", "node")):
             seen = [(_where(p), p["engine"][package]) for p in probes
-                    if p.get("lead") and package in p["engine"]]
+                    if p.get("lead") and where == "engine" and p["engine"].get(package)]
+            seen += [(_where(p), n[package]) for p, n in nodes if where == "node" and n.get(package)]
             if not seen:
                 continue
             mine = _driver_version(package)
+            if mine is None and package not in ("pyspark", "distributed"):
+                continue  # a driver without Keras (or pandas) is fine: the executors use theirs
             bad = sorted({f"{w}: {package} {v}" for w, v in seen if v != mine})
             self.verdict(package, bad,
                          f"{mine} on the driver and every executor",

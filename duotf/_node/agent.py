@@ -312,9 +312,9 @@ class _Agent:
                 # Forked by a warm server (TensorFlow imported already) where one serves this
                 # environment, else spawned: see duotf._node.warm.
                 if try_warm:
-                    self.proc = warm.fork_node(env, [c_rx, c_tx, reservation.fileno(),
-                                                     out_w if captured else 1,
-                                                     out_w if captured else 2], logger)
+                    out = out_w if out_w is not None else 1
+                    self.proc = warm.fork_node(env, [c_rx, c_tx, reservation.fileno(), out,
+                                                     out_w if out_w is not None else 2], logger)
             except warm.Abandoned:  # its fds may live on in a late fork: new ones for the spawn
                 for fd in (a_rx, c_tx, c_rx, a_tx, out_r, out_w):
                     if fd is not None:

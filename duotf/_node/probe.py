@@ -45,6 +45,8 @@ CONNECT_TIMEOUT = 3.0
 NODE_CHECK_TIMEOUT = 180.0
 #: the engine-side packages whose versions must match the driver's
 ENGINE_PACKAGES = ("pyspark", "distributed")
+#: what the feed reads data with, beside the engine: the same on the driver and every executor
+DATA_PACKAGES = ("pyarrow", "pandas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +74,19 @@ def _versions_here() -> dict:
         module = sys.modules.get(name)
         if module is not None:
             found[name] = getattr(module, "__version__", "?")
+    for name in DATA_PACKAGES:  # the installed version: importing them costs the task seconds
+        found[name] = _installed(name)
     return found
+
+
+def _installed(distribution: str) -> Optional[str]:
+    """The installed version of ``distribution`` (None: not installed), read without importing it."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def try_connect(address: Tuple[str, int], timeout: float = CONNECT_TIMEOUT) -> Optional[str]:
@@ -186,7 +200,8 @@ def _tensorflow(protocol: str) -> dict:
     except BaseException as exc:  # a broken install can raise anything, SystemExit included
         return {"tensorflow": None, "tensorflow_error": f"{type(exc).__name__}: {exc}"}
     found = {"tensorflow": getattr(tf, "__version__", "?"),
-             "tensorflow_path": os.path.dirname(getattr(tf, "__file__", "") or "")}
+             "tensorflow_path": os.path.dirname(getattr(tf, "__file__", "") or ""),
+             "keras": _installed("keras")}
     try:
         from duotf._node.child import check_protocol
 

@@ -10,10 +10,15 @@ back into the same arrays, with the same checks (:func:`duotf._transport.columns
 writes each partition straight into the feed's frames, in a file on its executor, and counts its
 rows (``duotf.jvm.FeedFrames``); no row then passes through Arrow or a Python worker.
 
-The jar is loaded into a running SparkContext on first use: added to the driver's class loader
-and shipped to the executors with ``addJar``. Where that is not possible (Spark before 4.0, a
-driver whose class loader takes no jars, Spark Connect) or ``DUOTF_SPARK_PACK_ARRAYS=0`` is
-set, the feed uses Spark's Arrow writer as before: same data, slower.
+One source, a jar per Spark line: Spark 4 splits the classic ``Dataset`` from the API's, and
+Spark 3 is built with another Scala, so ``src/duotf/jvm/`` is compiled with ``src/spark3/`` into
+``duotf-jvm-spark3.jar`` against Spark 3.5's jars, and with ``src/spark4/`` into
+``duotf-jvm-spark4.jar`` against Spark 4's (each keeps the digest of its sources). The jar of
+the running Spark's line is loaded into its SparkContext on first use: added to the driver's
+class loader and shipped to the executors with ``addJar``. A Spark of no line here, a driver
+whose class loader takes no jars, Spark Connect, or ``DUOTF_SPARK_PACK_ARRAYS=0``: the feed uses
+Spark's Arrow writer, same data, slower; which one is chosen is logged once at DEBUG, and
+nothing is tried that is not made for the running Spark.
 
 On Spark Connect the jar could reach the server (``spark.addArtifacts`` adds it to the session's
 class loader there and on the executors), but nothing in it would be worth calling: a Connect
@@ -25,7 +30,8 @@ call. What that costs, measured (``python -m benchmarks.feed --jar``): ``train(d
 on Connect feeds as classic Spark with ``DUOTF_SPARK_PACK_ARRAYS=0`` does, at 0.5-0.7x classic
 Spark with the jar (docs/benchmarks.md, "duotf's jar on Spark Connect").
 
-Rebuild the jar after changing a Java source: ``python -m duotf.backends.spark.jvm`` (needs a JDK).
+Rebuild the jars after changing a Java source: ``python -m duotf.backends.spark.jvm`` (a JDK, and
+the jars of a pyspark of each line: see :func:`build`).
 """
 
 from __future__ import annotations
@@ -35,15 +41,15 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-JAR = HERE / "duotf-jvm.jar"
-SOURCES = sorted((HERE / "src" / "duotf" / "jvm").glob("*.java"))
+#: the Spark lines a jar is built for: the line's name -> Spark's major version
+LINES = {"spark3": 3, "spark4": 4}
 CLASS = "duotf.jvm.ArrayPacking"
-DIGEST_ENTRY = "duotf/jvm/SOURCE.sha256"  # the source's digest, kept in the jar it was built into
+DIGEST_ENTRY = "duotf/jvm/SOURCE.sha256"  # the sources' digest, kept in the jar they were built into
 
 #: Spark element types packed, with the numpy dtype the feed gives them (as Arrow gives them).
 DTYPES = {"float": "float32", "double": "float64", "int": "int32", "bigint": "int64",
@@ -56,16 +62,40 @@ def enabled() -> bool:
     return os.environ.get("DUOTF_SPARK_PACK_ARRAYS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def source_digest() -> str:
-    """The digest of every Java source file, by name and content."""
+def jar(line: str) -> Path:
+    """The jar of a Spark line (``"spark3"``, ``"spark4"``)."""
+    return HERE / f"duotf-jvm-{line}.jar"
+
+
+def sources(line: str) -> List[Path]:
+    """The Java sources of a line's jar: the shared ones and the line's own."""
+    src = HERE / "src"
+    return sorted((src / "duotf" / "jvm").glob("*.java")) + sorted((src / line / "duotf" / "jvm").glob("*.java"))
+
+
+def line_of(version: str) -> Optional[str]:
+    """The line whose jar serves Spark ``version`` (``"3.5.9"``, ``"4.3.0"``); None: no jar here
+    serves it (Spark before 3.5)."""
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return None
+    if (major, minor) < (3, 5):
+        return None
+    return next((name for name, value in LINES.items() if value == major), None)
+
+
+def source_digest(line: str) -> str:
+    """The digest of the Java sources of a line's jar, by name and content."""
     digest = hashlib.sha256()
-    for path in SOURCES:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in sources(line):
+        digest.update(path.relative_to(HERE / "src").as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 
 def load(sc) -> bool:
-    """Whether duotf's JVM helper is usable in ``sc`` (loading it once per SparkContext)."""
+    """Whether duotf's JVM helper is usable in ``sc`` (loading its line's jar once per
+    SparkContext). A Spark of no line here is never given a jar."""
     state = getattr(sc, "_duotf_jvm", None)
     if state is not None:
         return state
@@ -73,16 +103,24 @@ def load(sc) -> bool:
         state = getattr(sc, "_duotf_jvm", None)
         if state is not None:
             return state
+        line = line_of(str(sc.version))
+        if line is None or not jar(line).exists():
+            logger.debug("duotf: no JVM helper for Spark %s; array columns go through Spark's "
+                         "Arrow writer", sc.version)
+            sc._duotf_jvm = False
+            return False
         try:
+            path = str(jar(line))
             jvm = sc._jvm
             loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
             try:
                 jvm.java.lang.Class.forName(CLASS, False, loader)
             except Exception:
-                loader.addURL(jvm.java.io.File(str(JAR)).toURI().toURL())
+                loader.addURL(jvm.java.io.File(path).toURI().toURL())
                 jvm.java.lang.Class.forName(CLASS, False, loader)
-            sc._jsc.addJar(str(JAR))
+            sc._jsc.addJar(path)
             state = True
+            logger.debug("duotf: the JVM helper for Spark %s (%s) is loaded", sc.version, path)
         except Exception as exc:  # noqa: BLE001 - any JVM that cannot take it feeds through Arrow
             logger.info("duotf: the JVM helper did not load (%s); array columns go through "
                         "Spark's Arrow writer", str(exc).splitlines()[0] if str(exc) else exc)
@@ -231,26 +269,49 @@ def answers_beside(source, keep: List[str], answers):
     return pair
 
 
-def build(jar: Path = JAR) -> Path:
-    """Compile the Java source against the installed pyspark's jars into ``jar``."""
+def build(line: Optional[str] = None, spark_jars: Optional[Path] = None,
+          into: Optional[Path] = None) -> Path:
+    """Compile a line's jar from its sources against ``spark_jars`` (a folder of Spark's jars of
+    that line; default: the installed pyspark's, whose line is the default ``line``) into
+    ``into`` (default: the package's own jar of that line). Needs a JDK's ``javac``."""
     import shutil
     import subprocess
     import tempfile
     import zipfile
 
-    import pyspark
+    if spark_jars is None:
+        import pyspark
 
-    jars = Path(pyspark.__file__).parent / "jars"
+        spark_jars = Path(pyspark.__file__).parent / "jars"
+        line = line or line_of(pyspark.__version__)
+    if line not in LINES:
+        raise ValueError(f"no duotf jar for Spark line {line!r}: the lines are {sorted(LINES)}")
+    target = into or jar(line)
     javac = shutil.which("javac")
     if not javac:
         raise RuntimeError("building duotf's jar needs a JDK (javac on PATH)")
     with tempfile.TemporaryDirectory(prefix="duotf-jvm-") as out:
-        subprocess.run([javac, "--release", "17", "-nowarn", "-cp", str(jars / "*"), "-d", out,
-                        *map(str, SOURCES)], check=True)
+        subprocess.run([javac, "--release", "17", "-nowarn", "-cp", str(Path(spark_jars) / "*"),
+                        "-d", out, *map(str, sources(line))], check=True)
         classes: List[Path] = sorted(Path(out).rglob("*.class"))
-        with zipfile.ZipFile(jar, "w", zipfile.ZIP_DEFLATED) as z:
+        with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
             for path in classes:
                 info = zipfile.ZipInfo(str(path.relative_to(out)), date_time=(2026, 1, 1, 0, 0, 0))
                 z.writestr(info, path.read_bytes(), zipfile.ZIP_DEFLATED)
-            z.writestr(zipfile.ZipInfo(DIGEST_ENTRY, date_time=(2026, 1, 1, 0, 0, 0)), source_digest())
-    return jar
+            z.writestr(zipfile.ZipInfo(DIGEST_ENTRY, date_time=(2026, 1, 1, 0, 0, 0)), source_digest(line))
+    return target
+
+
+def stale() -> List[str]:
+    """The lines whose shipped jar is missing or was not built from the current sources."""
+    import zipfile
+
+    found = []
+    for line in LINES:
+        try:
+            with zipfile.ZipFile(jar(line)) as z:
+                if z.read(DIGEST_ENTRY).decode() != source_digest(line):
+                    found.append(line)
+        except (OSError, KeyError, zipfile.BadZipFile):
+            found.append(line)
+    return found

@@ -14,6 +14,7 @@ import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.execution.QueryExecution;
 import org.apache.spark.sql.execution.adaptive.AdaptiveSparkPlanExec;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.StructField;
@@ -35,31 +36,25 @@ import org.apache.spark.sql.types.StructType;
 public final class Answers {
   private Answers() {}
 
-  static org.apache.spark.sql.classic.Dataset<Row> classic(Dataset<Row> df) {
-    return (org.apache.spark.sql.classic.Dataset<Row>) df;
-  }
-
   /** Whether {@code df} computes the same rows, in the same order, each time it is computed. */
   public static boolean repeatable(Dataset<Row> df) {
-    org.apache.spark.sql.classic.Dataset<Row> c = classic(df);
-    if (!c.queryExecution().optimizedPlan().deterministic()) return false;
+    QueryExecution c = Classic.queryExecution(df);
+    if (!c.optimizedPlan().deterministic()) return false;
     // adaptive execution plans only around a shuffle (or subquery), and would run the shuffle's
     // jobs to give the RDD asked for below: such a plan is not taken for repeatable
-    if (c.queryExecution().executedPlan() instanceof AdaptiveSparkPlanExec) return false;
-    return c.queryExecution().toRdd().outputDeterministicLevel() == DeterministicLevel$.MODULE$.DETERMINATE();
+    if (c.executedPlan() instanceof AdaptiveSparkPlanExec) return false;
+    return c.toRdd().outputDeterministicLevel() == DeterministicLevel$.MODULE$.DETERMINATE();
   }
 
   /** The number of partitions {@code df} is computed in. */
   public static int partitions(Dataset<Row> df) {
-    return classic(df).queryExecution().toRdd().getNumPartitions();
+    return Classic.queryExecution(df).toRdd().getNumPartitions();
   }
 
   /** {@code source}'s columns {@code keep} beside every column of {@code answers}. */
   public static Dataset<Row> beside(Dataset<Row> source, List<String> keep, Dataset<Row> answers) {
-    org.apache.spark.sql.classic.Dataset<Row> left = classic(source);
-    org.apache.spark.sql.classic.Dataset<Row> right = classic(answers);
-    StructType from = left.schema();
-    StructType with = right.schema();
+    StructType from = source.schema();
+    StructType with = answers.schema();
     int[] picks = new int[keep.size()];
     DataType[] types = new DataType[keep.size() + with.fields().length];
     StructField[] fields = new StructField[types.length];
@@ -69,14 +64,14 @@ public final class Answers {
     }
     for (int j = 0; j < with.fields().length; j++) fields[picks.length + j] = with.fields()[j];
     for (int i = 0; i < fields.length; i++) types[i] = fields[i].dataType();
-    RDD<InternalRow> rows = left.queryExecution().toRdd();
-    RDD<InternalRow> answered = right.queryExecution().toRdd();
+    RDD<InternalRow> rows = Classic.queryExecution(source).toRdd();
+    RDD<InternalRow> answered = Classic.queryExecution(answers).toRdd();
     if (rows.getNumPartitions() != answered.getNumPartitions()) {
       throw new IllegalStateException("duotf: the DataFrame has " + rows.getNumPartitions()
                                       + " partitions and its answers " + answered.getNumPartitions());
     }
     JavaRDD<InternalRow> out = rows.toJavaRDD().zipPartitions(answered.toJavaRDD(), new Pairing(picks, types));
-    return left.sparkSession().internalCreateDataFrame(out.rdd(), new StructType(fields), false);
+    return Classic.create(source, out.rdd(), new StructType(fields));
   }
 
   static final class Pairing

@@ -44,8 +44,7 @@ public final class ArrayPacking {
 
   /** {@code df} with the array columns {@code names} as binary columns of their raw elements. */
   public static Dataset<Row> pack(Dataset<Row> df, java.util.List<String> names) {
-    org.apache.spark.sql.classic.Dataset<Row> classic = (org.apache.spark.sql.classic.Dataset<Row>) df;
-    StructType schema = classic.schema();
+    StructType schema = df.schema();
     StructField[] fields = schema.fields().clone();
     Rows rows = new Rows(schema, false);
     for (String name : names) {
@@ -54,14 +53,13 @@ public final class ArrayPacking {
       rows.set(i, type.elementType(), type.containsNull());
       fields[i] = new StructField(fields[i].name(), BinaryType$.MODULE$, true, fields[i].metadata());
     }
-    return create(classic, classic.queryExecution().toRdd(), rows, new StructType(fields));
+    return create(df, Classic.queryExecution(df).toRdd(), rows, new StructType(fields));
   }
 
   /** {@code df} with its binary columns that {@code target} (a schema as JSON) gives as arrays
    *  turned back into those arrays: the inverse of {@link #pack}. */
   public static Dataset<Row> unpack(Dataset<Row> df, String target) {
-    org.apache.spark.sql.classic.Dataset<Row> classic = (org.apache.spark.sql.classic.Dataset<Row>) df;
-    StructType schema = classic.schema();
+    StructType schema = df.schema();
     StructType to = (StructType) DataType.fromJson(target);
     StructField[] fields = schema.fields().clone();
     Rows rows = new Rows(schema, true);
@@ -72,13 +70,12 @@ public final class ArrayPacking {
         fields[i] = new StructField(fields[i].name(), type, fields[i].nullable(), fields[i].metadata());
       }
     }
-    return create(classic, classic.queryExecution().toRdd(), rows, new StructType(fields));
+    return create(df, Classic.queryExecution(df).toRdd(), rows, new StructType(fields));
   }
 
-  private static Dataset<Row> create(org.apache.spark.sql.classic.Dataset<Row> df, RDD<InternalRow> in,
-                                     Rows rows, StructType schema) {
+  private static Dataset<Row> create(Dataset<Row> df, RDD<InternalRow> in, Rows rows, StructType schema) {
     RDD<InternalRow> out = in.toJavaRDD().mapPartitions(rows).rdd();
-    return df.sparkSession().internalCreateDataFrame(out, schema, false);
+    return Classic.create(df, out, schema);
   }
 
   /** Copy the {@code bytes} bytes of the elements of {@code array} (of {@code element}s, not an

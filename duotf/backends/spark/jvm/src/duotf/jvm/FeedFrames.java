@@ -68,14 +68,13 @@ public final class FeedFrames {
   public static Object[] spill(Dataset<Row> df, String cacheId, long blockBytes, long minFreeBytes,
                                double minFreeFraction, String errorColumn,
                                java.util.Map<String, String> tensors) {
-    org.apache.spark.sql.classic.Dataset<Row> classic = (org.apache.spark.sql.classic.Dataset<Row>) df;
     long block = Math.max(1, Math.min(blockBytes, 64L << 20));  // the frame buffers: 64 MiB at most
-    Spill task = new Spill(classic.schema(), tensors, cacheId, block, minFreeBytes, minFreeFraction);
-    RDD<InternalRow> out = classic.queryExecution().toRdd().toJavaRDD().mapPartitions(task).rdd();
+    Spill task = new Spill(df.schema(), tensors, cacheId, block, minFreeBytes, minFreeFraction);
+    RDD<InternalRow> out = Classic.queryExecution(df).toRdd().toJavaRDD().mapPartitions(task).rdd();
     out.localCheckpoint();
     StructType index = StructType.fromDDL("pid long, host string, path string, frames string, rows long, `"
                                           + errorColumn + "` string");
-    return new Object[] {classic.sparkSession().internalCreateDataFrame(out, index, false), out};
+    return new Object[] {Classic.create(df, out, index), out};
   }
 
   /** Whether {@link #spill} writes a column of this type. */
