@@ -14,6 +14,7 @@ import pytest
 from duotf._driver.cluster import shutdown_quietly
 import duotf
 from duotf.spark import feed_cache
+from duotf.testing import QUIET_TF
 from tests.suite import mains
 from tests.suite.data import FED, SIZES, fed_every_epoch, tensor_blocks
 
@@ -37,7 +38,7 @@ def test_feed_cache_trains_like_the_dataframe(backend, tensor_frame, by_referenc
     try:
         assert cache.counts == SIZES and cache.columns == ["x", "id"]
         with duotf.run(mains.feed_tensor_main, {"batch": 4, "mapping": None}, backend,
-                       duotf.ClusterSpec(workers=2), env={"TF_CPP_MIN_LOG_LEVEL": "3"}) as cluster:
+                       duotf.ClusterSpec(workers=2), env=QUIET_TF) as cluster:
             report = cluster.train(cache, epochs=3)
             with pytest.raises(duotf.ConfigError, match="FeedCache is for training"):
                 cluster.inference(cache)
@@ -59,7 +60,7 @@ def test_feed_cache_file_not_on_the_host_is_fed_from_the_dataframe(backend, tens
         for part in cache.parts[::2]:  # as if partitions 0, 2 and 4 lay on a lost host
             os.remove(part.path)
         with duotf.run(mains.feed_tensor_main, {"batch": 4, "mapping": None}, backend,
-                       duotf.ClusterSpec(workers=2), env={"TF_CPP_MIN_LOG_LEVEL": "3"}) as cluster:
+                       duotf.ClusterSpec(workers=2), env=QUIET_TF) as cluster:
             report = cluster.train(cache, epochs=2)
             cache.unpersist()
             assert not any(os.path.exists(part.path) for part in cache.parts)
@@ -90,7 +91,7 @@ def test_feed_cache_checks_its_data_and_caches_a_column_declared_ragged(backend,
     try:
         args = {"batch": 3, "reader": "dataset", "id": "id", "v": "v"}
         with duotf.run(mains.feed_ragged_main, args, backend, duotf.ClusterSpec(workers=2),
-                       env={"TF_CPP_MIN_LOG_LEVEL": "3"}) as cluster:
+                       env=QUIET_TF) as cluster:
             cluster.train(cache, epochs=1)
             first, second = cluster.wait(timeout=120)
     finally:
@@ -170,7 +171,7 @@ def test_duotf_jobs_cut_arrow_batches_at_4_mib_and_leave_the_session_as_it_was(b
     # as they found it: an Arrow step of the user's own DataFrame tells each row the size of
     # the batch it came in
     with duotf.run(mains.feed_train_main, {"batch": 500}, backend, duotf.ClusterSpec(workers=2),
-                   env={"TF_CPP_MIN_LOG_LEVEL": "3"}) as cluster:
+                   env=QUIET_TF) as cluster:
         cluster.train(df.mapInArrow(tell_batch_rows, "x array<float>, rows long"), epochs=2)
         results = cluster.wait(timeout=120)
     seen = [v for r in results for epoch in r["ids"].values() for v in epoch]

@@ -52,10 +52,15 @@ def describe(args, ctx):
 
 def run_twice(env=None, args=None):
     """Two runs of ``describe`` with ``env``: the first may spawn, the second is the one looked at."""
+    from duotf._node import warm
+
     results = []
     for _ in range(2):
         with duotf.run(describe, args, "local", SPEC, env=env or {}) as cluster:
             results.append((cluster.job_id, cluster.wait(timeout=120)))
+        # a run right after a server started spawns its nodes beside it: wait for its import
+        poll_for(lambda: all((warm._ask(name, "ping") or {}).get("imported", True)
+                             for name in warm._servers_here()), 120, what="warm servers ready")
     return results
 
 
@@ -110,7 +115,9 @@ def test_a_server_ends_with_the_process_that_started_it(tmp_path):
 
         def main(args, ctx):
             import sys
-            return "tensorflow" in sys.modules
+            before = "tensorflow" in sys.modules
+            import tensorflow  # the first run's takes seconds: its server is ready for the next
+            return before
 
         print(os.getpid())
         for _ in range(2):

@@ -10,7 +10,8 @@ started, when it imported TensorFlow and when it ended into ``DIR/procs-<pid>.js
 
 The report splits each test's wall time into causes, each second counted once, in this order:
 engine start (setting up the fixtures that start engines), TensorFlow imported by a node process,
-a node process starting before that import, a Spark job running, the test's own thread sleeping
+a warm node server importing TensorFlow (duotf._node.warm), a node process starting before its
+own import, a Spark job running, the test's own thread sleeping
 (a fixed wait or a poll between its checks), a node process running (its ``main``: TF work and
 feeding) and the rest (the test process's own work, teardown, leak checks).
 """
@@ -220,7 +221,8 @@ def _length(intervals: List[Interval]) -> float:
     return sum(b - a for a, b in intervals)
 
 
-CAUSES = ("engine start", "node: import tensorflow", "node: process start", "Spark jobs",
+CAUSES = ("engine start", "node: import tensorflow", "warm node server: import tensorflow",
+          "node: process start", "Spark jobs",
           "waits in the test (sleeps, polls)", "node: main running", "test process (the rest)")
 
 
@@ -242,17 +244,19 @@ def _procs(folder: str) -> List[dict]:
 def causes_of(test: dict, procs: List[dict]) -> Dict[str, float]:
     window = (test["start"], test["end"])
     nodes = [p for p in procs if p["kind"] == "node" and p["end"] > window[0] and p["start"] < window[1]]
+    servers = [p for p in procs if p["kind"] == "warm" and p["tf"]]
     engine = [(a, b) for name, a, b in test["fixtures"] if name in ENGINE_FIXTURES]
     layers = [
         engine,
         [tuple(p["tf"]) for p in nodes if p["tf"]],
+        [tuple(p["tf"]) for p in servers],
         [(p["start"], p["tf"][0] if p["tf"] else p["end"]) for p in nodes],
         [tuple(j) for j in test.get("spark_jobs", [])],
         [tuple(s) for s in test["sleeps"]],
         [(p["start"], p["end"]) for p in nodes],
     ]
     # a node that never imported TF: its start is up to its first second, the rest is its main
-    layers[2] = [(a, min(b, a + 1.0)) if not p["tf"] else (a, b) for (a, b), p in zip(layers[2], nodes)]
+    layers[3] = [(a, min(b, a + 1.0)) if not p["tf"] else (a, b) for (a, b), p in zip(layers[3], nodes)]
     taken: List[Interval] = []
     out = {}
     for cause, intervals in zip(CAUSES, layers):

@@ -33,7 +33,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from duotf._transport import rendezvous
 from duotf._node.agent import NodeOutcome, OutcomeStatus, node_environment
@@ -68,7 +68,8 @@ class ProbeJob:
 def _versions_here() -> dict:
     from duotf._version import __version__
 
-    found = {"python": platform.python_version(), "executable": sys.executable,
+    found: Dict[str, Any] = {
+             "python": platform.python_version(), "executable": sys.executable,
              "duotf": __version__, "duotf_path": os.path.dirname(os.path.abspath(__file__))}
     for name in ENGINE_PACKAGES:
         module = sys.modules.get(name)
@@ -247,7 +248,8 @@ def node_main(argv: List[str]) -> int:
     from duotf._version import __version__
 
     protocol, fs_file = argv[1], argv[2]
-    found = {"python": platform.python_version(), "executable": sys.executable,
+    found: Dict[str, Any] = {
+             "python": platform.python_version(), "executable": sys.executable,
              "duotf": __version__, "duotf_path": os.path.dirname(os.path.abspath(__file__)),
              "shm": _shm(), "fs": _filesystem(fs_file)}
     found.update(_tensorflow(protocol))

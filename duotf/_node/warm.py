@@ -49,8 +49,8 @@ from typing import Dict, List, Optional, Sequence
 SWITCH = "DUOTF_WARM_NODES"
 #: seconds a server lives without a request (its nodes ended), default 900
 IDLE = "DUOTF_WARM_IDLE"
-#: the most servers of one user on one host, default 3 (each holds an imported TensorFlow: about
-#: half a GB); starting one more ends the one unused longest
+#: the most servers of one engine worker, default 2 (each holds an imported TensorFlow: about
+#: half a GB); starting one more ends its idle one unused longest
 MAX = "DUOTF_WARM_MAX"
 #: a node's own tags, never part of what picks its server
 PER_NODE = ("DUOTF_NODE_ID", "DUOTF_JOB_ID")
@@ -61,7 +61,7 @@ PER_NODE = ("DUOTF_NODE_ID", "DUOTF_JOB_ID")
 #: files: see _origins).
 IMPORT_PREFIXES = ("TF_", "TF2_", "CUDA", "NVIDIA_", "XLA_", "KERAS_", "OMP_", "MKL_", "KMP_",
                    "OPENBLAS_", "GOTO", "BLIS_", "TPU_", "HIP_", "ROCM_", "PYTHON", "LD_", "MALLOC_",
-                   "GLIBC_", "DUOTF_", "HDF5_", "LANG", "LC_", "HOME")
+                   "GLIBC_", "HDF5_", "LANG", "LC_", "HOME", "DUOTF_WARM_")
 #: the modules a server imports, which a forked node must find where its own path would
 IMPORTED = ("duotf", "tensorflow", "keras", "numpy")
 #: room the server keeps in its environment block for a node's own tags (see _retitle)
@@ -72,6 +72,9 @@ ANSWER_TIMEOUT = 30.0
 #: seconds an agent waits for a server that is starting (importing TensorFlow) before it spawns
 #: the node itself: the server has a head start on a node spawned now
 STARTING_WAIT = 20.0
+#: a server younger than this is the one a node of the same run started: its siblings are
+#: spawned beside it rather than wait for its import
+SIBLINGS = 1.0
 #: the most fds one request carries: the node's two pipes, its port, its stdout and stderr
 _MAX_FDS = 5
 
@@ -137,7 +140,7 @@ def _servers_here() -> List[str]:
         with open("/proc/net/unix") as f:
             for line in f:
                 parts = line.split()
-                if len(parts) >= 8 and parts[7].startswith(mine) and not parts[7].endswith("-starting"):
+                if len(parts) >= 8 and parts[7].startswith(mine):
                     names.add("\0" + parts[7][1:])
     except OSError:
         pass
@@ -148,7 +151,7 @@ def _ask(name: str, op: str) -> Optional[dict]:
     """Send ``op`` ("ping", "quit") to the server ``name``; its answer, None when it gave none."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        sock.settimeout(2)
+        sock.settimeout(5)  # a server answers between two steps of its import: on a busy host, seconds
         sock.connect(name)
         if _peer_uid(sock) != os.getuid():
             return None
@@ -160,18 +163,21 @@ def _ask(name: str, op: str) -> Optional[dict]:
         sock.close()
 
 
-def _make_room() -> None:
-    """Below ``DUOTF_WARM_MAX`` servers, ending the idle one unused longest if need be."""
-    most = int(os.environ.get(MAX, "3"))
-    names = _servers_here()
-    if len(names) < most:
-        return
-    idle = []
-    for name in names:
+def _make_room(mine: str, owner: int) -> None:
+    """Keep the servers of the engine worker ``owner`` to ``DUOTF_WARM_MAX``, ``mine``
+    (starting) among them, ending its idle ones unused longest if need be."""
+    most = max(1, int(os.environ.get(MAX, "2")))
+    found = []
+    for name in _servers_here():
+        if name == mine:
+            continue
         answer = _ask(name, "ping")
-        if answer and not answer.get("nodes"):
-            idle.append((answer.get("idle", 0.0), name))
-    for _, name in sorted(idle, reverse=True)[:len(names) - most + 1]:
+        if answer and answer.get("owner") == owner:
+            found.append((answer.get("idle", 0.0), bool(answer.get("nodes")), name))
+    if len(found) < most:
+        return
+    idle = sorted((seconds, name) for seconds, busy, name in found if not busy)
+    for _, name in idle[::-1][:len(found) - most + 1]:
         _ask(name, "quit")
 
 
@@ -244,21 +250,17 @@ def _peer_uid(sock: socket.socket) -> int:
     return struct.unpack("3i", creds)[1]
 
 
-def _starting(name: str) -> bool:
-    """Whether a server of that name is starting (its lock name is bound)."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        probe.bind(name + "-starting")
-        return False
-    except OSError:
-        return True
-    finally:
-        probe.close()
-
-
-def _connect(name: str) -> Optional[socket.socket]:
-    """A connection to the server ``name``, waiting up to ``STARTING_WAIT`` seconds for one that
-    is starting; None when there is none."""
+def fork_node(env: Dict[str, str], fds: Sequence[int], log) -> Optional[WarmProcess]:
+    """Ask the server for ``env`` to fork a node process that gets ``fds`` (its read pipe, write
+    pipe, port reservation, stdout, stderr). A server still importing is waited for (up to
+    ``STARTING_WAIT``), unless it started under a second ago: then it is this run's own, and its
+    first nodes are spawned beside it. None: spawn the node as always (and, where no server
+    serves this environment, one starts for the next nodes)."""
+    if not available(env):
+        return None
+    cwd = os.getcwd()
+    name = address(env, cwd)
+    request = json.dumps({"env": env, "cwd": cwd}).encode()
     deadline = time.monotonic() + STARTING_WAIT
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -266,72 +268,64 @@ def _connect(name: str) -> Optional[socket.socket]:
             sock.connect(name)
         except OSError:
             sock.close()
-            if time.monotonic() > deadline or not _starting(name):
-                return None
-            time.sleep(0.05)
-            continue
-        if _peer_uid(sock) != os.getuid():  # another user's socket of that name: never talk to it
-            sock.close()
+            _start_server(env, name, log)
             return None
-        return sock
-
-
-def fork_node(env: Dict[str, str], fds: Sequence[int], log) -> Optional[WarmProcess]:
-    """Ask the server for ``env`` to fork a node process that gets ``fds`` (its read pipe, write
-    pipe, port reservation, stdout, stderr), waiting for one that is starting. None: no server
-    (spawn the node as always; :func:`prepare` starts one for the next node)."""
-    if not available(env):
-        return None
-    cwd = os.getcwd()
-    name = address(env, cwd)
-    sock = _connect(name)
-    if sock is None:
-        return None
-    try:
-        sock.settimeout(ANSWER_TIMEOUT)
-        request = {"env": env, "cwd": cwd}
-        socket.send_fds(sock, [json.dumps(request).encode()], list(fds))
-        answer = json.loads(sock.recv(4096) or b"{}")
-        if "pid" not in answer:
-            raise OSError(f"the warm node server answered {answer}")
-        sock.settimeout(None)
-        log.debug("node forked by the warm node server %s", name[1:])
-        return WarmProcess(sock, int(answer["pid"]))
-    except (OSError, ValueError) as exc:
-        log.debug("warm node server %s: %s; spawning the node", name[1:], exc)
+        try:
+            if _peer_uid(sock) != os.getuid():  # another user's socket of that name: never talk to it
+                return None
+            sock.settimeout(ANSWER_TIMEOUT)
+            socket.send_fds(sock, [request], list(fds))
+            answer = json.loads(sock.recv(4096) or b"{}")
+        except (OSError, ValueError) as exc:
+            log.debug("warm node server %s: %s; spawning the node", name[1:], exc)
+            sock.close()
+            raise Abandoned() from exc
+        if "pid" in answer:
+            sock.settimeout(None)
+            log.debug("node forked by the warm node server %s", name[1:])
+            return WarmProcess(sock, int(answer["pid"]))
         sock.close()
-        raise Abandoned() from exc
+        if "importing" not in answer:  # it forked nothing: the fds are the agent's alone
+            log.debug("warm node server %s answered %s; spawning the node", name[1:], answer)
+            return None
+        if answer["importing"] < SIBLINGS or time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
 
 
 class Abandoned(Exception):
-    """The request went out but no node came back: its fds may live on in a late fork, so the
+    """The request went out but no answer came back: its fds may live on in a late fork, so the
     agent spawns the node on new ones (the late fork then finds its pipes closed and exits)."""
 
 
 def prepare(env: Dict[str, str], log) -> None:
-    """After a node of ``env`` ended: start the server for the next ones unless one serves or
-    is starting. Started only then, so that its import never competes with a run's own."""
-    if not available(env):
-        return
-    name = address(env, os.getcwd())
-    lock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    """After a node of ``env`` ended: start the server for the next ones unless one serves
+    (one that ended idle, or a node that found none started it)."""
+    if available(env):
+        _start_server(env, address(env, os.getcwd()), log)
+
+
+def _start_server(env: Dict[str, str], name: str, log) -> None:
+    """Start the server for ``env`` on the abstract socket ``name`` unless that is taken: this
+    process binds it (the one lock two agents can race for) and hands it to the server."""
+    for proc in list(_servers):  # reap those that ended
+        if proc.poll() is not None:
+            _servers.remove(proc)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        lock.bind(name + "-starting")
-    except OSError:  # one is starting
-        lock.close()
+        listener.bind(name)
+    except OSError:  # one serves or is starting
+        listener.close()
         return
     try:
-        if name in _servers_here():  # one serves
-            return
-        for proc in list(_servers):  # reap those that ended
-            if proc.poll() is not None:
-                _servers.remove(proc)
-        _make_room()
+        listener.listen(64)
+        owner = _owner or os.getpid()
+        _make_room(name, owner)
         server_env = dict(server_environment(env), **{_ROOM: "." * _ROOM_BYTES})
         _servers.append(subprocess.Popen(
-            [sys.executable, "-m", "duotf._node.warm", str(lock.fileno()), str(_owner or os.getpid()),
-             "." * 32],  # room for a node's command line (see _retitle)
-            pass_fds=(lock.fileno(),), env=server_env, stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "duotf._node.warm", str(listener.fileno()),
+             str(owner), "." * 32],  # room for a node's command line (_retitle)
+            pass_fds=(listener.fileno(),), env=server_env, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
             start_new_session=True,
         ))
@@ -339,7 +333,7 @@ def prepare(env: Dict[str, str], log) -> None:
     except OSError as exc:
         log.debug("could not start a warm node server: %s", exc)
     finally:
-        lock.close()
+        listener.close()
 
 
 # -- the server's side ----------------------------------------------------------------------------
@@ -383,70 +377,68 @@ def _die_with_parent() -> None:
 
 
 class _Server:
-    def __init__(self, lock_fd: int, owner: int):
-        self.lock = socket.socket(fileno=lock_fd)
+    def __init__(self, listener_fd: int, owner: int):
+        self.listener: Optional[socket.socket] = socket.socket(fileno=listener_fd)
         self.owner = owner
-        self.name = self.lock.getsockname()
-        if isinstance(self.name, bytes):
-            self.name = self.name.decode()
-        self.name = self.name[: -len("-starting")]
-        self.listener: Optional[socket.socket] = None
         self.children: Dict[int, socket.socket] = {}  # pid -> the agent's connection
-        self.imported = b""
-        self.last_request = time.monotonic()
+        self.imported: Optional[bytes] = None  # what the import printed, once it is done
+        self.started = time.monotonic()
+        self.last_request = self.started
         self.idle = float(os.environ.get(IDLE, "900"))
         self.wakeup = (-1, -1)
         self.cwd = os.getcwd()
+        self._capture = -1
+        self._saved = (-1, -1)
+        self._importer: Optional[threading.Thread] = None
 
-    def prepare(self) -> None:
-        """Import what a node imports before main, its output kept to replay in each node."""
+    def start_import(self) -> None:
+        """Import what a node imports before main, on a thread of low priority (the nodes
+        running now come first), its output kept to replay in each node."""
         from duotf._transport import malloc
 
         malloc.tune()
-        captured = os.memfd_create("duotf-warm-import")
-        saved = os.dup(1), os.dup(2)
-        os.dup2(captured, 1)
-        os.dup2(captured, 2)
-        try:
-            # On a thread of its own, while this one watches the owner: a server whose engine
-            # worker ended (a script that ran once) is not kept importing for nothing.
-            importer = threading.Thread(target=_import_node_modules, name="duotf-warm-import",
-                                        daemon=True)
-            importer.start()
-            owner = os.pidfd_open(self.owner)
-            while importer.is_alive():
-                if select.select([owner], [], [], 0.2)[0]:
-                    os._exit(0)
-            os.close(owner)
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            os.close(saved[0])
-            os.close(saved[1])
-        os.lseek(captured, 0, os.SEEK_SET)
+        self._capture = os.memfd_create("duotf-warm-import")
+        self._saved = os.dup(1), os.dup(2)
+        os.dup2(self._capture, 1)
+        os.dup2(self._capture, 2)
+        self._importer = threading.Thread(target=_import_node_modules, name="duotf-warm-import",
+                                          daemon=True)
+        self._importer.start()
+
+    def _imported_yet(self) -> bool:
+        if self.imported is not None:
+            return True
+        assert self._importer is not None  # start_import runs first
+        if self._importer.is_alive():
+            return False
+        self._importer.join()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(self._saved[0], 1)
+        os.dup2(self._saved[1], 2)
+        os.close(self._saved[0])
+        os.close(self._saved[1])
+        os.lseek(self._capture, 0, os.SEEK_SET)
         chunks = []
         while True:
-            chunk = os.read(captured, 1 << 16)
+            chunk = os.read(self._capture, 1 << 16)
             if not chunk:
                 break
             chunks.append(chunk)
-        os.close(captured)
+        os.close(self._capture)
         self.imported = b"".join(chunks)
+        return True
 
     def serve(self) -> None:
         # whether a forked node can show its own tags in /proc (else no node is forked here)
         start, end = _region(50)
         if end - start < _ROOM_BYTES or os.environ.get(_ROOM) is None:
             return
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.listener.bind(self.name)
-        except OSError:  # another server took the name first
+            owner: Optional[int] = os.pidfd_open(self.owner)
+        except OSError:  # its engine worker is gone already
             return
-        self.listener.listen(64)
-        owner: Optional[int] = os.pidfd_open(self.owner)
+        self.start_import()
         # a node's exit wakes the loop at once: its agent hears its status without delay
         self.wakeup = os.pipe()
         os.set_blocking(self.wakeup[0], False)
@@ -463,7 +455,7 @@ class _Server:
                 continue
             waiting = [self.wakeup[0]] + ([owner] if owner is not None else []) \
                 + ([self.listener] if self.listener is not None else [])
-            ready = select.select(waiting, [], [], 1.0)[0]
+            ready = select.select(waiting, [], [], 0.2 if self.imported is None else 1.0)[0]
             if self.wakeup[0] in ready:
                 try:
                     os.read(self.wakeup[0], 4096)
@@ -475,6 +467,8 @@ class _Server:
                 self._stop_listening()
                 os.close(owner)
                 owner = None
+                if self.imported is None:  # nothing to wait for: no node was forked yet
+                    os._exit(0)
             if self.listener is not None and self.listener in ready:
                 conn, _ = self.listener.accept()
                 self._request(conn)
@@ -483,7 +477,6 @@ class _Server:
         if self.listener is not None:
             self.listener.close()
             self.listener = None
-        self.lock.close()
 
     def _reap(self) -> None:
         while self.children:
@@ -513,13 +506,20 @@ class _Server:
             op = request.get("op")
             if op == "ping":
                 idle = 0.0 if self.children else time.monotonic() - self.last_request
-                conn.send(json.dumps({"idle": idle, "nodes": len(self.children)}).encode())
+                conn.send(json.dumps({"idle": idle, "nodes": len(self.children),
+                                      "owner": self.owner,
+                                      "imported": self._imported_yet()}).encode())
                 conn.close()
                 return
-            if op == "quit":  # another server needs the room: no new node here
+            if op == "quit":  # another server needs the room: no new node here (one still
+                # importing ends at once: it forked none)
                 conn.send(b"{}")
                 conn.close()
                 self._stop_listening()
+                return
+            if not self._imported_yet():
+                conn.send(json.dumps({"importing": time.monotonic() - self.started}).encode())
+                conn.close()
                 return
             self.last_request = time.monotonic()
             pid = os.fork()
@@ -544,7 +544,7 @@ class _Server:
         try:
             os.setsid()
             _die_with_parent()
-            for sock in (self.listener, self.lock, conn):
+            for sock in (self.listener, conn):
                 if sock is not None:
                     sock.close()
             signal.set_wakeup_fd(-1)
@@ -594,6 +594,15 @@ class _Server:
 
 
 def _import_node_modules() -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        # Linux schedules each session as a group (autogroup) whose own priority is what
+        # counts against the nodes' sessions: this server's is lowered too (the nodes it forks
+        # start sessions of their own, at the usual priority)
+        with open("/proc/self/autogroup", "w") as f:
+            f.write("10")
+    except OSError:
+        pass
     import duotf._node.child  # noqa: F401 - what every node imports
 
     try:
@@ -612,13 +621,7 @@ def _reseed() -> None:
 
 def main(argv: Sequence[str]) -> None:
     _set_comm(b"duotf-warm")
-    server = _Server(int(argv[1]), int(argv[2]))
-    try:
-        os.close(os.pidfd_open(server.owner))
-    except OSError:  # its owner is gone already
-        return
-    server.prepare()
-    server.serve()
+    _Server(int(argv[1]), int(argv[2])).serve()
 
 
 if __name__ == "__main__":

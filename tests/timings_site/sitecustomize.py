@@ -15,7 +15,7 @@ _DIR = os.environ.get("DUOTF_TIMINGS_DIR")
 
 def _kind() -> str:
     argv = " ".join(getattr(sys, "orig_argv", None) or getattr(sys, "argv", []))
-    for marker, kind in (("duotf._node.child", "node"), ("pyspark.daemon", "spark-python"),
+    for marker, kind in (("duotf._node.child", "node"), ("duotf._node.warm", "warm"), ("pyspark.daemon", "spark-python"),
                          ("pyspark/daemon", "spark-python"), ("distributed", "dask"),
                          ("tensorboard", "tensorboard")):
         if marker in argv:
@@ -24,14 +24,15 @@ def _kind() -> str:
 
 
 class _Record:
-    def __init__(self):
+    def __init__(self, kind=None):
         self.start = time.time()
         self.tf = None  # (start, end) of `import tensorflow`
+        self.kind = kind  # None: from the command line
 
     def write(self, end=None):
         if not _DIR:
             return
-        line = {"pid": os.getpid(), "kind": _kind(), "start": self.start,
+        line = {"pid": os.getpid(), "kind": self.kind or _kind(), "start": self.start,
                 "end": end if end is not None else time.time(), "tf": self.tf}
         try:
             with open(os.path.join(_DIR, f"procs-{os.getpid()}.jsonl"), "a") as f:
@@ -77,7 +78,8 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 def _after_fork():
     global _record
-    _record = _Record()
+    # a process forked by a warm node server is a node (its command line says so only later)
+    _record = _Record("node" if (_record.kind or _kind()) == "warm" else _record.kind)
 
 
 if _DIR:

@@ -43,12 +43,13 @@ def test_unknown_protocol_is_a_config_error(backend):
 
 def test_reservation_timeout_names_missing_nodes(backend, tmp_path):
     # Node 1's interpreter hangs while starting (a slow sitecustomize): node 0 is ready, 1 is not.
+    # Spawned nodes: a warm node's interpreter started once, in its server, before node 1 existed.
     (tmp_path / "sitecustomize.py").write_text(
         "import os, time\n"
         "if os.environ.get('DUOTF_NODE_ID') == '1':\n"
         "    time.sleep(120)\n"
     )
-    env = {"PYTHONPATH": str(tmp_path)}
+    env = {"PYTHONPATH": str(tmp_path), "DUOTF_WARM_NODES": "0"}
     t0 = time.monotonic()
     with pytest.raises(duotf.ReservationTimeoutError) as info:
         duotf.run(mains.describe_main, None, backend, duotf.ClusterSpec(workers=2),

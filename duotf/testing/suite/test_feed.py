@@ -7,7 +7,7 @@ import time
 import pytest
 
 import duotf
-from duotf.testing import shutdown_quietly
+from duotf.testing import QUIET_TF, shutdown_quietly
 from duotf.reports import TrainReport
 from duotf.testing.suite import mains
 from duotf.testing.suite.data import (FED, SIZES, fed_every_epoch, frames, kept_frame_folders, row_parts,
@@ -100,7 +100,7 @@ def test_dataframe_inference_keeps_chosen_columns(backend, engine):
 def test_dataset_fast_path(backend, engine):
     df = engine.frame(frames(row_parts(), ["x", "y"]))
     with duotf.run(mains.feed_dataset_main, {"batch": 5}, backend, duotf.ClusterSpec(workers=2),
-                   env={"TF_CPP_MIN_LOG_LEVEL": "3"}) as cluster:
+                   env=QUIET_TF) as cluster:
         cluster.train(df, epochs=2)
         first, second = cluster.wait(timeout=120)
     # 22 rows per epoch in batches of 5: 5 steps an epoch (the last of 2 rows), on both workers
@@ -111,7 +111,7 @@ def test_dataset_fast_path(backend, engine):
 def test_tensor_column_arrives_as_a_2d_array(backend, engine):
     data, mapping = engine.arrays(tensor_blocks(SIZES, width=6))
     with duotf.run(mains.feed_tensor_main, {"batch": 4, "mapping": mapping}, backend,
-                   duotf.ClusterSpec(workers=2), env={"TF_CPP_MIN_LOG_LEVEL": "3"}) as cluster:
+                   duotf.ClusterSpec(workers=2), env=QUIET_TF) as cluster:
         cluster.train(data, epochs=2)
         first, second = cluster.wait(timeout=120)
     for result in (first, second):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import duotf
-from duotf.testing import shutdown_quietly
+from duotf.testing import QUIET_TF, shutdown_quietly
 from duotf.testing.suite import mains
 from duotf.testing.suite.data import kept_frame_folders
 
@@ -117,7 +117,7 @@ def test_a_column_declared_ragged_arrives_row_by_row(backend, engine, reader, sh
         data, names = engine.table(parts, schema), {"id": "id", "v": "v"}
     args = {"batch": 3, "reader": reader, **names}
     with duotf.run(mains.feed_ragged_main, args, backend, duotf.ClusterSpec(workers=2),
-                   env={"TF_CPP_MIN_LOG_LEVEL": "3"}) as cluster:
+                   env=QUIET_TF) as cluster:
         report = cluster.train(data, epochs=1, ragged=[args["v"]])
         first, second = cluster.wait(timeout=120)
     assert report["rows_fed"] == 12

@@ -9,12 +9,13 @@ import pytest
 
 import duotf
 from duotf._driver.planner import balance
+from duotf.testing import QUIET_TF
 from duotf.testing.suite import mains
 
 SIZES = [20, 4, 16, 24]  # uneven, more partitions than workers: ranges split across workers
 WIDTH, BATCH, LR, EPOCHS, FILE_EPOCHS, WORKERS = 3, 8, 0.05, 3, 2, 2
 TRUE_W = np.array([1.5, -2.0, 0.5])
-ENV = {"TF_CPP_MIN_LOG_LEVEL": "3"}
+ENV = QUIET_TF
 
 
 def _blocks():
