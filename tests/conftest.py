@@ -59,13 +59,17 @@ FULL_FIXTURES = {"spark_standalone_master", "spark_connect_server", "spark_hosts
                  "mlflow_server"}
 TIERS = ("fast", "full", "rest")
 #: the engines of the fast tier, and the modules of the shared suite that run on each of them
-#: there: the behaviours whose code differs by engine (its data feeding, scoring and ML stages,
-#: the weights it gives). Every other test of the suite runs, in the fast tier, on one of the
-#: fast engines it is collected for, the same one in every run (picked by its name): every
-#: behaviour once, and each engine a share of them; the full tier runs each on every engine.
+#: there: the same weights on every engine. Every other test of the suite runs, in the fast
+#: tier, on one of the fast engines it is collected for, the same one in every run (picked by
+#: its name): every behaviour once, and each engine a share of them (what one engine alone
+#: does, its own feed paths among it, is in tests/test_spark_*.py and tests/test_dask_*.py,
+#: which run whole); the full tier runs each on every engine.
 FAST_ENGINES = ("local", "dask", "spark-local")
-ON_EVERY_FAST_ENGINE = {"test_feed", "test_scoring", "test_estimator", "test_determinism",
-                        "test_feed_errors"}
+ON_EVERY_FAST_ENGINE = {"test_determinism"}
+#: modules of the full tier alone: they prove the docs, not a behaviour (every code block of the
+#: README and the docs site run as a user copies it; the notebook guide), and each behaviour
+#: they show has a case of its own in the fast tier
+FULL_MODULES = {"test_readme", "test_notebook"}
 
 
 def pytest_addoption(parser):
@@ -87,7 +91,7 @@ def _case(item) -> tuple:
 
 def in_fast_tier(item, fast_engines_of) -> bool:
     """Whether ``item`` runs in the fast tier: not on an engine, nor with a cluster, of the full
-    tier alone, not marked ``slow``, and, for a test of the shared suite outside
+    tier alone, not marked ``slow``, not in a module of ``FULL_MODULES``, and, for a test of the shared suite outside
     ``ON_EVERY_FAST_ENGINE``, on the one fast engine picked for it. ``fast_engines_of(item)``:
     the fast engines its cases are collected for."""
     params = getattr(getattr(item, "callspec", None), "params", {})
@@ -97,6 +101,8 @@ def in_fast_tier(item, fast_engines_of) -> bool:
     if FULL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
         return False
     if item.get_closest_marker("slow") is not None:
+        return False
+    if item.module.__name__.rsplit(".", 1)[-1] in FULL_MODULES:
         return False
     if engine is None or item.module.__name__.rsplit(".", 1)[-1] in ON_EVERY_FAST_ENGINE:
         return True

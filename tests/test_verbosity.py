@@ -199,9 +199,10 @@ NOISE = ["All log messages before absl::InitializeLog() is called",
          "1 rows left over after giving each of 2 workers 50 rows are not fed"]
 
 
-# dask and spark: the local backend's nodes are the same node processes as Dask's, and its
-# driver the same duotf.run (cut from CI's time; it passed with them)
-@pytest.mark.parametrize("engine", ["dask", "spark"])
+# a driver script each, run twice (quiet, verbose), with a Keras fit: the fast tier runs the
+# in-process backend's, the full tier each engine's (Spark adds its console progress bar)
+@pytest.mark.parametrize("engine", ["local", pytest.param("dask", marks=pytest.mark.slow),
+                                    pytest.param("spark", marks=pytest.mark.slow)])
 def test_a_keras_fit_on_the_feed_is_quiet_unless_verbose(tmp_path, engine):
     """Issue 32, item 4: TensorFlow's start-up notes, Keras's warnings about the feed's dataset,
     the balanced plan's left-over rows and Spark's console progress bar are hidden by default;

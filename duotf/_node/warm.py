@@ -15,10 +15,11 @@ pid see a node with its job's tags), replays what TensorFlow printed on import i
 output, and runs :func:`duotf._node.child.main` exactly as a spawned node does. The server waits
 for it and tells the agent its exit status, so the agent supervises it as its own child.
 
-Which nodes share a server: those whose environment, but the node's own tags, is the same
-(``PYTHONPATH``, ``TF_CPP_MIN_LOG_LEVEL``, ``CUDA_VISIBLE_DEVICES`` and every other variable
-that TensorFlow may read while it is imported), with the same Python, of the same user, in the
-same network namespace (a host). A server exits once the process that started it (its engine
+Which nodes share a server: those whose environment agrees on every variable that importing
+TensorFlow may read (``TF_CPP_MIN_LOG_LEVEL``, ``CUDA_VISIBLE_DEVICES``, ``PYTHON*`` and the
+rest of ``IMPORT_PREFIXES``) and whose ``PYTHONPATH`` finds the same duotf, TensorFlow, Keras
+and numpy, with the same Python, of the same user, in the same network namespace (a host);
+every other variable is the node's own, set after the fork. A server exits once the process that started it (its engine
 worker: a Spark executor's Python daemon, a Dask worker, the driver for the embedded backend)
 is gone, or after ``DUOTF_WARM_IDLE`` seconds without a request (default 900), in both cases
 once its last node has ended. ``DUOTF_WARM_NODES=0`` in the nodes' environment
@@ -69,12 +70,6 @@ _ROOM = "DUOTF_WARM_ROOM"
 _ROOM_BYTES = 512
 #: seconds an agent waits for the server's answer before it spawns the node itself
 ANSWER_TIMEOUT = 30.0
-#: seconds an agent waits for a server that is starting (importing TensorFlow) before it spawns
-#: the node itself: the server has a head start on a node spawned now
-STARTING_WAIT = 20.0
-#: a server younger than this is the one a node of the same run started: its siblings are
-#: spawned beside it rather than wait for its import
-SIBLINGS = 1.0
 #: the most fds one request carries: the node's two pipes, its port, its stdout and stderr
 _MAX_FDS = 5
 
@@ -252,45 +247,40 @@ def _peer_uid(sock: socket.socket) -> int:
 
 def fork_node(env: Dict[str, str], fds: Sequence[int], log) -> Optional[WarmProcess]:
     """Ask the server for ``env`` to fork a node process that gets ``fds`` (its read pipe, write
-    pipe, port reservation, stdout, stderr). A server still importing is waited for (up to
-    ``STARTING_WAIT``), unless it started under a second ago: then it is this run's own, and its
-    first nodes are spawned beside it. None: spawn the node as always (and, where no server
-    serves this environment, one starts for the next nodes)."""
+    pipe, port reservation, stdout, stderr). None: spawn the node as always, as where the server
+    still imports (a node that waited for it could wait longer than its own start takes, when
+    its main imports no TensorFlow) or none serves this environment (then one starts for the
+    next nodes)."""
     if not available(env):
         return None
     cwd = os.getcwd()
     name = address(env, cwd)
     request = json.dumps({"env": env, "cwd": cwd}).encode()
-    deadline = time.monotonic() + STARTING_WAIT
-    while True:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            sock.connect(name)
-        except OSError:
-            sock.close()
-            _start_server(env, name, log)
-            return None
-        try:
-            if _peer_uid(sock) != os.getuid():  # another user's socket of that name: never talk to it
-                return None
-            sock.settimeout(ANSWER_TIMEOUT)
-            socket.send_fds(sock, [request], list(fds))
-            answer = json.loads(sock.recv(4096) or b"{}")
-        except (OSError, ValueError) as exc:
-            log.debug("warm node server %s: %s; spawning the node", name[1:], exc)
-            sock.close()
-            raise Abandoned() from exc
-        if "pid" in answer:
-            sock.settimeout(None)
-            log.debug("node forked by the warm node server %s", name[1:])
-            return WarmProcess(sock, int(answer["pid"]))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect(name)
+    except OSError:
         sock.close()
-        if "importing" not in answer:  # it forked nothing: the fds are the agent's alone
-            log.debug("warm node server %s answered %s; spawning the node", name[1:], answer)
+        _start_server(env, name, log)
+        return None
+    try:
+        if _peer_uid(sock) != os.getuid():  # another user's socket of that name: never talk to it
+            sock.close()
             return None
-        if answer["importing"] < SIBLINGS or time.monotonic() > deadline:
-            return None
-        time.sleep(0.05)
+        sock.settimeout(ANSWER_TIMEOUT)
+        socket.send_fds(sock, [request], list(fds))
+        answer = json.loads(sock.recv(4096) or b"{}")
+    except (OSError, ValueError) as exc:
+        log.debug("warm node server %s: %s; spawning the node", name[1:], exc)
+        sock.close()
+        raise Abandoned() from exc
+    if "pid" in answer:
+        sock.settimeout(None)
+        log.debug("node forked by the warm node server %s", name[1:])
+        return WarmProcess(sock, int(answer["pid"]))
+    sock.close()  # it forked nothing: the fds are the agent's alone
+    log.debug("warm node server %s answered %s; spawning the node", name[1:], answer)
+    return None
 
 
 class Abandoned(Exception):
