@@ -53,6 +53,16 @@ def test_spark_extra_brings_what_the_spark_feed_needs():
     _find("spark", "pyspark")
 
 
+def test_spark_provided_is_the_spark_extra_less_pyspark():
+    """Installed beside a cluster's own Spark, duotf must not pull a pyspark of its own (one
+    that differs from the cluster's Spark), and must still bring what the feed needs."""
+    spark = {canonicalize_name(r.name): r for r in _extras()["spark"]}
+    provided = {canonicalize_name(r.name): r for r in _extras()["spark-provided"]}
+    assert "pyspark" not in provided
+    assert {name: str(r) for name, r in provided.items()} == {
+        name: str(r) for name, r in spark.items() if name != "pyspark"}
+
+
 @pytest.mark.parametrize("extra", ["tensorflow", "tensorflow-cpu"])
 def test_tensorflow_extras_declare_the_keras_duotf_keras_patches(extra):
     keras = _find(extra, "keras")

@@ -78,6 +78,10 @@ NOT_RUN = {
                                                        "before the tests run",
     'python3 -m pip install ".[tensorflow-cpu]"': "a subset of what .ci/run installs before the "
                                                   "tests run",
+    'python3 -m pip install ".[spark-provided,tensorflow-cpu]"': "a subset of what .ci/run "
+                                                                "installs before the tests run "
+                                                                "(tests/test_packaging.py: the "
+                                                                "spark extra less pyspark)",
     "python3 -m pip wheel --no-deps -w dist .": ".ci/wheel-check runs these steps (in a temp dir, "
                                                "adding [examples]) on every CI run",
     ".ci/wheel-check": ".ci/run runs it on every CI run",
