@@ -3,10 +3,7 @@ same order on every engine and every run, so the same program trains the same we
 
 from __future__ import annotations
 
-from typing import Dict
-
 import numpy as np
-import pytest
 
 import duotf
 from duotf.testing.suite.data import epoch_rows
@@ -57,15 +54,12 @@ def test_engine_fed_training_gives_the_same_weights_on_every_engine_and_run(back
         assert got == expected  # bit for bit: the same rows, in the same order, in the same batches
 
 
-@pytest.mark.engines("local", "dask", "spark-local")  # the shuffled estimator test: 4 engines
 def test_a_shuffled_feed_gives_the_same_weights_on_every_engine_and_run(backend, engine):
     """shuffle=True with a seed: each epoch deals the partitions out in an order of its own and
     each node permutes its rows by windows (10 rows here: several windows an epoch, across
     ranges), all from the seed, the epoch and the data; so bit for bit the same weights as the
     one-process reference on every engine. (One run each: the plain test above runs twice to
-    catch a race between feeding tasks; the shuffle adds no timing of its own. Three engines,
-    one of each feed path: in-process, Dask, Spark; the estimator test fits shuffled on
-    Spark standalone and Connect too, to the same bits as on Dask.)"""
+    catch a race between feeding tasks; the shuffle adds no timing of its own.)"""
     parts = seeded_parts()
     expected = one_process_reference(parts, seed=11, window=10)
     assert expected != one_process_reference(parts)  # the shuffled order differs from the plain one

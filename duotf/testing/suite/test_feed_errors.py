@@ -18,10 +18,6 @@ import duotf
 from duotf.testing import QUIET_TF, shutdown_quietly
 from duotf.testing.suite import mains
 
-# CI time: procpool feeds through the local backend's task code, spark-local through the same
-# classic-session tasks as spark-standalone (the node that takes no data: 17 s there, passed)
-pytestmark = pytest.mark.engines('local', 'dask', 'spark-standalone', 'spark-connect')
-
 
 def test_a_node_that_takes_no_data_gives_a_typed_feed_error(backend, engine, tmp_path):
     # 10 partitions a node, its queue holds 8 frames: a range finds no room, and its task
