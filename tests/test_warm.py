@@ -161,3 +161,45 @@ def test_the_servers_of_a_host_are_capped(monkeypatch):
         names.append(poll_for(lambda: [n for n in mine() if n not in names], 30,
                               what="a server listening")[0])
     poll_for(lambda: mine() == [names[1]], 30, what="the last one alone")
+
+
+def test_a_warm_node_goes_with_its_agent(tmp_path):
+    """An engine task killed with its executor or worker takes its node with it, forked or not
+    (a spawned node's agent is its parent, a forked one's is not): the node hears its pipes
+    from the agent close and ends itself."""
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, time
+        import duotf
+        from duotf._node import warm as server
+        from duotf.testing import poll_for
+
+        def quick(args, ctx):
+            return 1
+
+        def main(args, ctx):
+            import os, time
+            with open(os.path.join(args, "node"), "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(600)
+
+        with duotf.run(quick, backend="local", spec=duotf.ClusterSpec(workers=1)) as c:
+            c.wait(timeout=120)
+        poll_for(lambda: all((server._ask(n, "ping") or {}).get("imported", True)
+                             for n in server._servers_here()), 120, what="its server ready")
+        cluster = duotf.run(main, sys.argv[1], backend="local", spec=duotf.ClusterSpec(workers=1))
+        time.sleep(600)
+    """))
+    # a killed driver leaves its job's folders: in the test's own
+    driver = subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=tmp_path,
+                              env=dict(os.environ, TMPDIR=str(tmp_path)),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pid = int(poll_for(lambda: (tmp_path / "node").exists() and (tmp_path / "node").read_text(),
+                           180, what="the node's pid"))
+        assert "duotf._node.warm" in " ".join(psutil.Process(pid).parent().cmdline())  # forked
+    finally:
+        driver.kill()  # the agent (the embedded backend's, in the driver) dies without a word
+        driver.wait()
+    poll_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+             10, what="the node gone with its agent")
