@@ -51,17 +51,18 @@ def describe(args, ctx):
 
 
 def run_twice(env=None, args=None):
-    """Two runs of ``describe`` with ``env``: the first may spawn, the second is the one looked at."""
+    """Runs of ``describe`` with ``env``: the first two spawn their nodes (the second starts the
+    server), the third is forked; the first and the last are returned."""
     from duotf._node import warm
 
     results = []
-    for _ in range(2):
+    for _ in range(3):
         with duotf.run(describe, args, "local", SPEC, env=env or {}) as cluster:
             results.append((cluster.job_id, cluster.wait(timeout=120)))
         # a run right after a server started spawns its nodes beside it: wait for its import
         poll_for(lambda: all((warm._ask(name, "ping") or {}).get("imported", True)
                              for name in warm._servers_here()), 120, what="warm servers ready")
-    return results
+    return [results[0], results[-1]]
 
 
 def test_a_second_run_is_forked_with_tensorflow_imported_and_looks_spawned(tmp_path):
@@ -116,14 +117,14 @@ def test_a_server_ends_with_the_process_that_started_it(tmp_path):
         def main(args, ctx):
             import sys
             before = "tensorflow" in sys.modules
-            import tensorflow  # the first run's takes seconds: its server is ready for the next
+            import tensorflow
             return before
 
         from duotf._node import warm as server
         from duotf.testing import poll_for
 
         print(os.getpid())
-        for _ in range(2):
+        for _ in range(3):  # the second run starts the server, the third is forked
             with duotf.run(main, backend="local", spec=duotf.ClusterSpec(workers=1)) as c:
                 warm = c.wait(timeout=120)[0]
             poll_for(lambda: all((server._ask(n, "ping") or {}).get("imported", True)
@@ -183,8 +184,9 @@ def test_a_warm_node_goes_with_its_agent(tmp_path):
                 f.write(str(os.getpid()))
             time.sleep(600)
 
-        with duotf.run(quick, backend="local", spec=duotf.ClusterSpec(workers=1)) as c:
-            c.wait(timeout=120)
+        for _ in range(2):  # the second run starts the server
+            with duotf.run(quick, backend="local", spec=duotf.ClusterSpec(workers=1)) as c:
+                c.wait(timeout=120)
         poll_for(lambda: all((server._ask(n, "ping") or {}).get("imported", True)
                              for n in server._servers_here()), 120, what="its server ready")
         cluster = duotf.run(main, sys.argv[1], backend="local", spec=duotf.ClusterSpec(workers=1))

@@ -2,11 +2,11 @@
 forks a node process for each agent that asks, so that a run's ``main`` starts with TensorFlow
 imported instead of paying its import (seconds of CPU) in every node of every run.
 
-The first node an agent starts in an environment is spawned as always (``python -m
-duotf._node.child``); the agent also starts this module's server, ``python -m duotf._node.warm``,
-which imports what a node imports before ``main`` (duotf's node side and TensorFlow, nothing
-initialised: no device, no eager context, no thread of TensorFlow's own) and then listens on an
-abstract Unix socket named after its environment. Every later node in that environment is forked
+The nodes of the first jobs an agent's process runs in an environment are spawned as always
+(``python -m duotf._node.child``); at the second job, the agent also starts this module's
+server, ``python -m duotf._node.warm``, which imports what a node imports before ``main``
+(duotf's node side and TensorFlow, nothing initialised: no device, no eager context, no thread
+of TensorFlow's own) and then listens on an abstract Unix socket named after its environment. Every later node in that environment is forked
 by the server: the agent sends the node's pipes, its port reservation and its output pipe
 (``SCM_RIGHTS``) with its environment and working directory; the forked process takes them in
 a session of its own, sets the environment, reseeds what a fresh process would seed, shows the
@@ -44,7 +44,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set
 
 #: ``0`` turns warm nodes off, for the nodes of an environment that has it
 SWITCH = "DUOTF_WARM_NODES"
@@ -75,6 +75,10 @@ _MAX_FDS = 5
 
 #: the servers this process started (kept, so that they are reaped when they exit)
 _servers: List[subprocess.Popen] = []
+#: the jobs whose nodes this process spawned, by server name: a server starts at the second job
+#: (a driver script that runs one job, or an executor that runs one, never pays for an import
+#: that no node would use)
+_spawned: Dict[str, Set[str]] = {}
 #: a longer-lived process than this one that the servers should live as long as (set_owner)
 _owner: Optional[int] = None
 
@@ -261,7 +265,10 @@ def fork_node(env: Dict[str, str], fds: Sequence[int], log) -> Optional[WarmProc
         sock.connect(name)
     except OSError:
         sock.close()
-        _start_server(env, name, log)
+        jobs = _spawned.setdefault(name, set())
+        jobs.add(env.get("DUOTF_JOB_ID", ""))
+        if len(jobs) >= 2:
+            _start_server(env, name, log)
         return None
     try:
         if _peer_uid(sock) != os.getuid():  # another user's socket of that name: never talk to it
@@ -289,10 +296,12 @@ class Abandoned(Exception):
 
 
 def prepare(env: Dict[str, str], log) -> None:
-    """After a node of ``env`` ended: start the server for the next ones unless one serves
-    (one that ended idle, or a node that found none started it)."""
+    """After a node of ``env`` ended: start the server for the next ones unless one serves, once
+    this process has spawned the nodes of two jobs in ``env`` (see ``_spawned``)."""
     if available(env):
-        _start_server(env, address(env, os.getcwd()), log)
+        name = address(env, os.getcwd())
+        if len(_spawned.get(name, ())) >= 2:
+            _start_server(env, name, log)
 
 
 def _start_server(env: Dict[str, str], name: str, log) -> None:
