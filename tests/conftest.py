@@ -111,6 +111,30 @@ def in_fast_tier(item, fast_engines_of) -> bool:
     return engine == picked
 
 
+#: the cluster fixtures, and the engine whose worker runs the tests that use them outside the
+#: shared suite (pytest-xdist's loadgroup): a cluster starts in one worker, not in each
+FIXTURE_GROUPS = {"spark_connect_server": "spark-connect", "spark_standalone_master": "spark-standalone",
+                  "spark_hosts_master": "spark-hosts", "dask_hosts_scheduler": "dask-hosts"}
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (setup.cfg): a worker a core, at least 2 (the tests wait on processes,
+    JVMs and sockets more than they compute: 2 workers keep a 2-core machine busy) and at most
+    4 (each of the 9 engines starts once, in one worker; the tests outside them are the rest).
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` or ``-n N`` sets it; ``-n 0`` runs in this process."""
+    return min(max(os.cpu_count() or 1, 2), 4)
+
+
+def pytest_itemcollected(item):
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "backend" in params or item.get_closest_marker("xdist_group") is not None:
+        return  # the plugin groups the shared suite's by engine
+    for fixture, group in FIXTURE_GROUPS.items():
+        if fixture in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(group))
+            return
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     tier = config.getoption("tier") or "fast"

@@ -11,12 +11,17 @@ change, and no tracer in the processes whose output and timing the tests check.
 import os
 
 import coverage
+import pytest
 
 _cov = coverage.Coverage(data_file=os.environ.get("COVERAGE_FILE", ".coverage"), data_suffix=True,
                          source=["duotf"], config_file=False)
 _cov.start()
 
 
-def pytest_unconfigure(config):
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    """Saved at the session's end, not at unconfigure: a pytest-xdist worker is ended by its
+    controller once it reports its session finished, which is after this hook and before its
+    unconfigure would run."""
     _cov.stop()
     _cov.save()

@@ -110,6 +110,7 @@ _recorder: Optional[_Recorder] = None
 
 def pytest_configure(config):
     global _recorder
+    _is_worker[0] = hasattr(config, "workerinput")
     folder = config.getoption("--timings")
     if folder and not hasattr(config, "workerinput"):
         os.makedirs(folder, exist_ok=True)
@@ -151,6 +152,7 @@ def pytest_fixture_setup(fixturedef, request):
 
 
 def pytest_runtest_logreport(report):
+    _count_by_engine(report)
     if _recorder is not None and _recorder.current is not None:
         _recorder.current["phases"][report.when] = report.duration
         if report.failed:
@@ -173,22 +175,35 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     engine = getattr(getattr(item, "callspec", None), "params", {}).get("backend", "(no engine)")
+    report.user_properties.append(("engine", engine))  # an xdist worker sends it with the report
+
+
+def _count_by_engine(report) -> None:
+    """Counted where the reports end up: in the controller of an xdist run, else here."""
+    if _is_worker[0]:
+        return
+    engine = dict(report.user_properties).get("engine", "(no engine)")
     counts = _by_engine[engine]
     counts[1] += report.duration
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         counts[0] += 1
 
 
+_is_worker = [False]
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not _by_engine:
         return
     tier = config.getoption("tier", default="all") or "fast"
+    workers = getattr(config.option, "numprocesses", None) or 0
     write = terminalreporter.write_line
     terminalreporter.section(f"time by engine (tier {tier})", sep="-")
     for engine, (tests, seconds) in sorted(_by_engine.items(), key=lambda kv: -kv[1][1]):
         write(f"{engine:>18}: {tests:5d} tests {seconds:8.1f} s")
     write(f"{'tier ' + tier:>18}: {sum(c[0] for c in _by_engine.values()):5d} tests "
-          f"{time.time() - _session_start[0]:8.1f} s of wall time")
+          f"{time.time() - _session_start[0]:8.1f} s of wall time"
+          + (f", {workers} workers (the engines' seconds add up theirs)" if workers else ""))
 
 
 # -- the report -----------------------------------------------------------------------------------

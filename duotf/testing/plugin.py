@@ -28,6 +28,8 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from typing import Dict, List, Optional, Type
@@ -41,8 +43,27 @@ from duotf.testing.suite import mains
 
 __all__ = ["EngineHooks", "SUITE_KINDS", "engines_of"]
 
-# setdefault: a process that imports this module again (a spawned worker) keeps its parent's tag
-os.environ.setdefault(SESSION_TAG, f"{os.getpid()}-{time.time_ns()}")
+
+def _tag_this_session() -> None:
+    """Tag this test process's environment with ``SESSION_TAG``, which every process it starts
+    inherits. A process that imports this module again (a spawned worker) keeps its parent's
+    tag. A pytest-xdist worker (``PYTEST_XDIST_WORKER``) gets a tag of its own, not its
+    controller's, and a temp folder of its own (``TMPDIR``, which the processes it starts
+    inherit): the leak check after each test then sees only its own worker's node processes
+    and duotf directories, not those of the tests running beside it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker or os.environ.get(SESSION_TAG, "").startswith(f"{worker}/"):
+        os.environ.setdefault(SESSION_TAG, f"{os.getpid()}-{time.time_ns()}")
+        return
+    os.environ[SESSION_TAG] = f"{worker}/{os.getpid()}-{time.time_ns()}"
+    folder = tempfile.mkdtemp(prefix=f"pytest-duotf-{worker}-")
+    os.environ["TMPDIR"] = folder
+    tempfile.tempdir = None  # found again from TMPDIR
+    _worker_temp.append(folder)
+
+
+_worker_temp: List[str] = []  # the temp folder this xdist worker made, removed at its end
+_tag_this_session()
 
 cloudpickle.register_pickle_by_value(mains)
 try:  # and so do the functions Spark pickles itself (UDFs), with its own copy of cloudpickle
@@ -102,6 +123,14 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "xfail_on(*kinds, reason): a known defect of these kinds of the backend "
         "fixture (a strict xfail: it fails once the defect is fixed, to be removed then)")
+    # pytest-xdist registers it too; without xdist the mark the hook below adds is inert
+    config.addinivalue_line(
+        "markers", "xdist_group(name): pytest-xdist's --dist loadgroup runs a group on one worker")
+
+
+def pytest_unconfigure(config):
+    for folder in _worker_temp:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_generate_tests(metafunc):
@@ -154,14 +183,22 @@ def _runs_on(item) -> bool:
     return marker is not None or (also is not None and _kind_in(item, also))
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """``engines(...)`` deselects a test on the other engines, and an opt-in engine runs only
     the tests that name it (``engines`` or ``also_on``); ``xfail_on(...)`` marks a test a
     strict xfail on the engines named. All keep the one ``backend`` fixture, so each engine is
-    still started once and two engines of one kind never overlap."""
+    still started once and two engines of one kind never overlap.
+
+    Under pytest-xdist's ``--dist loadgroup`` the tests of one engine are one group
+    (``xdist_group(kind)``, unless a test names its own), run by one worker: each engine starts
+    once in a run, as without xdist (marked first, before xdist reads the groups)."""
     kept: List[pytest.Item] = []
     dropped: List[pytest.Item] = []
     for item in items:
+        kind = getattr(getattr(item, "callspec", None), "params", {}).get("backend")
+        if kind is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(kind))
         for marker in item.iter_markers("xfail_on"):
             if _kind_in(item, marker):
                 item.add_marker(pytest.mark.xfail(reason=marker.kwargs["reason"], strict=True))
