@@ -16,6 +16,7 @@ import os
 import signal
 import tempfile
 import threading
+from typing import Optional
 
 import numpy as np
 import psutil
@@ -33,25 +34,71 @@ from duotf.testing.suite.test_determinism import (BATCH, EPOCHS, LR, WIDTH, one_
                                                   seeded_parts)
 
 
+class _Killer(threading.Thread):
+    """:func:`kill_when_ready`'s thread. A test ends it with :meth:`finish` in a ``finally``:
+    it never outlives its test (a failed test would leave it waiting, and pytest would blame
+    its error on a later test), and what it raised fails the test that started it."""
+
+    def __init__(self, kill):
+        super().__init__(name="duotf-test-killer", daemon=True)
+        self._kill = kill
+        self.cancelled = threading.Event()
+        self.error: Optional[BaseException] = None
+
+    def run(self):
+        try:
+            self._kill(self.cancelled)
+        except BaseException as exc:  # noqa: BLE001 - raised again by finish(), in the test
+            self.error = exc
+
+    def finish(self, timeout: float = 30.0) -> None:
+        """Stop waiting for the node (the test is over), join the thread, and raise what it
+        raised: where the kill failed, that is why the test failed (a node never killed holds
+        its cluster until wait() times out)."""
+        self.cancelled.set()
+        self.join(timeout)
+        if self.is_alive():
+            raise AssertionError(f"the killer thread still runs {timeout:g} s after its test")
+        if self.error is not None:
+            # its traceback runs through kill_when_ready's run(); raised in a test's finally,
+            # the test's own error (a wait() that timed out) shows above it
+            raise self.error
+
+
 def kill_when_ready(cluster_box, signal_dir, victim: str = "node"):
     """A thread that waits for the node's "ready-to-die" file, then SIGKILLs the node process
     (``victim="node"``), its Spark executor's JVM (``"executor"``) or its Dask worker process
-    (``"worker"``). Returns the thread and a list that receives what was killed."""
+    (``"worker"``). Returns the thread (end it with ``finish()`` in a ``finally``) and a list
+    that receives what was killed."""
     killed = []
 
-    def run():
+    def run(cancelled: threading.Event):
         path = os.path.join(signal_dir, "ready-to-die")
-        poll_for(lambda: os.path.exists(path), 120, what="the node to save epoch 2")
+        poll_for(lambda: cancelled.is_set() or os.path.exists(path), 120,
+                 what="the node to save epoch 2")
+        if not os.path.exists(path):
+            return  # the test ended first
         pid = int(open(path).read())
         target = psutil.Process(pid)
-        if victim == "executor":  # node process -> agent (Python worker) -> daemon -> JVM
-            target = next(p for p in target.parents() if p.name() == "java")
+        if victim == "executor":
+            # From the node's agent (its task's Python worker) -> daemon -> the executor's JVM.
+            # Not from the node process: a node forked by a warm node server (duotf._node.warm)
+            # is that server's child, and the server the child of the Python worker that
+            # started it at an earlier job, or of init once that worker has exited (no JVM
+            # above the node: nothing was killed, and the node held its cluster for ever).
+            node = [n for n in cluster_box[0].nodes if n.pid == pid]
+            assert node and node[0].agent_pid, f"no node of pid {pid} in {cluster_box[0].nodes}"
+            agent = psutil.Process(node[0].agent_pid)
+            chain = [agent] + agent.parents()
+            jvm = [p for p in chain if p.name() == "java"]
+            assert jvm, f"no JVM above the node's agent: {[(p.pid, p.name()) for p in chain]}"
+            target = jvm[0]
         elif victim == "worker":  # the Dask worker process runs the agent
             target = psutil.Process(cluster_box[0].nodes[1].agent_pid)
         killed.append((victim, target.pid))
         os.kill(target.pid, signal.SIGSTOP if victim == "hang" else signal.SIGKILL)
 
-    thread = threading.Thread(target=run, daemon=True)
+    thread = _Killer(run)
     thread.start()
     return thread, killed
 
@@ -66,9 +113,11 @@ def _restarted_feed_run(backend, engine, tmp_path, victim="node", **run_options)
                    max_restarts=1, **run_options) as cluster:
         box.append(cluster)
         killer, killed = kill_when_ready(box, str(tmp_path), victim)
-        report = cluster.train(data, epochs=EPOCHS)
-        got = cluster.wait(timeout=180)
-        killer.join(5)
+        try:
+            report = cluster.train(data, epochs=EPOCHS)
+            got = cluster.wait(timeout=180)
+        finally:
+            killer.finish()
         # the failed attempt left no working folder, the lost node's included (its process,
         # or its agent, removed it; not the driver, which may be on another host)
         first = os.path.join(tempfile.gettempdir(), f"duotf-{cluster.job_id}")
@@ -229,8 +278,10 @@ def test_tf_reading_files_resumes_from_the_chiefs_checkpoint(backend, tmp_path):
                    env=QUIET_TF, max_restarts=1) as cluster:
         box.append(cluster)
         killer, killed = kill_when_ready(box, str(tmp_path))
-        results = cluster.wait(timeout=240)
-        killer.join(5)
+        try:
+            results = cluster.wait(timeout=240)
+        finally:
+            killer.finish()
     [restart] = cluster.restarts
     assert restart.cause == "killed" and restart.node == "worker:1"
     assert restart.resume_epoch in (1, 2)  # the chief's report of epoch 2 may come after the kill
@@ -319,10 +370,12 @@ def test_keras_fit_resumes_from_its_checkpoint_callback(backend, engine, tmp_pat
                        env=QUIET_TF, max_restarts=1) as cluster:
             box.append(cluster)
             killer, killed = kill_when_ready(box, str(tmp_path)) if kill else (None, None)
-            cluster.train(data, epochs=4)
-            results.append(cluster.wait(timeout=240))
-            if killer is not None:
-                killer.join(5)
+            try:
+                cluster.train(data, epochs=4)
+                results.append(cluster.wait(timeout=240))
+            finally:
+                if killer is not None:
+                    killer.finish()
         assert len(cluster.restarts) == int(kill)
     plain, resumed = results
     [restart] = cluster.restarts
