@@ -114,7 +114,7 @@ def in_fast_tier(item, fast_engines_of) -> bool:
 #: the cluster fixtures, and the engine whose worker runs the tests that use them outside the
 #: shared suite (pytest-xdist's loadgroup): a cluster starts in one worker, not in each
 FIXTURE_GROUPS = {"spark_connect_server": "spark-connect", "spark_standalone_master": "spark-standalone",
-                  "spark_hosts_master": "spark-hosts", "dask_hosts_scheduler": "dask-hosts"}
+                  "spark_hosts_master": "hosts", "dask_hosts_scheduler": "hosts"}
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -125,8 +125,16 @@ def pytest_xdist_auto_num_workers(config):
     return min(max(os.cpu_count() or 1, 2), 4)
 
 
+#: engines whose tests share one xdist group: the two kinds of separate hosts, whose networks
+#: of namespaces (the same host names, cut and killed by the tests) never run side by side
+ENGINE_GROUPS = {"spark-hosts": "hosts", "dask-hosts": "hosts"}
+
+
 def pytest_itemcollected(item):
     params = getattr(getattr(item, "callspec", None), "params", {})
+    if params.get("backend") in ENGINE_GROUPS:
+        item.add_marker(pytest.mark.xdist_group(ENGINE_GROUPS[params["backend"]]))
+        return
     if "backend" in params or item.get_closest_marker("xdist_group") is not None:
         return  # the plugin groups the shared suite's by engine
     for fixture, group in FIXTURE_GROUPS.items():

@@ -48,8 +48,8 @@ def _tag_this_session() -> None:
     """Tag this test process's environment with ``SESSION_TAG``, which every process it starts
     inherits. A process that imports this module again (a spawned worker) keeps its parent's
     tag. A pytest-xdist worker (``PYTEST_XDIST_WORKER``) gets a tag of its own, not its
-    controller's, and a temp folder of its own (``TMPDIR``, which the processes it starts
-    inherit): the leak check after each test then sees only its own worker's node processes
+    controller's, and a temp folder of its own (``TMPDIR``, and ``SPARK_LOCAL_DIRS`` for Spark's
+    JVMs, which the processes it starts inherit): the leak check after each test then sees only its own worker's node processes
     and duotf directories, not those of the tests running beside it."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if not worker or os.environ.get(SESSION_TAG, "").startswith(f"{worker}/"):
@@ -58,6 +58,9 @@ def _tag_this_session() -> None:
     os.environ[SESSION_TAG] = f"{worker}/{os.getpid()}-{time.time_ns()}"
     folder = tempfile.mkdtemp(prefix=f"pytest-duotf-{worker}-")
     os.environ["TMPDIR"] = folder
+    # and Spark's JVMs their local dirs there (their java.io.tmpdir is /tmp whatever TMPDIR
+    # says), where the frames a feed keeps lie: a standalone worker started here inherits it
+    os.environ.setdefault("SPARK_LOCAL_DIRS", folder)
     tempfile.tempdir = None  # found again from TMPDIR
     _worker_temp.append(folder)
 
