@@ -117,6 +117,7 @@ FIXTURE_GROUPS = {"spark_connect_server": "spark-connect", "spark_standalone_mas
                   "spark_hosts_master": "hosts", "dask_hosts_scheduler": "hosts"}
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook (the dev extra installs it)
 def pytest_xdist_auto_num_workers(config):
     """``-n auto`` (setup.cfg): a worker a core, at least 2 (the tests wait on processes,
     JVMs and sockets more than they compute: 2 workers keep a 2-core machine busy) and at most
