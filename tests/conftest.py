@@ -113,7 +113,7 @@ def in_fast_tier(item, fast_engines_of) -> bool:
 
 #: the cluster fixtures, and the engine whose worker runs the tests that use them outside the
 #: shared suite (pytest-xdist's loadgroup): a cluster starts in one worker, not in each
-FIXTURE_GROUPS = {"spark_connect_server": "spark-connect", "spark_standalone_master": "spark-standalone",
+FIXTURE_GROUPS = {"spark_connect_server": "spark-cluster", "spark_standalone_master": "spark-cluster",
                   "spark_hosts_master": "hosts", "dask_hosts_scheduler": "hosts"}
 
 
@@ -126,9 +126,13 @@ def pytest_xdist_auto_num_workers(config):
     return min(max(os.cpu_count() or 1, 2), 4)
 
 
-#: engines whose tests share one xdist group: the two kinds of separate hosts, whose networks
-#: of namespaces (the same host names, cut and killed by the tests) never run side by side
-ENGINE_GROUPS = {"spark-hosts": "hosts", "dask-hosts": "hosts"}
+#: engines whose tests share one xdist group: the standalone cluster's two applications (one
+#: cluster in a run: its six JVMs, idle, take most of a core of the two here, and two clusters
+#: side by side made the rest tier slower than one process), and the two kinds of separate
+#: hosts, whose networks of namespaces (the same host names, cut and killed by the tests) never
+#: run side by side
+ENGINE_GROUPS = {"spark-standalone": "spark-cluster", "spark-connect": "spark-cluster",
+                 "spark-hosts": "hosts", "dask-hosts": "hosts"}
 
 
 def pytest_itemcollected(item):

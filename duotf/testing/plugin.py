@@ -131,9 +131,12 @@ def pytest_configure(config):
         "markers", "xdist_group(name): pytest-xdist's --dist loadgroup runs a group on one worker")
 
 
-def pytest_unconfigure(config):
-    for folder in _worker_temp:
-        shutil.rmtree(folder, ignore_errors=True)
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    """The xdist worker's temp folder goes once its engines are down (they end in the session's
+    last teardown, before this; a worker's process is ended before its unconfigure runs)."""
+    while _worker_temp:
+        shutil.rmtree(_worker_temp.pop(), ignore_errors=True)
 
 
 def pytest_generate_tests(metafunc):
