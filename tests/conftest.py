@@ -113,24 +113,25 @@ def in_fast_tier(item, fast_engines_of) -> bool:
 
 #: the cluster fixtures, and the engine whose worker runs the tests that use them outside the
 #: shared suite (pytest-xdist's loadgroup): a cluster starts in one worker, not in each
-FIXTURE_GROUPS = {"spark_connect_server": "spark-cluster", "spark_standalone_master": "spark-cluster",
+FIXTURE_GROUPS = {"spark_connect_server": "spark-cluster",
+                  "spark_standalone_master": "spark-cluster",
                   "spark_hosts_master": "hosts", "dask_hosts_scheduler": "hosts"}
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook (the dev extra installs it)
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto`` (setup.cfg): a worker a core, at least 2 (the tests wait on processes,
-    JVMs and sockets more than they compute: 2 workers keep a 2-core machine busy) and at most
-    4 (each of the 9 engines starts once, in one worker; the tests outside them are the rest).
+    """``-n auto`` (setup.cfg): a worker a core, at least 2 (the fast tier took 14.4 minutes on
+    2 workers of a 2-core machine, under coverage, against 17.8 in one process without) and at
+    most 4 (each engine group starts once, in one worker; the tests outside them are the rest).
     ``PYTEST_XDIST_AUTO_NUM_WORKERS`` or ``-n N`` sets it; ``-n 0`` runs in this process."""
     return min(max(os.cpu_count() or 1, 2), 4)
 
 
 #: engines whose tests share one xdist group: the standalone cluster's two applications (one
-#: cluster in a run: its six JVMs, idle, take most of a core of the two here, and two clusters
-#: side by side made the rest tier slower than one process), and the two kinds of separate
-#: hosts, whose networks of namespaces (the same host names, cut and killed by the tests) never
-#: run side by side
+#: cluster in a run: its six JVMs, idle, take most of a core of the two here, and with two
+#: clusters side by side the rest tier was on course to be slower than one process), and the
+#: two kinds of separate hosts, whose networks of namespaces (the same host names, cut and
+#: killed by the tests) never run side by side
 ENGINE_GROUPS = {"spark-standalone": "spark-cluster", "spark-connect": "spark-cluster",
                  "spark-hosts": "hosts", "dask-hosts": "hosts"}
 

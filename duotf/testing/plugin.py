@@ -49,8 +49,9 @@ def _tag_this_session() -> None:
     inherits. A process that imports this module again (a spawned worker) keeps its parent's
     tag. A pytest-xdist worker (``PYTEST_XDIST_WORKER``) gets a tag of its own, not its
     controller's, and a temp folder of its own (``TMPDIR``, and ``SPARK_LOCAL_DIRS`` for Spark's
-    JVMs, which the processes it starts inherit): the leak check after each test then sees only its own worker's node processes
-    and duotf directories, not those of the tests running beside it."""
+    JVMs, which the processes it starts inherit): the leak check after each test then sees
+    only its own worker's node processes and duotf directories, not those of the tests beside
+    it."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if not worker or os.environ.get(SESSION_TAG, "").startswith(f"{worker}/"):
         os.environ.setdefault(SESSION_TAG, f"{os.getpid()}-{time.time_ns()}")
