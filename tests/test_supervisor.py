@@ -134,13 +134,22 @@ def test_the_driver_kills_only_a_process_tagged_as_the_node(tmp_path):
     import os
     import subprocess
     import sys
+    import time
+    from pathlib import Path
 
     from duotf._driver.nodes import kill_node_process
 
     def start(job, node):
         env = dict(os.environ, DUOTF_JOB_ID=job, DUOTF_NODE_ID=node)
-        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env,
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env,
                                 start_new_session=True)
+        # Popen returns once exec has begun, before the kernel has laid out the new
+        # environment: until then /proc/<pid>/environ reads empty (seen in CI under load)
+        deadline = time.monotonic() + 30
+        while f"DUOTF_JOB_ID={job}".encode() not in Path(f"/proc/{proc.pid}/environ").read_bytes():
+            assert time.monotonic() < deadline, "the child's environment never appeared"
+            time.sleep(0.01)
+        return proc
 
     other, node = start("another-job", "1"), start("the-job", "1")
     try:
