@@ -83,6 +83,38 @@ def test_a_second_run_is_forked_with_tensorflow_imported_and_looks_spawned(tmp_p
     assert len(set(draws)) == len(draws)
 
 
+#: a sitecustomize that makes a warm node server's import of TensorFlow start 3 s late
+SLOW_SERVER_IMPORT = textwrap.dedent("""
+    import sys, time
+
+    class _Late:
+        def find_spec(self, name, path=None, target=None):
+            if name == "tensorflow" and "duotf._node.warm" in sys.orig_argv:
+                sys.meta_path.remove(self)
+                time.sleep(3)
+            return None
+
+    sys.meta_path.insert(0, _Late())
+""")
+
+
+def test_the_nodes_of_a_run_that_comes_while_the_server_imports_wait_for_it(tmp_path):
+    """The second run starts the server; the third comes while it still imports (3 s late,
+    then TensorFlow): its nodes are forked once the import ends, not spawned to import
+    TensorFlow each beside it (the second run's later node may wait for it too)."""
+    (tmp_path / "sitecustomize.py").write_text(SLOW_SERVER_IMPORT)
+    # a server of its own (a variable its import may read), which the sitecustomize slows
+    env = {"PYTHONPATH": str(tmp_path), "TMPDIR": str(tmp_path), "DUOTF_WARM_CASE": str(tmp_path)}
+    runs = []
+    for _ in range(3):
+        with duotf.run(describe, None, "local", SPEC, env=env) as cluster:
+            runs.append(cluster.wait(timeout=120))
+    for node in runs[0]:
+        assert "duotf._node.warm" not in node["parent"], node
+    for node in runs[2]:
+        assert node["tf_before_main"] and "duotf._node.warm" in node["parent"], node
+
+
 def test_keras_is_fixed_in_a_warm_node_and_waited_for_in_a_spawned_one():
     (_, _), (_, warm) = run_twice()
     (_, _), (_, cold) = run_twice({"DUOTF_WARM_NODES": "0"})

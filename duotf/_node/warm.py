@@ -44,7 +44,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Set
+from typing import Callable, Dict, List, Optional, Sequence, Set
 
 #: ``0`` turns warm nodes off, for the nodes of an environment that has it
 SWITCH = "DUOTF_WARM_NODES"
@@ -70,6 +70,9 @@ _ROOM = "DUOTF_WARM_ROOM"
 _ROOM_BYTES = 512
 #: seconds an agent waits for the server's answer before it spawns the node itself
 ANSWER_TIMEOUT = 30.0
+#: seconds a server still importing holds a node's request (importing at the usual priority
+#: from then on) before it tells the agent to spawn the node: less than ANSWER_TIMEOUT
+HOLD = 20.0
 #: the most fds one request carries: the node's two pipes, its port, its stdout and stderr
 _MAX_FDS = 5
 
@@ -251,10 +254,13 @@ def _peer_uid(sock: socket.socket) -> int:
 
 def fork_node(env: Dict[str, str], fds: Sequence[int], log) -> Optional[WarmProcess]:
     """Ask the server for ``env`` to fork a node process that gets ``fds`` (its read pipe, write
-    pipe, port reservation, stdout, stderr). None: spawn the node as always, as where the server
-    still imports (a node that waited for it could wait longer than its own start takes, when
-    its main imports no TensorFlow) or none serves this environment (then one starts for the
-    next nodes)."""
+    pipe, port reservation, stdout, stderr). None: spawn the node as always, as where none
+    serves this environment (then one starts for the next nodes) or the server's import did
+    not end within ``HOLD`` seconds of the request. A server still importing holds the request
+    and imports at the usual priority from then on: the rest of one import, shared by the
+    job's nodes, is less than the whole import each node spawned beside it would make (on 2
+    busy cores, nodes spawned while a server imported at low priority each took 13-20 s to
+    import TensorFlow, and the server, starved, never finished)."""
     if not available(env):
         return None
     cwd = os.getcwd()
@@ -385,6 +391,10 @@ class _Server:
         self.last_request = self.started
         self.idle = float(os.environ.get(IDLE, "900"))
         self.wakeup = (-1, -1)
+        #: fork requests that came while the import ran: (connection, fds, request, deadline)
+        self.pending: List[tuple] = []
+        self._hurried = False
+        self._importer_tid: Optional[int] = None
         self.cwd = os.getcwd()
         self._capture = -1
         self._saved = (-1, -1)
@@ -400,9 +410,32 @@ class _Server:
         self._saved = os.dup(1), os.dup(2)
         os.dup2(self._capture, 1)
         os.dup2(self._capture, 2)
-        self._importer = threading.Thread(target=_import_node_modules, name="duotf-warm-import",
+        self._importer = threading.Thread(target=self._import, name="duotf-warm-import",
                                           daemon=True)
         self._importer.start()
+
+    def _import(self) -> None:
+        self._importer_tid = threading.get_native_id()
+        try:
+            _import_node_modules(lambda: self._hurried)
+        finally:
+            try:  # the loop forks the nodes that wait at once
+                os.write(self.wakeup[1], b"i")
+            except OSError:
+                pass
+
+    def _hurry(self) -> None:
+        """A node waits for the import now: back to the usual priority (where this user may
+        raise it: an unprivileged user can always reset its session's autogroup)."""
+        if self._hurried:
+            return
+        self._hurried = True
+        if self._importer_tid is not None:
+            try:
+                os.setpriority(os.PRIO_PROCESS, self._importer_tid, 0)
+            except OSError:
+                pass
+        _set_autogroup_nice(0)
 
     def _imported_yet(self) -> bool:
         if self.imported is not None:
@@ -437,12 +470,13 @@ class _Server:
             owner: Optional[int] = os.pidfd_open(self.owner)
         except OSError:  # its engine worker is gone already
             return
-        self.start_import()
-        # a node's exit wakes the loop at once: its agent hears its status without delay
+        # a node's exit, and the import's end, wake the loop at once: an agent hears its
+        # node's status, and a node waiting for the import is forked, without delay
         self.wakeup = os.pipe()
         os.set_blocking(self.wakeup[0], False)
         os.set_blocking(self.wakeup[1], False)
         signal.set_wakeup_fd(self.wakeup[1])
+        self.start_import()
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         while True:
             self._reap()
@@ -455,6 +489,8 @@ class _Server:
             waiting = [self.wakeup[0]] + ([owner] if owner is not None else []) \
                 + ([self.listener] if self.listener is not None else [])
             ready = select.select(waiting, [], [], 0.2 if self.imported is None else 1.0)[0]
+            if self.pending:
+                self._serve_pending()
             if self.wakeup[0] in ready:
                 try:
                     os.read(self.wakeup[0], 4096)
@@ -515,18 +551,17 @@ class _Server:
                 conn.send(b"{}")
                 conn.close()
                 self._stop_listening()
+                for waiting, waiting_fds, _, _ in self.pending:  # their agents spawn them
+                    self._refuse(waiting, waiting_fds)
+                self.pending = []
                 return
             if not self._imported_yet():
-                conn.send(json.dumps({"importing": time.monotonic() - self.started}).encode())
-                conn.close()
+                self._hurry()
+                self.pending.append((conn, fds, request, time.monotonic() + HOLD))
+                fds = []  # kept for the fork
                 return
-            self.last_request = time.monotonic()
-            pid = os.fork()
-            if pid == 0:
-                self._node(conn, fds, request)  # never returns
-            self.children[pid] = conn
-            conn.settimeout(None)
-            conn.send(json.dumps({"pid": pid}).encode())
+            self._fork(conn, fds, request)
+            fds = []  # closed by _fork
         except (OSError, ValueError) as exc:
             try:
                 conn.send(json.dumps({"error": str(exc)}).encode())
@@ -537,6 +572,50 @@ class _Server:
             for fd in fds:
                 os.close(fd)
 
+    def _fork(self, conn: socket.socket, fds: List[int], request: dict) -> None:
+        """Fork the node of ``request`` and tell its agent the pid; ``fds`` are closed here."""
+        try:
+            self.last_request = time.monotonic()
+            pid = os.fork()
+            if pid == 0:
+                self._node(conn, fds, request)  # never returns
+            self.children[pid] = conn
+            conn.settimeout(None)
+            conn.send(json.dumps({"pid": pid}).encode())
+        except OSError as exc:
+            try:
+                conn.send(json.dumps({"error": str(exc)}).encode())
+            except OSError:
+                pass
+            conn.close()
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _refuse(self, conn: socket.socket, fds: List[int]) -> None:
+        """Tell the agent to spawn its node itself (no fork here)."""
+        try:
+            conn.send(json.dumps({"importing": time.monotonic() - self.started}).encode())
+        except OSError:
+            pass
+        conn.close()
+        for fd in fds:
+            os.close(fd)
+
+    def _serve_pending(self) -> None:
+        """Fork the nodes that waited for the import once it ended; refuse those that waited
+        ``HOLD`` seconds."""
+        imported = self._imported_yet()
+        now = time.monotonic()
+        for entry in list(self.pending):  # the others stay listed: a forked node closes them
+            conn, fds, request, deadline = entry
+            if imported or now >= deadline:
+                self.pending.remove(entry)
+                if imported and self.listener is not None:
+                    self._fork(conn, fds, request)
+                else:
+                    self._refuse(conn, fds)
+
     def _node(self, conn: socket.socket, fds: List[int], request: dict) -> None:
         """In the forked process: become the node the agent asked for, run it, exit."""
         code = 70  # EX_SOFTWARE: the node could not be set up
@@ -546,6 +625,16 @@ class _Server:
             for sock in (self.listener, conn):
                 if sock is not None:
                     sock.close()
+            # nothing of the other nodes' agents: their connections, and the pipes of those
+            # still waiting for the import (a copy held here would keep their ends open)
+            for other in self.children.values():
+                other.close()
+            for waiting, waiting_fds, _, _ in self.pending:
+                if waiting is not conn:
+                    waiting.close()
+                    for fd in waiting_fds:
+                        if fd not in fds:
+                            os.close(fd)
             signal.set_wakeup_fd(-1)
             for fd in self.wakeup:
                 os.close(fd)
@@ -592,16 +681,32 @@ class _Server:
         os._exit(code)
 
 
-def _import_node_modules() -> None:
+def _set_autogroup_nice(nice: int) -> None:
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError:
+        pass
+
+
+def _import_node_modules(hurried: Callable[[], bool]) -> None:
+    """Import what a node imports before main: at low priority (the nodes running now come
+    first) until ``hurried()``, when a node waits for it."""
+    if not hurried():
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except OSError:
+            pass
         # Linux schedules each session as a group (autogroup) whose own priority is what
         # counts against the nodes' sessions: this server's is lowered too (the nodes it forks
         # start sessions of their own, at the usual priority)
-        with open("/proc/self/autogroup", "w") as f:
-            f.write("10")
-    except OSError:
-        pass
+        _set_autogroup_nice(10)
+        if hurried():  # a node came in between: _hurry may have run before the lowering
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 0)
+            except OSError:
+                pass
+            _set_autogroup_nice(0)
     import duotf._node.child  # noqa: F401 - what every node imports
 
     try:
