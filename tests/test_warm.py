@@ -173,7 +173,8 @@ def test_a_server_ends_with_the_process_that_started_it(tmp_path):
         found = []
         for proc in psutil.process_iter(["cmdline"]):
             cmdline = proc.info["cmdline"] or []
-            if "duotf._node.warm" in cmdline and cmdline[cmdline.index("duotf._node.warm") + 2] == pid:
+            server = "duotf._node.warm_server"
+            if server in cmdline and cmdline[cmdline.index(server) + 2] == pid:
                 found.append(proc)
         return found
 
