@@ -114,11 +114,11 @@ def node_processes(tag: Optional[str] = None) -> List[psutil.Process]:
 
     tag = tag if tag is not None else os.environ.get(SESSION_TAG)
     found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        cmdline = proc.info.get("cmdline") or []
+    for pid, cmdline in _command_lines():
         if "duotf._node.child" not in cmdline and "tensorboard.main" not in cmdline:
             continue
         try:
+            proc = psutil.Process(pid)
             ours = tag is None or proc.environ().get(SESSION_TAG) == tag
         except psutil.NoSuchProcess:
             continue
@@ -127,6 +127,27 @@ def node_processes(tag: Optional[str] = None) -> List[psutil.Process]:
         if ours:
             found.append(proc)
     return found
+
+
+def _command_lines():
+    """``(pid, argv)`` of each process of this host: read from /proc where there is one (the
+    leak check after every test calls it: a third of the time of psutil's scan, which reads
+    each process's status too), else from psutil."""
+    import psutil
+
+    if not os.path.isdir("/proc/self"):
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            yield proc.info["pid"], proc.info.get("cmdline") or []
+        return
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                raw = f.read()
+        except OSError:  # gone, or not ours to read
+            continue
+        yield int(name), raw.decode(errors="replace").split("\0")
 
 
 def shutdown_quietly(cluster: Cluster, grace_secs: float = 0.0) -> None:
