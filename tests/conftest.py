@@ -32,6 +32,12 @@ pytest_plugins = ["duotf.testing.plugin", "tests.timings"]
 # PATH), and the commands the docs show (``python3 -m duotf ...``) run as a user's shell would
 # find them in the activated environment. A PYSPARK_PYTHON the user set is kept.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+# Every JVM the suite starts compiles with the client compiler only (tests/spark-conf: half the
+# CPU of a JVM's start and a test's small jobs): Spark's applications through their
+# configuration, the standalone masters and workers through their daemons' options.
+os.environ.setdefault("SPARK_CONF_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                     "spark-conf"))
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1")
 _BIN = os.path.dirname(sys.executable)
 if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
