@@ -32,9 +32,10 @@ pytest_plugins = ["duotf.testing.plugin", "tests.timings"]
 # PATH), and the commands the docs show (``python3 -m duotf ...``) run as a user's shell would
 # find them in the activated environment. A PYSPARK_PYTHON the user set is kept.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-# Every JVM the suite starts compiles with the client compiler only (tests/spark-conf: half the
-# CPU of a JVM's start and a test's small jobs): Spark's applications through their
-# configuration, the standalone masters and workers through their daemons' options.
+# The JVMs the suite starts compile with the client compiler only (tests/spark-conf: half the
+# CPU of a JVM's start and a test's small jobs): Spark's drivers through the applications'
+# configuration, the standalone masters and workers through their daemons' options (not the
+# executors: tests/spark-conf/spark-defaults.conf says why).
 os.environ.setdefault("SPARK_CONF_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                      "spark-conf"))
 os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1")
