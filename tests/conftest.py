@@ -135,8 +135,7 @@ def pytest_xdist_auto_num_workers(config):
 
 
 #: engines whose tests share one xdist group: the standalone cluster's two applications (one
-#: cluster in a run: its six JVMs, idle, take most of a core of the two here, and with two
-#: clusters side by side the rest tier was on course to be slower than one process), and the
+#: cluster a run: a session fixture starts one in each worker that uses it), and the
 #: two kinds of separate hosts, whose networks of namespaces (the same host names, cut and
 #: killed by the tests) never run side by side
 ENGINE_GROUPS = {"spark-standalone": "spark-cluster", "spark-connect": "spark-cluster",

@@ -1,4 +1,4 @@
-"""Where the suite's time goes: ``python3 -m pytest --timings DIR`` records it, and
+"""Where the suite's time goes: ``python3 -m pytest --timings=DIR`` records it, and
 ``python3 -m tests.timings DIR`` prints the tables of docs/contributing.md from the record.
 
 While the option is on, the plugin writes one JSON line a test into ``DIR/tests.jsonl``: its

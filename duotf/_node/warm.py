@@ -65,15 +65,15 @@ IMPORT_PREFIXES = ("TF_", "TF2_", "CUDA", "NVIDIA_", "XLA_", "KERAS_", "OMP_", "
 #: the modules a server imports, which a forked node must find where its own path would
 IMPORTED = ("duotf", "tensorflow", "keras", "numpy")
 #: room the server keeps in its environment block for a node's own tags (see _retitle)
-_ROOM = "DUOTF_WARM_ROOM"
-_ROOM_BYTES = 512
+ROOM = "DUOTF_WARM_ROOM"
+ROOM_BYTES = 512
 #: seconds an agent waits for the server's answer before it spawns the node itself
 ANSWER_TIMEOUT = 30.0
 #: seconds a server still importing holds a node's request (importing at the usual priority
 #: from then on) before it tells the agent to spawn the node: less than ANSWER_TIMEOUT
 HOLD = 20.0
 #: the most fds one request carries: the node's two pipes, its port, its stdout and stderr
-_MAX_FDS = 5
+MAX_FDS = 5
 
 #: the servers this process started (kept, so that they are reaped when they exit)
 _servers: List[subprocess.Popen] = []
@@ -154,7 +154,7 @@ def _ask(name: str, op: str) -> Optional[dict]:
     try:
         sock.settimeout(5)  # a server answers between two steps of its import: on a busy host, seconds
         sock.connect(name)
-        if _peer_uid(sock) != os.getuid():
+        if peer_uid(sock) != os.getuid():
             return None
         sock.send(json.dumps({"op": op}).encode())
         return json.loads(sock.recv(4096) or b"null")
@@ -246,7 +246,7 @@ class WarmProcess:
         self._sock.close()
 
 
-def _peer_uid(sock: socket.socket) -> int:
+def peer_uid(sock: socket.socket) -> int:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
 
@@ -276,7 +276,7 @@ def fork_node(env: Dict[str, str], fds: Sequence[int], log) -> Optional[WarmProc
             _start_server(env, name, log)
         return None
     try:
-        if _peer_uid(sock) != os.getuid():  # another user's socket of that name: never talk to it
+        if peer_uid(sock) != os.getuid():  # another user's socket of that name: never talk to it
             sock.close()
             return None
         sock.settimeout(ANSWER_TIMEOUT)
@@ -325,7 +325,7 @@ def _start_server(env: Dict[str, str], name: str, log) -> None:
         listener.listen(64)
         owner = _owner or os.getpid()
         _make_room(name, owner)
-        server_env = dict(server_environment(env), **{_ROOM: "." * _ROOM_BYTES})
+        server_env = dict(server_environment(env), **{ROOM: "." * ROOM_BYTES})
         _servers.append(subprocess.Popen(
             [sys.executable, "-m", "duotf._node.warm_server", str(listener.fileno()),
              str(owner), "." * 32],  # room for a node's command line (_retitle)

@@ -144,7 +144,7 @@ class _Server:
     def serve(self) -> None:
         # whether a forked node can show its own tags in /proc (else no node is forked here)
         start, end = _region(50)
-        if end - start < warm._ROOM_BYTES or os.environ.get(warm._ROOM) is None:
+        if end - start < warm.ROOM_BYTES or os.environ.get(warm.ROOM) is None:
             return
         try:
             owner: Optional[int] = os.pidfd_open(self.owner)
@@ -212,11 +212,11 @@ class _Server:
     def _request(self, conn: socket.socket) -> None:
         fds: List[int] = []
         try:
-            if warm._peer_uid(conn) != os.getuid():
+            if warm.peer_uid(conn) != os.getuid():
                 conn.close()
                 return
             conn.settimeout(5)
-            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, warm._MAX_FDS)
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, warm.MAX_FDS)
             request = json.loads(message)
             op = request.get("op")
             if op == "ping":
