@@ -243,14 +243,9 @@ class _Server:
             self._fork(conn, fds, request)
             fds = []  # closed by _fork
         except (OSError, ValueError) as exc:
-            try:
-                conn.send(json.dumps({"error": str(exc)}).encode())
-            except OSError:
-                pass
-            conn.close()
+            _answer_error(conn, exc)
         finally:
-            for fd in fds:
-                os.close(fd)
+            _close_all(fds)
 
     def _fork(self, conn: socket.socket, fds: List[int], request: dict) -> None:
         """Fork the node of ``request`` and tell its agent the pid; ``fds`` are closed here."""
@@ -263,14 +258,9 @@ class _Server:
             conn.settimeout(None)
             conn.send(json.dumps({"pid": pid}).encode())
         except OSError as exc:
-            try:
-                conn.send(json.dumps({"error": str(exc)}).encode())
-            except OSError:
-                pass
-            conn.close()
+            _answer_error(conn, exc)
         finally:
-            for fd in fds:
-                os.close(fd)
+            _close_all(fds)
 
     def _refuse(self, conn: socket.socket, fds: List[int]) -> None:
         """Tell the agent to spawn its node itself (no fork here)."""
@@ -279,8 +269,7 @@ class _Server:
         except OSError:
             pass
         conn.close()
-        for fd in fds:
-            os.close(fd)
+        _close_all(fds)
 
     def _serve_pending(self) -> None:
         """Fork the nodes that waited for the import once it ended; refuse those that waited
@@ -359,6 +348,20 @@ class _Server:
             except BaseException:
                 pass
         os._exit(code)
+
+
+def _answer_error(conn: socket.socket, exc: Exception) -> None:
+    """Tell the agent what went wrong (it spawns its node itself) and let the connection go."""
+    try:
+        conn.send(json.dumps({"error": str(exc)}).encode())
+    except OSError:
+        pass
+    conn.close()
+
+
+def _close_all(fds: List[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _set_autogroup_nice(nice: int) -> None:
