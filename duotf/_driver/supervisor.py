@@ -490,11 +490,14 @@ class Supervisor:
 
     def _finish(self) -> None:
         # The agents report each node's end before their engine tasks return: give those
-        # messages, already on their way, a moment to arrive.
-        self.wait_for(lambda: self.status not in LIVE or all(x.state in TERMINAL for x in self.nodes),
-                      Deadline.after(5))
+        # messages, already on their way, a moment to arrive. A node marked failed has its
+        # failure on the way too (the thread that marked it records it just after, outside the
+        # lock): it is waited for, never taken for a finished cluster.
+        self.wait_for(lambda: self.status not in LIVE or all(
+            x.state in TERMINAL and x.state is not NodeState.FAILED for x in self.nodes),
+            Deadline.after(5))
         with self._cond:
-            if self.status not in LIVE:
+            if self.status not in LIVE or any(x.state is NodeState.FAILED for x in self.nodes):
                 return
             pending = [x.describe() for x in self.nodes if x.state not in TERMINAL]
             if not pending:
