@@ -363,13 +363,16 @@ class SparkEngine(Engine):
     def score_every_way(self, df, model, output, return_type="double", batch_size=1024):
         import duotf.spark
 
-        udf = duotf.spark.predict_udf(model, return_type, batch_size=batch_size)
+        from pyspark.sql import functions
+
         packed = duotf.spark.pack_tensors(df, "features")
-        return {
-            "predict_udf on array<float>": df.withColumn(output, udf("features")),
-            "predict on pack_tensors": self.score(packed, model, output=output,
-                                                  return_type=return_type, batch_size=batch_size),
-        }
+        ways = {"predict on pack_tensors": self.score(packed, model, output=output,
+                                                      return_type=return_type, batch_size=batch_size)}
+        if hasattr(functions, "arrow_udf"):  # predict_udf: PySpark >= 4.1 (tests/test_spark_scoring.py
+            # checks what it says below)
+            udf = duotf.spark.predict_udf(model, return_type, batch_size=batch_size)
+            ways["predict_udf on array<float>"] = df.withColumn(output, udf("features"))
+        return ways
 
     def scoring_stats(self):
         import json
