@@ -138,7 +138,7 @@ def test_validation_fraction_holds_out_rows_by_a_seeded_hash_of_each(backend, en
     rows however the DataFrame is partitioned, other rows for another seed; the validation
     rows collected as arrays."""
     from duotf._ml.estimator import FitConfig
-    from duotf.spark._ml import prepare_columns, split_validation
+    from duotf.spark._data import prepare_columns, split_validation
     from tests.suite.test_estimator import SCHEMA
 
     df = engine.table(linear_parts(), SCHEMA).cache()

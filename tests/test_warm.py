@@ -152,28 +152,22 @@ def test_a_server_ends_with_the_process_that_started_it(tmp_path):
             import tensorflow
             return before
 
-        from duotf._node import warm as server
-        from duotf.testing import poll_for
-
-        def mine_ready():  # this driver's server answers, its import done (a busy host's
-            # server can be slow to answer: no answer is not taken for ready)
-            answers = [server._ask(n, "ping") for n in server._servers_here()]
-            mine = [a for a in answers if a and a.get("owner") == os.getpid()]
-            return bool(mine) and all(a.get("imported") for a in mine)
-
         print(os.getpid())
-        for run in range(3):  # the second run starts the server, the third is forked
+        # the second run starts the server; a later one is forked by it (the third, unless on
+        # busy cores the server's import, hurried by the node that waits for it, outlasts
+        # warm.HOLD: that node is spawned, and the next one waits again)
+        for run in range(6):
             with duotf.run(main, backend="local", spec=duotf.ClusterSpec(workers=1)) as c:
                 warm = c.wait(timeout=120)[0]
-            if run == 1:
-                poll_for(mine_ready, 120, what="its server ready")
+            if warm:
+                break
         print(warm)
     """))
     driver = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=180)
+                            text=True, timeout=280)
     assert driver.returncode == 0, driver.stderr
     pid, warm = driver.stdout.split()
-    assert warm == "True"  # its second run was forked by the server
+    assert warm == "True"  # a run was forked by the server
 
     def its_servers():
         found = []

@@ -23,6 +23,7 @@ where set (dask-cuda puts a worker's own device first), else devices ``0..n-1``.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -141,7 +142,12 @@ class DaskBackend(Backend):
 
     def _gpu_workers(self) -> Dict[str, float]:
         """Every worker now with the ``GPU`` resource it declares (0 where none): one RPC."""
-        info = self.client.sync(self.client.scheduler.identity, n_workers=-1)
+        from distributed import Scheduler
+
+        # every worker: distributed >= 2025 lists 5 unless asked for all (n_workers=-1), which
+        # an older scheduler's identity() does not take (it lists all)
+        every = {"n_workers": -1} if "n_workers" in inspect.signature(Scheduler.identity).parameters else {}
+        info = self.client.sync(self.client.scheduler.identity, **every)
         return {address: float((w.get("resources") or {}).get("GPU", 0))
                 for address, w in info["workers"].items()}
 

@@ -355,6 +355,17 @@ class ConnectClient(SparkClient):
             probe.close()
 
 
+def collect_arrow(df) -> Any:
+    """``df`` collected to the driver as one Arrow table: ``toArrow`` (PySpark >= 4.0), or
+    classic PySpark 3.5's Arrow collect (its Connect client has neither)."""
+    if hasattr(df, "toArrow"):
+        return df.toArrow()
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return pa.Table.from_batches(df._collect_as_arrow(), schema=to_arrow_schema(df.schema))
+
+
 def local_threads(master: str) -> Optional[int]:
     """N of ``local``, ``local[N]`` or ``local[N,F]``; None for ``local[*]`` (the server's
     cores, which the client does not know: a probe job counts them) and cluster masters."""
