@@ -258,6 +258,7 @@ def _fit_columns(ddf, config: core.FitConfig):
     (``validation_indicator_col``, or ``validation_fraction``'s seeded hash of the fed values),
     checked: the meta's dtypes here, then one pass for rows, nulls, one length per array
     column and the validation rows (:func:`duotf._ml.estimator.validation_rows`)."""
+    import dask
     import numpy as np
     import pandas as pd
 
@@ -285,14 +286,17 @@ def _fit_columns(ddf, config: core.FitConfig):
         raise ConfigError(f"validation_indicator_col={indicator!r} is {meta[indicator].dtype}: "
                           "give a boolean column (True: a validation row)", column=indicator,
                           param="validation_indicator_col")
-    data = ddf[config.columns + ([indicator] if indicator is not None else [])]
-    if config.validationFraction > 0:
-        flags = data.map_partitions(_hash_flags, config.columns, config.split_seed,
-                                    config.hash_threshold, meta=(core.VALIDATION_FLAG, bool))
-        data = data.assign(**{core.VALIDATION_FLAG: flags})
-    stats = data.map_partitions(_column_stats, meta={
-        "column": object, "rows": np.int64, "nulls": np.int64, "strings": np.int64,
-        "lo": np.int64, "hi": np.int64, "trues": np.int64}).compute()
+    # Dask before dask-expr (2024.1) made each step's object columns strings, arrays among them
+    # ("dataframe.convert-string"): the fit's columns stay as the user's DataFrame holds them
+    with dask.config.set({"dataframe.convert-string": False}):
+        data = ddf[config.columns + ([indicator] if indicator is not None else [])]
+        if config.validationFraction > 0:
+            flags = data.map_partitions(_hash_flags, config.columns, config.split_seed,
+                                        config.hash_threshold, meta=(core.VALIDATION_FLAG, bool))
+            data = data.assign(**{core.VALIDATION_FLAG: flags})
+        stats = data.map_partitions(_column_stats, meta={
+            "column": object, "rows": np.int64, "nulls": np.int64, "strings": np.int64,
+            "lo": np.int64, "hi": np.int64, "trues": np.int64}).compute()
     rows = int(stats["rows"].sum()) // max(len(data.columns), 1)
     for name in data.columns:
         mine = stats[stats["column"] == name]
@@ -321,13 +325,16 @@ def _fit_columns(ddf, config: core.FitConfig):
 def _split(data, config: core.FitConfig) -> tuple:
     """``(training rows, validation rows)`` of :func:`_fit_columns`'s frame: the validation
     rows computed into the driver as ``{column: array}`` (None without validation)."""
+    import dask
+
     from duotf._transport.columns import from_pandas
 
     flag = config.split_column
     if flag is None:
         return data, None
-    train = data[~data[flag]].drop(columns=[flag])
-    held = data[data[flag]].drop(columns=[flag]).compute().reset_index(drop=True)
+    with dask.config.set({"dataframe.convert-string": False}):  # (see _fit_columns)
+        train = data[~data[flag]].drop(columns=[flag])
+        held = data[data[flag]].drop(columns=[flag]).compute().reset_index(drop=True)
     return train, core.check_validation_data(config, from_pandas(held))
 
 

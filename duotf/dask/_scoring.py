@@ -162,7 +162,7 @@ def predict(ddf: dd.DataFrame, model: scoring.ModelRef, *, columns: Optional[Seq
     naming the column and the row.
     """
     udf = predict_udf(model, columns=columns, output=output, meta=meta, batch_size=batch_size)
-    return ddf.map_partitions(udf, meta=udf.output_meta(ddf))
+    return _map(ddf, udf)
 
 
 def predict_outputs(ddf: dd.DataFrame, source: scoring.ModelSource, loaded: scoring.Model,
@@ -171,4 +171,14 @@ def predict_outputs(ddf: dd.DataFrame, source: scoring.ModelSource, loaded: scor
     """:func:`predict` once its outputs are resolved (the ML stage's way in, whose outputs may
     be a classifier's)."""
     udf = PredictUDF(scoring.make_plan(source, loaded, cols, outputs, batch_size))
-    return ddf.map_partitions(udf, meta=udf.output_meta(ddf))
+    return _map(ddf, udf)
+
+
+def _map(ddf: dd.DataFrame, udf: PredictUDF) -> dd.DataFrame:
+    """``ddf`` scored by ``udf``, partition by partition; its array columns and the array
+    predictions stay arrays (Dask before dask-expr, 2024.1, made them strings at this step:
+    "dataframe.convert-string")."""
+    import dask
+
+    with dask.config.set({"dataframe.convert-string": False}):
+        return ddf.map_partitions(udf, meta=udf.output_meta(ddf))
