@@ -458,13 +458,15 @@ class TFModel(Model, _SharedParams, MLReadable, MLWritable):
                     out = out.withColumn(made.column, array_to_vector(F.col(made.column)))
         if argmax is not None and not plan.classifier:  # a classifier's: scored as a column
             source = plan.outputs[0].column
-            col = F.col(source)
             kind = out.schema[source].dataType.simpleString()
             if not kind.startswith("array"):
                 raise ConfigError(f"argmaxCol={argmax!r}: the model's output {source!r} is one "
                                   f"value a row ({kind}); argmaxCol needs an output of several "
                                   "(a class's scores)", param="argmaxCol")
-            out = out.withColumn(argmax, (F.array_position(col, F.array_max(col)) - 1).cast("double"))
+            # in SQL: PySpark 3.5's array_position takes a value, not a column
+            quoted = source.replace("`", "``")
+            out = out.withColumn(argmax, (F.expr(f"array_position(`{quoted}`, array_max(`{quoted}`))")
+                                          - 1).cast("double"))
         return out
 
     def write(self) -> MLWriter:
@@ -483,6 +485,14 @@ def _spark_predict(df, plan: mapping.Scoring, columns, batch_size):
 
 # -- save and load ---------------------------------------------------------------------------------
 _MODEL_FOLDER = "model"
+
+
+def _metadata_target(session):
+    """What pyspark.ml's DefaultParamsWriter and DefaultParamsReader take: the session (PySpark
+    4, Spark Connect's too), or its SparkContext (classic PySpark 3.5)."""
+    import pyspark
+
+    return session if int(pyspark.__version__.split(".")[0]) >= 4 else session.sparkContext
 
 
 class _Writer(MLWriter):
@@ -504,7 +514,8 @@ class _Writer(MLWriter):
             if source is not None:
                 name = source.rstrip("/").rsplit("/", 1)[-1]
                 extra.update(modelFile=name, history=inst.history, fitSeconds=inst.fitSeconds)
-        DefaultParamsWriter.saveMetadata(inst, path, self.sparkSession, extraMetadata=extra, paramMap=plain)
+        DefaultParamsWriter.saveMetadata(inst, path, _metadata_target(self.sparkSession),
+                                         extraMetadata=extra, paramMap=plain)
         if isinstance(inst, TFModel) and source is not None:
             core.copy_model(source, path.rstrip("/") + f"/{_MODEL_FOLDER}/{name}")
         functions = {p.name: v for p, v in inst._paramMap.items() if p.name in _FUNCTIONS}
@@ -523,7 +534,7 @@ class _Reader(MLReader):
 
         from duotf.io.files import filesystem, open_url
 
-        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        metadata = DefaultParamsReader.loadMetadata(path, _metadata_target(self.sparkSession))
         inst = self.cls()
         inst._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(inst, metadata)
