@@ -369,7 +369,10 @@ def connect_server(master: str, conf: dict = None):
                 "spark.connect.grpc.binding.address": "127.0.0.1",
                 "spark.executor.memory": "1g", "spark.ui.enabled": "false",
                 "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                "spark.executorEnv.PYSPARK_PYTHON": sys.executable, **(conf or {})}
+                "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+                # its JVM's temp files (Spark Connect's artifacts-<uuid> folder, left behind
+                # in /tmp once stopped) in this folder, removed with it
+                "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={root}", **(conf or {})}
     args = [os.path.join(_spark_home(), "sbin", "start-connect-server.sh"), "--master", master]
     for key, value in settings.items():
         args += ["--conf", f"{key}={value}"]
