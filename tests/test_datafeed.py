@@ -299,6 +299,49 @@ def test_named_file_frames_are_read_by_the_node_whole_or_sliced(tmp_path):
     assert sent == [100] and order == list(range(100))  # in the plan's order, each row once
 
 
+@pytest.mark.parametrize("named", [True, False])
+def test_only_rows_sent_from_another_host_count_as_crossed(tmp_path, monkeypatch, named):
+    """A range from a task on another host counts as crossed when its rows came through the
+    socket, not when the node read them from a file on its own host: the driver (one host)
+    names each kept frame to the node on the file's host, and no row crosses."""
+    import threading
+
+    from duotf._transport import feeder
+    from duotf._transport.feeder import FeedJob, feed_train
+
+    path, frames = _cache_file(str(tmp_path / "duotf-feedcache-t"), [40, 25, 35])
+    from duotf._transport import shm
+
+    monkeypatch.setattr(feeder, "origin", lambda: {"host": "another-host", "pid": 1})
+    monkeypatch.setattr(shm, "same_host", lambda sock: False)  # as from there: TCP, no ring
+    server = FeedServer(SECRET, capacity=64)
+    job = FeedJob(SECRET, [("127.0.0.1", server.port)], ["a"], "train", 30, {0: [(0, 0, 100, 0)]})
+    answer = {}
+
+    def push():
+        if named:
+            chunks = [wire.FileRef(n, path, o, length) for n, o, length in frames]
+        else:
+            chunks = [{"id": np.arange(0, 60, dtype=np.int64)}, {"id": np.arange(60, 100, dtype=np.int64)}]
+        answer["sent"] = feed_train(job, 0, chunks)
+        with wire.connect(("127.0.0.1", server.port), SECRET, 30) as sock:
+            wire.send_frame(sock, "marker", marker="end")
+            answer["end"] = wire.recv_frame(sock)[0]
+
+    pusher = threading.Thread(target=push)
+    try:
+        pusher.start()
+        feed = DataFeed(server, train=True)
+        ids = []
+        while not feed.should_stop():
+            ids.extend(feed.next_batch(7))
+    finally:
+        pusher.join()
+        server.close()
+    assert answer["sent"] == 100 and ids == list(range(100))
+    assert answer["end"]["across"] == (0 if named else 100)
+
+
 def test_a_named_slice_outside_its_frame_is_refused(tmp_path):
     path, frames = _cache_file(str(tmp_path / "duotf-feedcache-t"), [40, 25])
     n, offset, length = frames[1]

@@ -289,12 +289,18 @@ class FeedServer:
             # and the range ends in broken() like any other.
             wire.keepalive(sock)
             rows = 0
+            # rows that came through the socket itself: a "file" frame is read from this
+            # host's disk and a ring's slot from its shared memory, so neither crossed hosts,
+            # whichever host named them (the driver names kept frames to the nodes)
+            carried = 0
             seq = None  # this connection's place in the epoch's order (training)
             partition = origin = None
             while True:
                 header, cols = wire.recv_frame(sock)
                 kind = wire.frame_kind(header)
-                if kind is _SLOT:  # a frame in a shared memory ring
+                if kind is _BATCH:
+                    carried += header.get("rows", 0)
+                elif kind is _SLOT:  # a frame in a shared memory ring
                     header, cols = self._map_slot(header)
                     kind = _BATCH
                 elif kind is _FILE:  # a cached frame on this host: read it from the file
@@ -324,14 +330,14 @@ class FeedServer:
                     if seq is not None:
                         self._order.done(seq, rows, passed=bool(header.get("passed")))
                         seq = None
-                        if rows and (origin or {}).get("host", self._host) != self._host:
+                        if carried and (origin or {}).get("host", self._host) != self._host:
                             with self._across_lock:
-                                self._across += rows
+                                self._across += carried
                     if self.terminated.is_set():
                         conn.send(Frame.TERMINATED)
                     elif header.get("mode") == FeedMode.TRAIN:
                         conn.send(Frame.ACK, rows=rows)
-                    rows = 0
+                    rows = carried = 0
                 else:  # a known kind, but one that only a node sends
                     raise wire.UnknownFrameError(f"a node takes no {kind.value!r} frame")
         except wire.UnknownFrameError as exc:  # a protocol error: the connection is closed
