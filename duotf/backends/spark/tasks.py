@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 from typing import Dict
 
+logger = logging.getLogger(__name__)
 
 ERROR_COLUMN = "__duotf_feed_error"  # the column of a task's error record
 
@@ -52,8 +54,8 @@ _arrow_users: Dict[int, list] = {}  # id(session) -> [duotf jobs in flight, the 
 @contextlib.contextmanager
 def arrow_batches(session):
     """duotf's jobs of ``session`` run with Arrow batches of at most :data:`ARROW_BATCH_BYTES`
-    (``spark.sql.execution.arrow.maxBytesPerBatch``), unless the session sets either batch
-    setting itself: then that is kept. The setting is the session's, so while a duotf job plans
+    (``spark.sql.execution.arrow.maxBytesPerBatch``, Spark 4.0 and later), unless the session
+    sets either batch setting itself: then that is kept. The setting is the session's, so while a duotf job plans
     its stages, another thread's Arrow query of the session may get batches of that size too
     (batch sizes only: never other rows or values); it is unset when the last duotf job of the
     session ends, if it still holds duotf's value."""
@@ -62,7 +64,7 @@ def arrow_batches(session):
         jconf = session._jsparkSession.sessionState().conf() if session is not None else None
     except Exception:  # noqa: BLE001 - Spark Connect, or no JVM: Spark's own batches
         jconf = None
-    if jconf is None:
+    if jconf is None or not _cuts_by_bytes(session):
         yield
         return
     key, value = _ARROW_KEYS[0], str(ARROW_BATCH_BYTES)
@@ -86,6 +88,28 @@ def arrow_batches(session):
                     del _arrow_users[id(session)]
                     if session.conf.get(key, None) == value:
                         session.conf.unset(key)
+
+
+_told_records_only = False
+
+
+def _cuts_by_bytes(session) -> bool:
+    """Whether ``session``'s Spark cuts Arrow batches by bytes: 4.0 and later. Spark 3.5 cuts
+    them by records only (10,000 by default), so duotf leaves its batches alone there rather
+    than set a key that Spark would not read; said once, at DEBUG."""
+    global _told_records_only
+    try:
+        major = int(str(session.version).split(".")[0])
+    except (AttributeError, ValueError):
+        return True
+    if major >= 4:
+        return True
+    if not _told_records_only:
+        _told_records_only = True
+        logger.debug("duotf: Spark %s cuts Arrow batches by records only "
+                     "(spark.sql.execution.arrow.maxRecordsPerBatch): duotf's jobs keep its "
+                     "batches", session.version)
+    return False
 
 
 def raise_first(errors) -> None:
