@@ -199,6 +199,18 @@ NOISE = ["All log messages before absl::InitializeLog() is called",
          "1 rows left over after giving each of 2 workers 50 rows are not fed"]
 
 
+def _emitted(text: str) -> bool:
+    """Whether this Keras says ``text`` at all: Keras 3.11 has the shuffle warning commented
+    out in ``keras/src/trainers/data_adapters``; 3.15 says it."""
+    if not text.startswith("`shuffle=True`"):
+        return True
+    import importlib.util
+
+    spec = importlib.util.find_spec("keras.src.trainers.data_adapters")
+    with open(spec.origin, encoding="utf-8") as f:
+        return any(text in line and not line.lstrip().startswith("#") for line in f)
+
+
 # a driver script each, run twice (quiet, verbose), with a Keras fit: the fast tier runs the
 # in-process backend's, the full tier each engine's (Spark adds its console progress bar)
 @pytest.mark.parametrize("engine", ["local", pytest.param("dask", marks=pytest.mark.slow),
@@ -219,6 +231,6 @@ def test_a_keras_fit_on_the_feed_is_quiet_unless_verbose(tmp_path, engine):
     loud = _driver(tmp_path, FIT_SCRIPT, engine, 1, env=env)
     assert loud.stdout.splitlines() == ["RESULT [2, 2]"]
     assert "[worker:1] fitting on 1" in loud.stderr.splitlines()
-    assert [text for text in NOISE if text not in loud.stderr] == [], loud.stderr
+    assert [text for text in NOISE if text not in loud.stderr and _emitted(text)] == [], loud.stderr
     if engine == "spark":  # the session duotf made: Spark's default for a pyspark driver
         assert "[Stage " in loud.stderr
