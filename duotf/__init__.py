@@ -8,7 +8,7 @@ package first (``python -m duotf._node.child``), so what it imports here each no
 import importlib
 
 from duotf._driver.doctor import DoctorReport, doctor  # light; and a function named as its module
-from duotf.errors import (BackendError, ClusterClosedError, ConfigError, DuotfError, FeedError, FeedSchemaError, InsufficientSlotsError, NodeError, NodeFailedError, NodesStoppedError, NodeUnresponsiveError, ReservationTimeoutError, SchemaMismatchError, TensorBoardError, TFRecordCorruptError, UnsupportedProtocolError)
+from duotf.errors import (BackendError, ClusterClosedError, ConfigError, DuotfError, FeedError, FeedSchemaError, InsufficientSlotsError, NodeError, NodeFailedError, NodesStoppedError, NodeUnresponsiveError, PortRangeError, ReservationTimeoutError, SchemaMismatchError, TensorBoardError, TFRecordCorruptError, UnsupportedProtocolError)
 from duotf.reports import StreamReport, TrainReport
 from duotf.spec import ClusterSpec, Job, Role
 from duotf._verbosity import set_verbose
@@ -37,6 +37,7 @@ __all__ = [
     "Job",
     "DuotfError",
     "ConfigError",
+    "PortRangeError",
     "UnsupportedProtocolError",
     "BackendError",
     "InsufficientSlotsError",

@@ -4,7 +4,8 @@
 
     DuotfError
     ├── ConfigError (ValueError)          a setting or argument is wrong; nothing was started
-    │   └── UnsupportedProtocolError     the installed TensorFlow cannot serve spec.protocol
+    │   ├── UnsupportedProtocolError     the installed TensorFlow cannot serve spec.protocol
+    │   └── PortRangeError               no free port left in DUOTF_PORTS for a duotf server
     ├── BackendError                      the engine (Spark, Dask, ...) failed or refused
     │   └── InsufficientSlotsError       fewer task slots / workers than nodes
     ├── ReservationTimeoutError (TimeoutError)   not every node registered in time
@@ -33,6 +34,7 @@ __all__ = [
     "DuotfError",
     "ConfigError",
     "UnsupportedProtocolError",
+    "PortRangeError",
     "BackendError",
     "InsufficientSlotsError",
     "ReservationTimeoutError",
@@ -90,6 +92,18 @@ class UnsupportedProtocolError(ConfigError):
     protocol: str
     tf_version: str
     host: str
+
+
+class PortRangeError(ConfigError):
+    """No free port left in the range duotf may listen on (``DUOTF_PORTS``, ``duotf.run(...,
+    ports=)``) for one of its servers.
+
+    Attributes: ``ports`` (the range, ``"lo-hi"``), ``host``, ``what`` (the server).
+    """
+
+    ports: str
+    host: str
+    what: str
 
 
 class BackendError(DuotfError):

@@ -51,6 +51,7 @@ RUN_BY = {
     "$DUOTF_MAIN run": "test_the_run_command_runs_under_spark_submit",
     'client = Client("tcp://scheduler:8786")': "test_the_dask_block_runs_the_program_above",
     "runs = duotf.run_parallel(": "test_the_parallel_block_reports_every_run_in_its_slot",
+    'ports="41000-41100"': "test_the_ports_block_runs_its_nodes_in_the_range",
     "score = duotf.predict_udf(": "test_the_spark_scoring_block_scores_every_row",
     "scored = duotf.dask.predict(": "test_the_dask_scoring_block_scores_every_row",
     "from duotf.spark import TFEstimator, TFModel": "test_the_ml_block_fits_transforms_and_saves",
@@ -330,6 +331,13 @@ def test_the_parallel_block_reports_every_run_in_its_slot(backend, engine, capsy
     assert runs[2].error.remote_type == "FloatingPointError" and "lr=3.0 diverged" in str(runs[2].error)
     assert ns["best"] is runs[0] and runs[0].value[0] < 1e-3 < runs[1].value[0]
     assert "FloatingPointError" in capsys.readouterr().out
+
+
+def test_the_ports_block_runs_its_nodes_in_the_range(capsys):
+    # docs/cluster.md, Ports and firewalls (tests/test_ports.py and the shared suite's
+    # test_ports check the ports themselves)
+    run_block(block('ports="41000-41100"'))
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "[0, 1]"
 
 
 @pytest.mark.engines("dask")

@@ -11,6 +11,7 @@ from duotf.errors import ConfigError
 from duotf.spec import seconds
 from duotf.spec import ClusterSpec
 from duotf._driver.restarts import RestartOn
+from duotf._transport.ports import PORTS_ENV, configured as configured_ports, parse as parse_ports
 from duotf._verbosity import node_env, set_verbose
 
 __all__ = ["run", "check_run_arguments"]
@@ -73,6 +74,7 @@ def run(
     max_restarts: int = 0,
     restart_on: Union[RestartOn, Iterable[RestartOn], None] = None,
     checkpoint_dir: Optional[str] = None,
+    ports: Optional[str] = None,
 ) -> Cluster:
     """Run ``main(args, ctx)`` once per node of a TensorFlow cluster; return when all run.
 
@@ -96,10 +98,9 @@ def run(
     env, default_fs:
         Extra environment variables for the node processes, and
         what ``ctx.absolute_path`` resolves against (default ``fs.defaultFS`` or ``file://``).
-    driver_host:
-        The driver's address as the executors reach it; default: the backend's own view.
-    keep_workdir:
-        Keep each node's ``ctx.working_dir`` after its process ends (default: removed).
+    driver_host, keep_workdir:
+        The driver's address as the executors reach it (default: the backend's own view); keep
+        each node's ``ctx.working_dir`` after its process ends (default: removed).
     log_to_driver:
         Whose stdout and stderr (C/C++ output and ``logging`` included) go to the driver as
         written: ``True`` every node's, ``"chief"`` the chief's (else ``worker:0``'s), ``False``
@@ -108,19 +109,18 @@ def run(
         (INFO); kept in a file per node (:meth:`Cluster.logs`) and a failed node's error.
         TensorFlow's C++ INFO notes are hidden unless ``TF_CPP_MIN_LOG_LEVEL=0`` or ``verbose``.
     log_dir:
-        Keep the nodes' output files in ``<log_dir>/<job id>/``; by default in a temporary
-        directory removed with the :class:`Cluster` object.
+        Keep the nodes' output files in ``<log_dir>/<job id>/`` (default: a temporary folder,
+        removed with the :class:`Cluster`).
     tensorboard:
         Start TensorBoard (the ``tensorboard`` package where the nodes run) beside the chief (or
         ``worker:0``), reading ``ctx.log_dir``, until shutdown: :attr:`Cluster.tensorboard_url`.
     tensorboard_dir:
-        Where ``ctx.log_dir`` is: ``<tensorboard_dir>/<job id>``, a path every node can write
-        (made absolute here) or a URL (``hdfs://``, ``gs://``), kept. By default a directory
-        under each node host's temp directory, removed with the nodes.
+        Where ``ctx.log_dir`` is: ``<tensorboard_dir>/<job id>``, kept, a path every node can write
+        (made absolute here) or a URL; default: in each node host's temp directory, removed.
     progress:
-        The tqdm bars of :meth:`Cluster.train` (per epoch: rows fed, rows/s, the latest
-        ``ctx.report`` values) and :meth:`Cluster.inference`: ``None`` shows them on a terminal
-        or in a notebook, ``True`` always (stderr), ``False`` never; a file object gets them.
+        The tqdm bars of :meth:`Cluster.train` (per epoch: rows fed, rows/s, the latest reports)
+        and :meth:`Cluster.inference`: ``None`` shows them on a terminal or in a notebook, ``True``
+        always (stderr), ``False`` never; a file object gets them.
     verbose:
         ``True`` shows from now on what duotf hides (:func:`duotf.set_verbose`): the nodes'
         TensorFlow and Keras notes, the engines' known notices, duotf's INFO records on stderr.
@@ -128,9 +128,8 @@ def run(
         How many times the whole cluster restarts after a node fails (Ray Train's
         ``FailureConfig(max_failures=...)``): a new engine job, ports and ``TF_CONFIG`` (lost
         executors or workers waited for up to ``reservation_timeout``), ``main`` runs again with
-        ``ctx.attempt`` set, a :meth:`Cluster.train` in progress feeds on from
-        ``ctx.resume_epoch`` (the last epoch every node reported by ``ctx.report_checkpoint``).
-        ``cluster.restarts`` lists them. Default 0: none.
+        ``ctx.attempt`` set, a :meth:`Cluster.train` in progress feeds on from ``ctx.resume_epoch``
+        (the last epoch every node reported by ``ctx.report_checkpoint``); ``cluster.restarts``. Default 0.
     restart_on:
         Which failures restart: causes among ``"killed"`` (a signal), ``"exited"`` (before main
         returned), ``"lost"`` (its task, executor or worker went away), ``"hung"`` (no heartbeat)
@@ -139,6 +138,9 @@ def run(
     checkpoint_dir:
         ``ctx.checkpoint_dir``: ``<checkpoint_dir>/<job id>``, made by each node, kept; a path or URL
         every node can write. Default: the driver's host, removed at shutdown (or when collected).
+    ports:
+        ``"lo-hi"``: the TCP ports every duotf server of the job listens on, here and on the
+        cluster, for a firewall (env ``DUOTF_PORTS``; docs/cluster.md). Default: the kernel's.
 
     Returns
     -------
@@ -149,11 +151,19 @@ def run(
                                          heartbeat_timeout)
     if verbose:
         set_verbose(True)
-    return _start(main, args, backend, spec, timeouts, node_env(env or {}), dict(
+    return _start(main, args, backend, spec, timeouts, job_ports(node_env(env or {}), ports), dict(
         default_fs=default_fs, driver_host=driver_host, keep_workdir=keep_workdir,
         log_to_driver=log_to_driver, log_dir=log_dir, tensorboard=tensorboard,
         tensorboard_dir=tensorboard_dir, progress=progress, max_restarts=max_restarts,
         restart_on=restart_on, checkpoint_dir=checkpoint_dir))
+
+
+def job_ports(env: Dict[str, str], ports: Optional[str]) -> Dict[str, str]:
+    """The job's ``env`` with the range of ports it listens on (``ports``, else the driver's
+    ``DUOTF_PORTS``), checked here, so that its engine tasks and nodes keep to it too."""
+    chosen = parse_ports(ports, "ports") or parse_ports(env.get(PORTS_ENV), f"env {PORTS_ENV}") \
+        or configured_ports()
+    return {**env, PORTS_ENV: str(chosen)} if chosen is not None else env
 
 
 def _start(main, args, backend, spec: ClusterSpec, timeouts: Tuple[float, float, float],

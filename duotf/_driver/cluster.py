@@ -23,6 +23,7 @@ from duotf._deadline import Deadline
 from duotf.errors import (ClusterClosedError, ConfigError, DuotfError, FeedError, NodesStoppedError,
                           TensorBoardError)
 from duotf._driver.metrics import NodeMetrics
+from duotf._transport.ports import PORTS_ENV, configured as configured_ports
 from duotf._node.agent import NodeJob, OutcomeStatus, default_log_dir, default_workdir_root, run_node
 from duotf._driver.nodelogs import NodeLogs, log_node_ids
 from duotf._driver.progress import FeedProgress, check_progress
@@ -184,6 +185,7 @@ class Cluster:
             heartbeat_timeout=self.heartbeat_timeout, stop_timeout=self.stop_timeout,
             driver_host=self._driver_host, job_id=self.job_id,
             logs=self._logs, metrics=self._metrics,
+            ports=configured_ports(self._env) or configured_ports(),
             # a failed attempt's nodes are restarted from a checkpoint: they need no grace
             failure_stop_timeout=min(RESTART_STOP_TIMEOUT, self.stop_timeout) if self.max_restarts else None,
         )
@@ -341,7 +343,7 @@ class Cluster:
         log_dir = default_log_dir(workdir_root) if self._owns_log_dir else self._node_log_dir
         job = NodeJob(
             job_id=self.job_id,
-            driver_address=sup.open_route(self.backend.route),
+            driver_address=sup.open_route(functools.partial(self.backend.route, ports=self._env.get(PORTS_ENV))),
             secret=sup.secret,
             payload=self._payload,
             protocol=self.spec.protocol,

@@ -205,7 +205,7 @@ class _Exchange:
     registers late is answered at once with what the others got.
     """
 
-    def __init__(self, secret: bytes, host: str):
+    def __init__(self, secret: bytes, host: str, ports=None):
         from duotf._transport import rendezvous
         self.cond = threading.Condition()
         self.registered: Dict[int, Tuple[Channel, dict]] = {}  # by node id: (its channel, REGISTER)
@@ -215,7 +215,8 @@ class _Exchange:
         self.leads: Optional[Dict[str, int]] = None  # executor -> its probe; set by start()
         self.peers: list = []
         self.stopped = False
-        self.server = rendezvous.RendezvousServer(secret, self._on_message, self._on_close, host=host)
+        self.server = rendezvous.RendezvousServer(secret, self._on_message, self._on_close, host=host,
+                                                  ports=ports)
 
     def _on_message(self, peer, message: dict) -> None:
         from duotf._transport.rendezvous import Msg
@@ -292,7 +293,13 @@ class _Doctor:
         self.spec = spec
         self.url = url
         self.reach = reach
-        self.env = env
+        from duotf._driver.api import job_ports
+        from duotf._transport.ports import configured as configured_ports
+
+        # the range duotf.run would listen in (env's DUOTF_PORTS, else the driver's): the
+        # probes listen in it, and say where they cannot
+        self.env = job_ports(env, None)
+        self.ports = configured_ports(self.env)
         self.driver_host = driver_host or backend.driver_host()
         self.connect_timeout = connect_timeout
         self.timeout = timeout
@@ -341,7 +348,7 @@ class _Doctor:
 
         job_id = "doctor-" + uuid.uuid4().hex[:8]
         secret = rendezvous.new_secret()
-        exchange = _Exchange(secret, self.driver_host)
+        exchange = _Exchange(secret, self.driver_host, self.ports)
         try:  # directly, or through a relay where the executors cannot reach this process
             route = self.backend.route(exchange.server.address, lambda why: exchange.notify(), 60.0)
         except Exception as exc:
@@ -409,6 +416,7 @@ class _Doctor:
         self._protocol(nodes)
         self._driver_port(probes)
         self._node_ports(probes)
+        self._port_range(probes)
         for host, port in self.reach:
             key = f"{host}:{port}"
             bad = [f"{_where(p)}: {p['reach'][key]}" for p in probes if p["reach"].get(key)]
@@ -517,6 +525,17 @@ class _Doctor:
                      f"{pairs} connections between probe tasks opened",
                      "let the executors open TCP connections to each other on any port (each "
                      "TensorFlow node listens on a port of its own, from the ephemeral range)")
+
+    def _port_range(self, probes) -> None:
+        ranged = [p for p in probes if p.get("ports")]
+        if not ranged:
+            return  # no DUOTF_PORTS: the kernel picks, checked by "node ports"
+        bad = [f"{_where(p)}: {p['ports_error']}" for p in ranged if p.get("ports_error")]
+        seen = sorted({p["ports"] for p in ranged})
+        self.verdict("port range", bad,
+                     f"{len(ranged)} probe tasks listened in DUOTF_PORTS={', '.join(seen)}",
+                     "widen the range (each node takes 2 ports on its host: docs/cluster.md, Ports "
+                     "and firewalls), or set a well-formed DUOTF_PORTS=low-high")
 
     def _filesystem(self, nodes) -> None:
         found = [(p, n["fs"]) for p, n in nodes if n.get("fs")]

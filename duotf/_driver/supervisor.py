@@ -95,7 +95,7 @@ class Supervisor:
     def __init__(self, spec: ClusterSpec, backend_name: str, *, reservation_timeout: float,
                  heartbeat_timeout: float, stop_timeout: float, driver_host: str,
                  job_id: Optional[str] = None, logs=None, metrics=None,
-                 failure_stop_timeout: Optional[float] = None):
+                 failure_stop_timeout: Optional[float] = None, ports=None):
         self.spec = spec
         self.logs = logs
         self.metrics = metrics
@@ -126,7 +126,7 @@ class Supervisor:
         self._first_return: Optional[float] = None  # time.monotonic() of it
         self._threads: List[threading.Thread] = []
         self.server = rendezvous.RendezvousServer(self.secret, self._on_message, self._on_close,
-                                                  host=driver_host)
+                                                  host=driver_host, ports=ports)
         self._route: Optional[Route] = None
 
     def open_route(self, route_to: Callable[..., Route]) -> Tuple[str, int]:

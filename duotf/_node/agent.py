@@ -27,7 +27,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from duotf._transport import rendezvous
+from duotf._transport import ports, rendezvous
 from duotf._node import warm
 from duotf._node.gpus import visible_devices
 from duotf._node.output import OutputRelay, tf_noise
@@ -182,8 +182,9 @@ class NodeOutcome:
     payload: Optional[bytes] = None  # cloudpickled return value of main when status is DONE
 
 
-def reserve_port() -> socket.socket:
-    """Bind a port on every interface and keep it.
+def reserve_port(env: Optional[Dict[str, str]] = None) -> socket.socket:
+    """Bind a port on every interface and keep it (in ``DUOTF_PORTS``, from ``env`` or this
+    process's environment, where set: :func:`duotf._transport.ports.reserve`).
 
     The socket never listens, so it receives no connection, and it carries SO_REUSEADDR and
     SO_REUSEPORT so that TensorFlow's gRPC server (which sets both) can bind the same port while
@@ -192,12 +193,7 @@ def reserve_port() -> socket.socket:
     process it spawns and closes its own copy: the port is free when the node is gone, even
     while the agent's engine task is stalled.
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if hasattr(socket, "SO_REUSEPORT"):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind(("0.0.0.0", 0))
-    return sock
+    return ports.reserve(what="a node's TensorFlow server", env=env)
 
 
 class _Agent:
@@ -416,7 +412,7 @@ class _Agent:
 
     def run(self) -> NodeOutcome:
         job = self.job
-        reservation = reserve_port()
+        reservation = reserve_port({**os.environ, **job.env})
         port = reservation.getsockname()[1]
         try:
             self.channel = rendezvous.connect(job.driver_address, job.secret, job.connect_timeout)

@@ -35,7 +35,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from duotf._transport import rendezvous
+from duotf._transport import ports, rendezvous
+from duotf.errors import ConfigError
 from duotf._node.agent import NodeOutcome, OutcomeStatus, node_environment
 from duotf._transport.rendezvous import Msg
 
@@ -120,7 +121,13 @@ def run_probe(job: ProbeJob, node_id: int, executor_id: str = "", attempt: int =
     report: dict = {"node_id": node_id, "executor_id": executor_id, "hostname": socket.gethostname(),
                     "engine": _versions_here(), "driver_error": None, "peers": None}
     lead = True
-    listener = socket.create_server(("0.0.0.0", 0), backlog=128)
+    env = {**os.environ, **job.env}
+    report["ports"] = env.get(ports.PORTS_ENV)  # the range this task's nodes would listen in
+    try:
+        listener = ports.create_server("0.0.0.0", backlog=128, what="the doctor's probe", env=env)
+    except ConfigError as exc:  # a range malformed, or full here: said, and the rest checked
+        report["ports_error"] = str(exc)
+        listener = socket.create_server(("0.0.0.0", 0), backlog=128)
     channel = None
     try:
         try:

@@ -2,7 +2,8 @@
 worker 0) when ``duotf.run(..., tensorboard=True)``.
 
 It runs as ``python -m tensorboard.main --logdir <ctx.log_dir> --port 0 --bind_all``: the
-kernel gives it a free port, which it prints once it listens; that line is the signal that it
+kernel gives it a free port (with ``DUOTF_PORTS``, a port of that range free when it starts),
+which it prints once it listens; that line is the signal that it
 serves, and its port goes to the driver (the node's host is known there). TensorBoard runs in
 the node process's process group, so everything that ends a node (its agent's stop, the
 node's own watchdog, the driver's kill of an unresponsive node) ends it too; the node process
@@ -20,6 +21,9 @@ import subprocess
 import sys
 import threading
 from typing import Callable, Optional
+
+from duotf._transport import ports
+from duotf.errors import ConfigError
 
 __all__ = ["TensorBoard"]
 
@@ -44,7 +48,12 @@ class TensorBoard:
     def start(self) -> None:
         if "://" not in self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
-        cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", self.log_dir, "--port", "0",
+        try:  # in DUOTF_PORTS where set (a port free now, which TensorBoard then binds)
+            port, _ = ports.free_port(what="TensorBoard")
+        except ConfigError as exc:
+            self._say({"error": str(exc)})
+            return
+        cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", self.log_dir, "--port", str(port),
                "--bind_all", "--load_fast=false"]
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

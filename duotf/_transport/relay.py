@@ -43,6 +43,8 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
+from duotf._transport.ports import create_server
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["Hub", "Tunnel", "exchange_with_hub", "HELLO"]
@@ -162,8 +164,8 @@ class Hub:
     def __init__(self, host: str, token: str, idle: float):
         self.token = token
         self.idle = idle
-        self.nodes = socket.create_server((host, 0))
-        self.polls = socket.create_server((host, 0))
+        self.nodes = create_server(host, what="the relay's port for the nodes")  # DUOTF_PORTS
+        self.polls = create_server(host, what="the relay's port for its polls")
         self.streams: Dict[int, _Stream] = {}
         self._next_id = 0
         self._cond = threading.Condition()

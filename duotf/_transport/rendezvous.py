@@ -34,6 +34,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 from duotf._deadline import Deadline
 from duotf._transport import gate
+from duotf._transport.ports import PortRange, create_server
 logger = logging.getLogger(__name__)
 
 
@@ -223,11 +224,14 @@ class RendezvousServer:
         *,
         handshake_timeout: Optional[float] = None,
         max_pending: Optional[int] = None,
+        ports: Optional[PortRange] = None,
     ):
         self._secret = secret
         self._on_message = on_message
         self._on_close = on_close
-        listener = socket.create_server((bind_host or host, 0), backlog=1024)
+        # on a port of ``ports``, else of DUOTF_PORTS, else the kernel's pick
+        listener = create_server(bind_host or host, backlog=1024, what="the rendezvous server",
+                                 ports=ports)
         self.address: Tuple[str, int] = (host, listener.getsockname()[1])
         self._peers: Dict[int, Channel] = {}
         self._threads: list = []

@@ -27,6 +27,7 @@ from duotf._deadline import Deadline
 from duotf._transport import gate
 from duotf._transport import wire
 from duotf._transport.feeder import FeedMode
+from duotf._transport.ports import create_server
 from duotf._transport.wire import Frame, Marker
 from duotf._transport.columns import slice_cols
 
@@ -259,7 +260,7 @@ class FeedServer:
         self._across_lock = threading.Lock()
         self._rings: Dict[str, _SharedRing] = {}
         self._rings_lock = threading.RLock()  # a frame may be dropped while it is held
-        listener = socket.create_server(("0.0.0.0", 0), backlog=1024)
+        listener = create_server("0.0.0.0", backlog=1024, what="a node's feed server")  # DUOTF_PORTS
         self.port = listener.getsockname()[1]
         self.gate = gate.Gate(
             listener, secret, wire.MAGIC, wire.DOMAIN, self._admit,

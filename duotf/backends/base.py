@@ -368,10 +368,12 @@ class Backend(abc.ABC):
         """The driver address that the engine's tasks can reach."""
         return "127.0.0.1"
 
-    def route(self, address: Tuple[str, int], on_lost: Callable[[str], None], idle: float) -> Route:
+    def route(self, address: Tuple[str, int], on_lost: Callable[[str], None], idle: float,
+              ports: Optional[str] = None) -> Route:
         """How the nodes reach the rendezvous server at ``address``: directly, unless the
         engine's tasks cannot (then a relay: ``on_lost(why)`` once if it is lost, its hub
-        ending after ``idle`` seconds without the driver)."""
+        ending after ``idle`` seconds without the driver, listening in ``ports``, the job's
+        ``DUOTF_PORTS``, where given)."""
         return Route(address)
 
     def default_fs(self) -> str:

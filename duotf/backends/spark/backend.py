@@ -328,13 +328,13 @@ class SparkBackend(Backend):
         except OSError:
             return host
 
-    def route(self, address, on_lost, idle):
+    def route(self, address, on_lost, idle, ports=None):
         if isinstance(self.client, ConnectClient):
             from duotf.backends.spark.relay import SparkRelay, needs_relay
 
             if needs_relay(self.client, address):
-                return SparkRelay(self.client, address, on_lost, idle)
-        return super().route(address, on_lost, idle)
+                return SparkRelay(self.client, address, on_lost, idle, ports)
+        return super().route(address, on_lost, idle, ports)
 
     def default_fs(self) -> str:
         try:

@@ -21,7 +21,7 @@ import os
 import secrets
 import socket
 import threading
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 from duotf._transport.relay import HELLO, Tunnel, exchange_with_hub
 from duotf.backends.base import Route, routable_ip
@@ -66,15 +66,19 @@ def _try_connect(address: Tuple[str, int]) -> Callable[[], object]:
     return task
 
 
-def _start_hub(token: str, driver_host: str, idle: float) -> Callable[[], Tuple[str, int, int, int, str]]:
+def _start_hub(token: str, driver_host: str, idle: float,
+               ports: Optional[str] = None) -> Callable[[], Tuple[str, int, int, int, str]]:
     def task():
         import subprocess
         import sys
 
+        from duotf._transport.ports import PORTS_ENV
+
         host = routable_ip(driver_host)  # where the executors reach this one
+        env = dict(os.environ, **({PORTS_ENV: ports} if ports else {}))  # the job's range
         proc = subprocess.Popen([sys.executable, "-m", "duotf._transport.relay", host, str(idle)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+                                stderr=subprocess.PIPE, env=env)
         out, err = proc.communicate(token.encode() + b"\n", timeout=60)
         words = out.decode().split()
         if proc.returncode or words[:1] != [HELLO]:
@@ -90,10 +94,11 @@ class SparkRelay(Route):
 
     relayed = True
 
-    def __init__(self, client, target: Tuple[str, int], on_lost: Callable[[str], None], idle: float):
+    def __init__(self, client, target: Tuple[str, int], on_lost: Callable[[str], None], idle: float,
+                 ports: Optional[str] = None):
         token = secrets.token_hex(16)
         driver_host = client.conf("spark.driver.host") or "127.0.0.1"
-        (hub,) = client.spread(_start_hub(token, driver_host, idle), 1)
+        (hub,) = client.spread(_start_hub(token, driver_host, idle, ports), 1)
         host, node_port, poll_port, pid, hostname = hub
         super().__init__((host, node_port))
         self._client = client

@@ -25,4 +25,4 @@ from duotf.testing.suite.mains.restarts import (  # noqa: F401
     always_exit_main, hold_after_epoch, ids_resume_main, keras_resume_main, mwms_resume_main, raise_main,
     save_then_fail_main, sgd_resume_main,
 )
-from duotf.testing.suite.mains.hosts import HostRows, allreduce_main, host_rows_main  # noqa: F401
+from duotf.testing.suite.mains.hosts import HostRows, allreduce_main, host_rows_main, listening_main  # noqa: F401

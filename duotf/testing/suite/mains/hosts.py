@@ -63,3 +63,13 @@ def allreduce_main(args, ctx):
         if step == 1:
             assert float(value) == ctx.num_workers
             open(os.path.join(args["started"], f"node-{ctx.task_index}"), "w").close()
+
+
+def listening_main(args, ctx):
+    """Start this node's TensorFlow server (on the port its task reserved) and return every
+    TCP port this node process listens on: its feed server's and TensorFlow's."""
+    import psutil
+
+    ctx.start_server()
+    return sorted({c.laddr.port for c in psutil.Process().net_connections(kind="tcp")
+                   if c.status == psutil.CONN_LISTEN})

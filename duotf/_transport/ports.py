@@ -1,0 +1,184 @@
+"""The TCP ports duotf listens on, bounded for a firewall: ``DUOTF_PORTS=lo-hi``.
+
+Every socket duotf listens on takes its port from one range when one is set: the driver's
+rendezvous server, each node's feed server and TensorFlow server port, the Spark Connect relay's
+two ports, the doctor's probes and a node's TensorBoard. Unset, the kernel picks (an ephemeral
+port). The range is read from the environment of the process that listens (the driver; the
+engine's executors or workers, where ``spark.executorEnv.DUOTF_PORTS`` or a Dask worker's
+environment sets it) or given to ``duotf.run(..., ports="lo-hi")``, which sets it for the job's
+engine tasks and nodes too. A range with no free port left is a :class:`PortRangeError` naming
+it.
+
+Binding scans the range from a random place, so that the processes of one host rarely try the
+same port at once; a port another process holds is skipped. TensorFlow's port is held by a
+socket that never listens until the node's server takes it (``SO_REUSEPORT``): those are picked
+under a lock file per host, so that two of them never share a port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import random
+import socket
+import tempfile
+from typing import Iterator, Mapping, Optional, Tuple
+
+from duotf.errors import ConfigError, PortRangeError
+
+__all__ = ["PORTS_ENV", "PortRange", "parse", "configured", "create_server",
+           "reserve", "free_port"]
+
+#: the environment variable of the range: ``"41000-41300"`` (both ends included)
+PORTS_ENV = "DUOTF_PORTS"
+
+
+class PortRange:
+    """Ports ``low`` to ``high``, both included."""
+
+    def __init__(self, low: int, high: int):
+        self.low, self.high = low, high
+
+    def __str__(self) -> str:
+        return f"{self.low}-{self.high}"
+
+    def __repr__(self) -> str:
+        return f"PortRange({self.low}, {self.high})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, PortRange) and (self.low, self.high) == (other.low, other.high)
+
+    def __hash__(self) -> int:
+        return hash((self.low, self.high))
+
+    def __len__(self) -> int:
+        return self.high - self.low + 1
+
+    def __contains__(self, port: int) -> bool:
+        return self.low <= port <= self.high
+
+    def scan(self) -> Iterator[int]:
+        """Every port of the range once, from a random one on, wrapping around."""
+        start = random.randrange(len(self))
+        for i in range(len(self)):
+            yield self.low + (start + i) % len(self)
+
+
+def parse(text: Optional[str], where: str = PORTS_ENV) -> Optional[PortRange]:
+    """The range ``"lo-hi"`` (or one port, ``"41000"``); None for None or an empty string. A
+    malformed range is a :class:`~duotf.errors.ConfigError` naming ``where`` it came from."""
+    if text is None or not str(text).strip():
+        return None
+    low, sep, high = str(text).strip().partition("-")
+    try:
+        lo, hi = int(low), int(high if sep else low)
+    except ValueError:
+        lo = hi = -1
+    if not 1024 <= lo <= hi <= 65535:
+        raise ConfigError(f"{where}={text!r}: give a range of ports as 'low-high', both between "
+                          "1024 and 65535, low <= high (e.g. '41000-41300')", param="ports")
+    return PortRange(lo, hi)
+
+
+def configured(env: Optional[Mapping[str, str]] = None) -> Optional[PortRange]:
+    """The range ``env`` (default: this process's environment) sets, or None."""
+    return parse((os.environ if env is None else env).get(PORTS_ENV))
+
+
+def _exhausted(ports: PortRange, what: str) -> PortRangeError:
+    host = socket.gethostname()
+    return PortRangeError(
+        f"no free port for {what} on {host} in {PORTS_ENV}={ports}: all {len(ports)} are taken "
+        "(by other duotf jobs or other programs); widen the range, or run fewer jobs on this "
+        "host at once", ports=str(ports), host=host, what=what)
+
+
+def create_server(host: str = "0.0.0.0", *, backlog: int = 128, what: str = "a duotf server",
+                  ports: Optional[PortRange] = None,
+                  env: Optional[Mapping[str, str]] = None) -> socket.socket:
+    """A listening TCP socket on ``host``: on a port of ``ports`` (default: :func:`configured`
+    from ``env``), else on one the kernel picks."""
+    ports = ports if ports is not None else configured(env)
+    if ports is None:
+        return socket.create_server((host, 0), backlog=backlog)
+    for port in ports.scan():
+        try:
+            return socket.create_server((host, port), backlog=backlog)
+        except OSError as exc:
+            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+                raise
+    raise _exhausted(ports, what)
+
+
+@contextlib.contextmanager
+def _host_lock() -> Iterator[None]:
+    """Held while a port is picked for a reservation: one process of this host at a time."""
+    import fcntl
+
+    path = os.path.join(tempfile.gettempdir(), "duotf-ports.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _reserving_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if hasattr(socket, "SO_REUSEPORT"):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    return sock
+
+
+def reserve(*, what: str = "a TensorFlow server", ports: Optional[PortRange] = None,
+            env: Optional[Mapping[str, str]] = None) -> socket.socket:
+    """A socket bound to a port on every interface that never listens, with ``SO_REUSEADDR``
+    and ``SO_REUSEPORT``, so that TensorFlow's gRPC server (which sets both) can bind the port
+    while the socket holds it, and any other program is refused it. In a range, the port is
+    one no socket holds: a socket that holds it refuses a plain bind, reserving or not."""
+    ports = ports if ports is not None else configured(env)
+    if ports is None:
+        sock = _reserving_socket()
+        sock.bind(("0.0.0.0", 0))
+        return sock
+    with _host_lock():
+        for port in ports.scan():
+            if not _free(port):
+                continue
+            sock = _reserving_socket()
+            try:
+                sock.bind(("0.0.0.0", port))
+                return sock
+            except OSError:
+                sock.close()
+    raise _exhausted(ports, what)
+
+
+def _free(port: int) -> bool:
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.bind(("0.0.0.0", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def free_port(*, what: str, ports: Optional[PortRange] = None,
+              env: Optional[Mapping[str, str]] = None) -> Tuple[int, bool]:
+    """``(port, chosen)``: a port of the range that is free now, for a program that binds it
+    itself (TensorBoard), with ``chosen`` true; ``(0, False)`` without a range (the program
+    asks the kernel). Another program may take it before it is bound: the program's own error
+    says so."""
+    ports = ports if ports is not None else configured(env)
+    if ports is None:
+        return 0, False
+    with _host_lock():
+        for port in ports.scan():
+            if _free(port):
+                return port, True
+    raise _exhausted(ports, what)

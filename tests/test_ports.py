@@ -1,0 +1,100 @@
+"""duotf._transport.ports: the range of ports duotf listens on (``DUOTF_PORTS``)."""
+
+from __future__ import annotations
+
+import random
+import socket
+
+import pytest
+
+import duotf
+from duotf._driver.api import job_ports
+from duotf._transport import ports
+
+
+def _free_range(n: int) -> ports.PortRange:
+    """``n`` consecutive ports no one holds now."""
+    for _ in range(50):
+        low = random.randrange(43000, 49000)
+        if all(ports._free(p) for p in range(low, low + n)):
+            return ports.PortRange(low, low + n - 1)
+    raise AssertionError("no free range")
+
+
+@pytest.mark.parametrize("text, expected", [("41000-41300", (41000, 41300)), (" 41000 ", (41000, 41000)),
+                                            ("", None), (None, None)])
+def test_a_range_is_low_dash_high(text, expected):
+    got = ports.parse(text)
+    assert (None if got is None else (got.low, got.high)) == expected
+
+
+@pytest.mark.parametrize("text", ["41300-41000", "80-90", "41000-70000", "a-b", "41000-", "41000:41010"])
+def test_a_malformed_range_names_the_setting(text):
+    with pytest.raises(duotf.ConfigError, match=r"DUOTF_PORTS=.*low-high"):
+        ports.parse(text)
+
+
+def test_servers_take_the_free_ports_of_the_range_then_name_it_when_none_is_left():
+    r = _free_range(3)
+    held = socket.socket()
+    held.bind(("0.0.0.0", r.low + 1))  # another program's
+    taken = [ports.create_server(ports=r) for _ in range(2)]
+    try:
+        assert sorted(s.getsockname()[1] for s in taken) == [r.low, r.high]
+        with pytest.raises(duotf.PortRangeError, match=f"DUOTF_PORTS={r}") as info:
+            ports.create_server(ports=r, what="the feed server")
+        assert (info.value.ports, info.value.what) == (str(r), "the feed server")
+    finally:
+        for s in taken + [held]:
+            s.close()
+
+
+def test_reservations_never_share_a_port_though_each_lets_tensorflow_bind_it():
+    # SO_REUSEPORT lets a second reserving socket bind a held port: in a range, each takes one
+    # that no socket holds
+    r = _free_range(4)
+    held = [ports.reserve(ports=r) for _ in range(4)]
+    try:
+        assert sorted(s.getsockname()[1] for s in held) == list(range(r.low, r.high + 1))
+        with pytest.raises(duotf.PortRangeError):
+            ports.reserve(ports=r)
+        # what TensorFlow's server does: a socket with both reuse options binds the held port
+        tf_like = ports._reserving_socket()
+        tf_like.bind(("0.0.0.0", held[0].getsockname()[1]))
+        tf_like.listen()
+        tf_like.close()
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_the_run_keyword_beats_the_drivers_environment_and_is_passed_to_the_nodes(monkeypatch):
+    monkeypatch.setenv("DUOTF_PORTS", "41000-41010")
+    assert job_ports({}, None) == {"DUOTF_PORTS": "41000-41010"}
+    assert job_ports({"A": "1"}, "42000-42010") == {"A": "1", "DUOTF_PORTS": "42000-42010"}
+    monkeypatch.delenv("DUOTF_PORTS")
+    assert job_ports({}, None) == {}
+    with pytest.raises(duotf.ConfigError, match="ports='9-8'"):
+        job_ports({}, "9-8")
+
+
+def test_a_run_whose_range_is_taken_on_the_driver_says_so_before_anything_starts():
+    r = _free_range(1)
+    held = socket.create_server(("0.0.0.0", r.low))
+    try:
+        with pytest.raises(duotf.PortRangeError, match="the rendezvous server"):
+            duotf.run(lambda args, ctx: None, backend="local", ports=str(r))
+    finally:
+        held.close()
+
+
+def test_a_range_full_on_the_nodes_host_fails_the_run_at_once_naming_it():
+    # the driver takes the range's one free port: the node's TensorFlow port finds none
+    r = _free_range(2)
+    held = socket.create_server(("0.0.0.0", r.high))
+    try:
+        with pytest.raises(duotf.DuotfError, match=f"no free port for a node's TensorFlow server .* "
+                                                   f"DUOTF_PORTS={r}"):
+            duotf.run(lambda args, ctx: None, backend="local", ports=str(r), reservation_timeout=60)
+    finally:
+        held.close()
