@@ -68,6 +68,34 @@ def test_reservations_never_share_a_port_though_each_lets_tensorflow_bind_it():
             s.close()
 
 
+def test_a_reservation_waits_for_the_hosts_lock_held_by_another_process():
+    # the agents of one host pick their TensorFlow ports one at a time: between the check that a
+    # port is free and the reserving bind (which SO_REUSEPORT would let two sockets make), no
+    # other process of the host picks
+    import select
+    import subprocess
+    import sys
+
+    r = _free_range(2)
+    code = ("import sys; from duotf._transport import ports; "
+            f"s = ports.reserve(ports=ports.PortRange({r.low}, {r.high})); "
+            "print(s.getsockname()[1], flush=True); sys.stdin.read()")
+    with ports._host_lock():
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            assert select.select([proc.stdout], [], [], 5)[0] == [], "reserved while the lock was held"
+        except BaseException:
+            proc.kill()
+            raise
+    try:
+        assert select.select([proc.stdout], [], [], 30)[0], "no reservation once the lock was free"
+        assert int(proc.stdout.readline()) in r
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+
+
 def test_the_run_keyword_beats_the_drivers_environment_and_is_passed_to_the_nodes(monkeypatch):
     monkeypatch.setenv("DUOTF_PORTS", "41000-41010")
     assert job_ports({}, None) == {"DUOTF_PORTS": "41000-41010"}

@@ -12,7 +12,7 @@ it.
 Binding scans the range from a random place, so that the processes of one host rarely try the
 same port at once; a port another process holds is skipped. TensorFlow's port is held by a
 socket that never listens until the node's server takes it (``SO_REUSEPORT``): those are picked
-under a lock file per host, so that two of them never share a port.
+under a lock per host, so that two of them never share a port.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ import errno
 import os
 import random
 import socket
+import sys
 import tempfile
+import time
 from typing import Iterator, Mapping, Optional, Tuple
 
 from duotf.errors import ConfigError, PortRangeError
@@ -32,6 +34,9 @@ __all__ = ["PORTS_ENV", "PortRange", "parse", "configured", "create_server",
 
 #: the environment variable of the range: ``"41000-41300"`` (both ends included)
 PORTS_ENV = "DUOTF_PORTS"
+
+#: seconds to wait for the host's lock on picking a reserved port (each holder takes microseconds)
+_LOCK_WAIT = 10.0
 
 
 class PortRange:
@@ -113,11 +118,28 @@ def create_server(host: str = "0.0.0.0", *, backlog: int = 128, what: str = "a d
 
 @contextlib.contextmanager
 def _host_lock() -> Iterator[None]:
-    """Held while a port is picked for a reservation: one process of this host at a time."""
+    """Held while a port is picked for a reservation: one process of this host (of its network
+    namespace, whose ports these are) at a time. On Linux an abstract Unix socket's name, which
+    leaves no file behind and goes with its process; elsewhere a lock file in the temp folder."""
+    if sys.platform.startswith("linux"):
+        lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        deadline = time.monotonic() + _LOCK_WAIT
+        try:
+            while True:
+                try:
+                    lock.bind("\0duotf-ports-lock")
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EADDRINUSE or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.002)  # another process picks a port: a few microseconds
+            yield
+        finally:
+            lock.close()
+        return
     import fcntl
 
-    path = os.path.join(tempfile.gettempdir(), "duotf-ports.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = os.open(os.path.join(tempfile.gettempdir(), "duotf-ports.lock"), os.O_RDWR | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
