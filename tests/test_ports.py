@@ -49,6 +49,18 @@ def test_servers_take_the_free_ports_of_the_range_then_name_it_when_none_is_left
             s.close()
 
 
+def test_a_server_never_takes_a_port_a_reservation_holds():
+    # the node's feed server beside its own TensorFlow port: with SO_REUSEADDR both could bind
+    # (neither listening yet), and TensorFlow's server then failed ("Could not start gRPC server")
+    r = _free_range(1)
+    held = ports.reserve(ports=r)
+    try:
+        with pytest.raises(duotf.PortRangeError):
+            ports.create_server(ports=r, what="a node's feed server")
+    finally:
+        held.close()
+
+
 def test_reservations_never_share_a_port_though_each_lets_tensorflow_bind_it():
     # SO_REUSEPORT lets a second reserving socket bind a held port: in a range, each takes one
     # that no socket holds
@@ -126,3 +138,19 @@ def test_a_range_full_on_the_nodes_host_fails_the_run_at_once_naming_it():
             duotf.run(lambda args, ctx: None, backend="local", ports=str(r), reservation_timeout=60)
     finally:
         held.close()
+
+
+def test_the_doctor_checks_the_range_on_every_probe_and_names_a_full_one():
+    from duotf.backends.base import CheckStatus
+
+    r = _free_range(40)
+    report = duotf.doctor("local", duotf.ClusterSpec(workers=2), env={"DUOTF_PORTS": str(r)})
+    check = report["port range"]
+    assert check.status is CheckStatus.OK, report.table()
+    assert f"2 probe tasks listened in DUOTF_PORTS={r}" in check.detail
+    # a range of one port: the driver's rendezvous server takes it, no probe finds one
+    one = _free_range(1)
+    report = duotf.doctor("local", duotf.ClusterSpec(workers=2), env={"DUOTF_PORTS": str(one)})
+    check = report["port range"]
+    assert check.status is CheckStatus.FAIL and f"DUOTF_PORTS={one}" in check.detail, report.table()
+    assert "widen the range" in check.fix

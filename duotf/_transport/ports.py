@@ -108,9 +108,17 @@ def create_server(host: str = "0.0.0.0", *, backlog: int = 128, what: str = "a d
     if ports is None:
         return socket.create_server((host, 0), backlog=backlog)
     for port in ports.scan():
+        # Without SO_REUSEADDR (which socket.create_server sets): with it, Linux lets a socket
+        # bind and listen on a port that a reservation (:func:`reserve`, SO_REUSEADDR, not
+        # listening) holds, and the node's TensorFlow server then cannot bind its own port.
+        # A port with connections in TIME_WAIT is skipped as taken.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            return socket.create_server((host, port), backlog=backlog)
+            sock.bind((host, port))
+            sock.listen(backlog)
+            return sock
         except OSError as exc:
+            sock.close()
             if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
                 raise
     raise _exhausted(ports, what)

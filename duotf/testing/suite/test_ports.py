@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 import duotf
 from duotf.testing.suite import mains
 
 
+# the engines whose nodes start differently: in the driver's threads, on a Dask worker, on a
+# Spark executor (standalone: its own hosts' env; Connect's executors are the same)
+@pytest.mark.engines("local", "dask", "spark-local", "spark-standalone")
 def test_every_port_a_run_listens_on_lies_in_its_range(backend, engine):
     low = random.randrange(42000, 48000, 100)  # a range of its own beside parallel tests
     with duotf.run(mains.listening_main, None, backend, duotf.ClusterSpec(workers=2),
