@@ -140,6 +140,7 @@ def test_a_range_full_on_the_nodes_host_fails_the_run_at_once_naming_it():
         held.close()
 
 
+@pytest.mark.slow  # two doctor runs, each importing TensorFlow in its probes' node checks
 def test_the_doctor_checks_the_range_on_every_probe_and_names_a_full_one():
     from duotf.backends.base import CheckStatus
 
