@@ -219,9 +219,26 @@ def _cache_file(folder, frames):
     return path, out
 
 
+def _drain(server, push, n: int = 7) -> list:
+    """The rows a node's feed takes ``next_batch(n)`` at a time while ``push`` feeds ``server``
+    from a thread of its own; the server is closed after."""
+    import threading
+
+    pusher = threading.Thread(target=push)
+    rows = []
+    try:
+        pusher.start()
+        feed = DataFeed(server, train=True)
+        while not feed.should_stop():
+            rows.extend(feed.next_batch(n))
+    finally:
+        pusher.join()
+        server.close()
+    return rows
+
+
 @pytest.mark.parametrize("folder, node_reads", [("duotf-feedcache-t", True), ("elsewhere", False)])
 def test_cached_file_frames_reach_the_node_read_there_or_sent(tmp_path, folder, node_reads):
-    import threading
 
     from duotf._transport.feeder import FeedJob, feed_train
 
@@ -248,17 +265,10 @@ def test_cached_file_frames_reach_the_node_read_there_or_sent(tmp_path, folder, 
         sock.close()
 
     wire.reads_files = spy
-    pusher = threading.Thread(target=push)
     try:
-        pusher.start()
-        feed = DataFeed(server, train=True)
-        ids = []
-        while not feed.should_stop():
-            ids.extend(feed.next_batch(7))
+        ids = _drain(server, push)
     finally:
         wire.reads_files = real_reads_files
-        pusher.join()
-        server.close()
     assert sent == [100] and sorted(ids) == list(range(100))
     # a node on this host reads the file itself when it may (a feed cache folder); else sendfile
     assert probes and set(probes) == {node_reads}
@@ -267,7 +277,6 @@ def test_cached_file_frames_reach_the_node_read_there_or_sent(tmp_path, folder, 
 def test_named_file_frames_are_read_by_the_node_whole_or_sliced(tmp_path):
     """The driver's feed of kept frames (FileRef): it never opens the file; the node reads each
     frame, and only the rows of a frame that a range takes where the plan splits it."""
-    import threading
 
     from duotf._transport.feeder import FeedJob, feed_train
 
@@ -275,7 +284,7 @@ def test_named_file_frames_are_read_by_the_node_whole_or_sliced(tmp_path):
     server = FeedServer(SECRET, capacity=64)
     plan = {0: [(0, 0, 50, 0), (1, 50, 100, 1)]}  # the second frame's rows 10..25 go to "b"
     job = FeedJob(SECRET, [("127.0.0.1", server.port)] * 2, ["a", "b"], "train", 30, plan)
-    sent, order = [], []
+    sent = []
 
     def push():
         with wire.connect(("127.0.0.1", server.port), SECRET, 30) as sock:
@@ -287,15 +296,7 @@ def test_named_file_frames_are_read_by_the_node_whole_or_sliced(tmp_path):
         wire.recv_frame(sock)
         sock.close()
 
-    pusher = threading.Thread(target=push)
-    try:
-        pusher.start()
-        feed = DataFeed(server, train=True)
-        while not feed.should_stop():
-            order.extend(feed.next_batch(7))
-    finally:
-        pusher.join()
-        server.close()
+    order = _drain(server, push)
     assert sent == [100] and order == list(range(100))  # in the plan's order, each row once
 
 
@@ -304,7 +305,6 @@ def test_only_rows_sent_from_another_host_count_as_crossed(tmp_path, monkeypatch
     """A range from a task on another host counts as crossed when its rows came through the
     socket, not when the node read them from a file on its own host: the driver (one host)
     names each kept frame to the node on the file's host, and no row crosses."""
-    import threading
 
     from duotf._transport import feeder
     from duotf._transport.feeder import FeedJob, feed_train
@@ -328,16 +328,7 @@ def test_only_rows_sent_from_another_host_count_as_crossed(tmp_path, monkeypatch
             wire.send_frame(sock, "marker", marker="end")
             answer["end"] = wire.recv_frame(sock)[0]
 
-    pusher = threading.Thread(target=push)
-    try:
-        pusher.start()
-        feed = DataFeed(server, train=True)
-        ids = []
-        while not feed.should_stop():
-            ids.extend(feed.next_batch(7))
-    finally:
-        pusher.join()
-        server.close()
+    ids = _drain(server, push)
     assert answer["sent"] == 100 and ids == list(range(100))
     assert answer["end"]["across"] == (0 if named else 100)
 
