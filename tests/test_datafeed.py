@@ -239,7 +239,6 @@ def _drain(server, push, n: int = 7) -> list:
 
 @pytest.mark.parametrize("folder, node_reads", [("duotf-feedcache-t", True), ("elsewhere", False)])
 def test_cached_file_frames_reach_the_node_read_there_or_sent(tmp_path, folder, node_reads):
-
     from duotf._transport.feeder import FeedJob, feed_train
 
     path, frames = _cache_file(str(tmp_path / folder), [40, 25, 35])
