@@ -155,3 +155,13 @@ def test_the_doctor_checks_the_range_on_every_probe_and_names_a_full_one():
     check = report["port range"]
     assert check.status is CheckStatus.FAIL and f"DUOTF_PORTS={one}" in check.detail, report.table()
     assert "widen the range" in check.fix
+
+
+def test_run_parallel_passes_the_range_to_every_run():
+    r = _free_range(20)
+    def main(args, ctx):
+        import os
+        return args, os.environ.get("DUOTF_PORTS")
+
+    runs = duotf.run_parallel(main, [1, 2], "local", ports=str(r), timeout=120)
+    assert [run.value for run in runs] == [[(1, str(r))], [(2, str(r))]], runs

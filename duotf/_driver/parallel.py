@@ -35,7 +35,7 @@ __all__ = ["run_parallel", "RunResult"]
 
 #: keyword arguments of :func:`duotf.run` that run_parallel passes on to every run
 _RUN_KEYWORDS = ("reservation_timeout", "heartbeat_interval", "heartbeat_timeout", "env",
-                 "default_fs", "driver_host", "keep_workdir", "log_to_driver", "log_dir")
+                 "default_fs", "driver_host", "keep_workdir", "log_to_driver", "log_dir", "ports")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +110,8 @@ def run_parallel(
         outcome is a ``TimeoutError``. Default: no limit.
     **run_kwargs:
         ``reservation_timeout``, ``heartbeat_interval``, ``heartbeat_timeout``, ``env``,
-        ``default_fs``, ``driver_host``, ``keep_workdir``, ``log_to_driver``, ``log_dir``: as
-        for :func:`duotf.run`, for every run.
+        ``default_fs``, ``driver_host``, ``keep_workdir``, ``log_to_driver``, ``log_dir``,
+        ``ports``: as for :func:`duotf.run`, for every run.
 
     Raises
     ------
