@@ -3,11 +3,11 @@ process tests, which need neither an engine nor a whole cluster."""
 
 from __future__ import annotations
 
-import pickle
 import queue
 import threading
 
 from duotf._node import agent as node
+from duotf._node import job as job_payload
 from duotf._transport import rendezvous
 from duotf._transport.rendezvous import Msg
 
@@ -17,7 +17,7 @@ def node_job(workdir, address=("127.0.0.1", 1), secret: bytes = b"k" * 32,
     """A job for node 0, whose ``main`` is ``payload`` (default: never run)."""
     return node.NodeJob(
         job_id="test", driver_address=tuple(address), secret=secret,
-        payload=payload or pickle.dumps((print, None)), protocol="grpc",
+        payload=payload or job_payload.dumps((print, None)), protocol="grpc",
         heartbeat_interval=0.2, heartbeat_timeout=30, connect_timeout=10, env={},
         default_fs="file://", workdir_root=str(workdir),
     )

@@ -403,6 +403,8 @@ class SparkEngine(Engine):
 
     def save_and_load(self, model, folder):
         model.write().save(folder)
+        # as the ml-pipelines guide saves: over the folder just written (on Connect too)
+        model.write().overwrite().save(folder)
         return type(model).load(folder)
 
     def _task_error_text(self, exc):

@@ -4,6 +4,7 @@ on the others (tests/suite/)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -33,11 +34,16 @@ def test_the_connect_client_counts_slots_and_executors_with_a_probe_job(backend,
 
 @pytest.mark.engines("spark-connect")
 def test_doctor_reaches_the_cluster_through_an_sc_url(backend, engine):
+    # with the relay forced (the direct route's checks: tests/suite/test_doctor.py), which the
+    # doctor names as the reason, not executors that cannot reach this process
+    env = dict(os.environ, DUOTF_RELAY="1")
     out = subprocess.run([sys.executable, "-m", "duotf", "doctor", *engine.cli_args(),
-                          "--workers", "2"], capture_output=True, text=True, timeout=300)
+                          "--workers", "2"], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "connect" in out.stdout.splitlines()[0]  # the backend it checked
     assert "all checks passed" in out.stdout
+    assert "through a relay in the cluster (DUOTF_RELAY=1 asks for it" in out.stdout, out.stdout
+    assert "cannot open a connection" not in out.stdout
     assert "java" in out.stdout  # the server's Java, read through SQL (the client has none)
 
 

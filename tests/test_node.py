@@ -10,6 +10,7 @@ import cloudpickle
 import pytest
 
 from duotf._node import agent as node
+from duotf._node import job as job_payload
 from duotf._node.agent import ChildMsg, OutcomeStatus
 from duotf._transport.rendezvous import Msg
 from tests.agents import AgentRun, FakeDriver, node_job
@@ -39,7 +40,7 @@ def _next_from_child(agent: node._Agent, kind: ChildMsg, timeout: float = 60) ->
 
 
 def test_a_node_whose_main_returned_waits_for_release_however_long(tmp_path):
-    job = node_job(tmp_path, payload=cloudpickle.dumps((lambda args, ctx: 42, None)))
+    job = node_job(tmp_path, payload=job_payload.dumps((lambda args, ctx: 42, None)))
     agent = node._Agent(job, 0, "", 0)
     with node.reserve_port() as reservation:  # as run() does: the node process keeps it
         agent._spawn(reservation)

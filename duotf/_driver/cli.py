@@ -197,7 +197,7 @@ def _script(path: str):
         has_main = defines_main(source, path)
     except SyntaxError as exc:
         raise ConfigError(f"{path}, line {exc.lineno}: {exc.msg}: the script does not compile") from None
-    return ScriptMain(os.path.abspath(path), source, has_main)
+    return ScriptMain(os.path.abspath(path), source, has_main, argv0=path)
 
 
 def _jsonable(value):

@@ -24,6 +24,7 @@ from duotf.errors import (ClusterClosedError, ConfigError, DuotfError, FeedError
                           TensorBoardError)
 from duotf._driver.metrics import NodeMetrics
 from duotf._transport.ports import PORTS_ENV, configured as configured_ports
+from duotf._node import job as job_payload
 from duotf._node.agent import NodeJob, OutcomeStatus, default_log_dir, default_workdir_root, run_node
 from duotf._driver.nodelogs import NodeLogs, log_node_ids
 from duotf._driver.progress import FeedProgress, check_progress
@@ -99,8 +100,6 @@ class Cluster:
         restart_on: Union[RestartOn, Iterable[RestartOn], None] = None,
         checkpoint_dir: Optional[str] = None,
     ):
-        import cloudpickle
-
         self.spec = spec
         self.backend = backend
         self.job_id = uuid.uuid4().hex[:12]
@@ -111,14 +110,9 @@ class Cluster:
         self._owns_backend = owns_backend
         self._keep_workdir = bool(keep_workdir)
         for name, value in (("main", main), ("args", args)):
-            try:
-                cloudpickle.dumps(value)
-            except Exception as exc:
-                raise ConfigError(
-                    f"{name} cannot be sent to the nodes: cloudpickle refused it "
-                    f"({type(exc).__name__}: {exc}). Pass {name} something picklable: create "
-                    "locks, sessions, clients and open files inside main instead.") from exc
-        self._payload = cloudpickle.dumps((main, args))
+            job_payload.check_sendable(value, name, f"Pass {name} something picklable: create "
+                                       "locks, sessions, clients and open files inside main instead.")
+        self._payload = job_payload.dumps((main, args))  # with the source of its code
         self._stopped: Optional[NodesStoppedError] = None
         self._env = {str(k): str(v) for k, v in (env or {}).items()}
         if spec.gpus_per_node and "CUDA_VISIBLE_DEVICES" in self._env:

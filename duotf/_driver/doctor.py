@@ -289,6 +289,7 @@ class _Exchange:
 class _Doctor:
     def __init__(self, backend, spec, url, reach, env, driver_host, connect_timeout, timeout):
         self.relayed = False  # the probes reached this process through a relay
+        self.relayed_why = ""  # and why (Route.why)
         self.backend = backend
         self.spec = spec
         self.url = url
@@ -357,7 +358,7 @@ class _Doctor:
                      f"and the relay through the cluster did not start: {exc}",
                      "run the driver where the executors can reach it (driver_host=...)")
             return []
-        self.relayed = route.relayed
+        self.relayed, self.relayed_why = route.relayed, route.why
         if route.relayed and n > 1:
             n -= 1  # a slot for the relay's polls, which the probes' exchanges go through
         job = ProbeJob(
@@ -502,9 +503,8 @@ class _Doctor:
         address = "the driver"
         bad = [f"{_where(p)}: {p['driver_error']}" for p in probes if p.get("driver_error")]
         bad += [f"{_where(p)}: {p['exchange_error']}" for p in probes if p.get("exchange_error")]
-        how = (" through a relay in the cluster (the executors cannot open a connection to "
-               "this process: each exchange is a Spark job, so nodes start a few seconds later)"
-               if self.relayed else "")
+        how = (f" through a relay in the cluster ({self.relayed_why}: each exchange is a Spark "
+               "job, so nodes start a few seconds later)" if self.relayed else "")
         self.verdict("driver port", bad,
                      f"{len(probes)} probe tasks reached {address} at {self.driver_host}{how}",
                      "set driver_host (--driver-host; Spark: spark.driver.host) to an address of this "

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Se
 
 from duotf._ml import resume, tracking
 from duotf._ml.keras_node import keras_main
+from duotf._node.job import check_sendable
 from duotf.errors import ConfigError, InsufficientSlotsError
 
 if TYPE_CHECKING:
@@ -276,6 +277,8 @@ def _check_validation_and_weights(p: Dict[str, Any], fed: Tuple[str, ...]) -> No
     if callbacks is not None and not callable(callbacks) and not isinstance(callbacks, (list, tuple)):
         raise ConfigError(f"callbacks={callbacks!r}: give a list of Keras callbacks, or a "
                           "function of no arguments returning one", param="callbacks")
+    check_sendable(callbacks, "callbacks", "Give callbacks a function of no arguments that builds "
+                   "them (callbacks=lambda: [MyCallback(...)]): each node makes its own", param="callbacks")
 
 
 def validation_rows(config: "FitConfig", rows: int, total: int) -> None:

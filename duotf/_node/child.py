@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import select
 import signal
 import sys
@@ -33,6 +32,7 @@ from multiprocessing.connection import Connection
 from typing import Optional
 
 # already imported with the package: costs nothing here
+from duotf._node import job as job_payload
 from duotf._node.agent import ChildExit, ChildJob, ChildMsg, remove_workdir
 from duotf._node.output import quiet_keras_notices
 
@@ -332,9 +332,17 @@ def main(argv) -> ChildExit:
     if refused is not None:
         return refused
     try:
-        user_main, user_args = pickle.loads(job.payload)
+        user_main, user_args = job_payload.loads(job.payload)
     except BaseException as exc:  # the job cannot even be loaded here: say why
-        link.send(ChildMsg.ERROR, _error_info(exc, kind="load"))
+        info = _error_info(exc, kind="load")
+        if isinstance(exc, ModuleNotFoundError) and exc.name:
+            info["message"] += (
+                f": the job's main or its arguments use the module {exc.name!r}, which this "
+                "node's Python cannot import. Install it where the nodes run, or have the "
+                "job carry its code: on the driver, after importing it, call "
+                f"cloudpickle.register_pickle_by_value({exc.name.split('.')[0]}) (a one-file "
+                "module beside the script that the driver runs is carried by itself)")
+        link.send(ChildMsg.ERROR, info)
         return ChildExit.LOAD
     if _tensorboard is not None:
         # Ready once TensorBoard serves (or failed): its address reaches the driver before this

@@ -8,7 +8,8 @@ directory, with ``TF_CONFIG`` set:
 * a script that defines ``main(args, ctx)`` at its top level is executed as a module named
   ``__duotf_script__`` (its ``if __name__ == "__main__":`` block does not run), then
   ``main(args, ctx)`` is called with the arguments after ``--``; its value is the node's;
-* any other script runs top to bottom as ``__main__`` with ``sys.argv`` = ``[path, *args]``:
+* any other script runs top to bottom as ``__main__`` with ``sys.argv`` = ``[path, *args]``
+  (the path as typed, as ``python path`` gives it; ``__file__`` is absolute):
   it reads ``TF_CONFIG`` (``MultiWorkerMirroredStrategy`` does) but not the feed, which needs
   ``ctx``; the node's value is None. ``sys.exit(0)`` ends it as returning does; another status
   fails the node.
@@ -38,15 +39,19 @@ class ScriptMain:
     """The main of ``duotf run SCRIPT.py``: a script's source, run on each node (see the
     module docstring). Picklable by reference: its class is duotf's."""
 
-    def __init__(self, path: str, source: str, has_main: bool):
-        self.path = path
+    def __init__(self, path: str, source: str, has_main: bool, argv0: Optional[str] = None):
+        self.path = path  # absolute: the script's __file__, as Python sets it
         self.source = source
         self.has_main = has_main
+        self.argv0 = argv0 or path  # sys.argv[0]: the path as the user typed it
 
     def __repr__(self) -> str:
         return f"ScriptMain({self.path!r}{', main(args, ctx)' if self.has_main else ''})"
 
     def __call__(self, args: Optional[List[str]], ctx) -> Any:
+        from duotf._node.job import install_sources
+
+        install_sources({self.path: self.source})  # inspect and AutoGraph read it from there
         code = compile(self.source, self.path, "exec")
         argv = [str(a) for a in (args or [])]
         if self.has_main:
@@ -55,7 +60,7 @@ class ScriptMain:
             return namespace["main"](argv, ctx)
         namespace = {"__name__": "__main__", "__file__": self.path}
         saved = sys.argv
-        sys.argv = [self.path, *argv]
+        sys.argv = [self.argv0, *argv]
         try:
             exec(code, namespace)  # noqa: S102
         except SystemExit as exc:

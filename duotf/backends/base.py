@@ -49,6 +49,8 @@ class Route:
     (:mod:`duotf._transport.relay`; Spark Connect)."""
 
     relayed = False
+    #: why the route is relayed, in words ("" for a direct one)
+    why = ""
 
     def __init__(self, address: Tuple[str, int]):
         #: the address the nodes connect to

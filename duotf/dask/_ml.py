@@ -273,10 +273,11 @@ def _fit_columns(ddf, config: core.FitConfig):
             raise ConfigError(f"{kind} column {name!r} is not "
                               f"in the DataFrame (its columns are {list(meta.columns)}): set "
                               f"{role} to a column that is", column=name, param=role)
-        check_column(meta, name)
+        # the weights first: a string column is named by its parameter, as on Spark
         if role == "weight_col" and not pd.api.types.is_numeric_dtype(meta[name].dtype):
             raise ConfigError(f"weight_col={name!r} is {meta[name].dtype}: give a column of one "
                               "number a row", column=name, param=role)
+        check_column(meta, name)
     indicator = config.validationIndicatorCol
     if indicator is not None and indicator not in meta.columns:
         raise ConfigError(f"validation_indicator_col={indicator!r} is not a column of the "

@@ -500,6 +500,19 @@ class _Writer(MLWriter):
         super().__init__()
         self.instance = instance
 
+    def _handleOverwrite(self, path: str) -> None:
+        """``write().overwrite()``: PySpark's own asks the JVM through ``_jsparkSession``, which a
+        Spark Connect session has not; there the folder goes as it was written (fsspec)."""
+        from duotf.backends.spark.client import is_connect
+        from duotf.io.files import filesystem
+
+        if not is_connect(self.sparkSession):
+            super()._handleOverwrite(path)
+            return
+        fs, fpath = filesystem(path)
+        if fs.exists(fpath):
+            fs.rm(fpath, recursive=True)
+
     def saveImpl(self, path: str) -> None:
         import cloudpickle
 

@@ -28,7 +28,7 @@ from duotf.backends.base import Route, routable_ip
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SparkRelay", "needs_relay"]
+__all__ = ["SparkRelay", "needs_relay", "relay_setting"]
 
 #: seconds a task waits to connect to the driver when it checks whether it can
 REACH_TIMEOUT = 3.0
@@ -36,14 +36,22 @@ _reached: Dict[Tuple[int, str], bool] = {}
 _lock = threading.Lock()
 
 
-def needs_relay(client, address: Tuple[str, int]) -> bool:
-    """Whether the executors of ``client`` (a Connect client) cannot open a connection to
-    ``address`` (``DUOTF_RELAY`` decides first, when set)."""
+def relay_setting() -> Optional[bool]:
+    """``DUOTF_RELAY``: True (relay always), False (never) or None (unset: duotf checks)."""
     setting = os.environ.get("DUOTF_RELAY", "").strip().lower()
     if setting in ("1", "true", "yes", "on"):
         return True
     if setting in ("0", "false", "no", "off"):
         return False
+    return None
+
+
+def needs_relay(client, address: Tuple[str, int]) -> bool:
+    """Whether the executors of ``client`` (a Connect client) cannot open a connection to
+    ``address`` (``DUOTF_RELAY`` decides first, when set)."""
+    setting = relay_setting()
+    if setting is not None:
+        return setting
     key = (client.key, address[0])
     with _lock:
         if key not in _reached:
@@ -101,6 +109,8 @@ class SparkRelay(Route):
         (hub,) = client.spread(_start_hub(token, driver_host, idle, ports), 1)
         host, node_port, poll_port, pid, hostname = hub
         super().__init__((host, node_port))
+        self.why = ("DUOTF_RELAY=1 asks for it" if relay_setting()
+                    else "the executors cannot open a connection to this process")
         self._client = client
         self._poll_address = (host, poll_port)
         where = f"{hostname} ({host}:{node_port}, pid {pid})"

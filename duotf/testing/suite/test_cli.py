@@ -49,7 +49,7 @@ if __name__ == "__main__":
 _PLAIN = '''\
 import json, os, sys
 index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-print("plain", index, sys.argv[1:])
+print("plain", index, sys.argv, os.path.isabs(__file__))
 if "--fail" in sys.argv and index == 1:
     sys.exit(3)
 '''
@@ -63,9 +63,10 @@ def test_a_script_file_runs_on_every_node_with_its_argv(backend, engine, tmp_pat
     def cli(script, *args):
         path = tmp_path / script
         path.write_text(_WITH_MAIN if script == "train.py" else _PLAIN)
-        return subprocess.run([sys.executable, "-m", "duotf", "run", str(path), *engine.cli_args(),
+        # run from the script's folder, by its name as typed: that is its sys.argv[0]
+        return subprocess.run([sys.executable, "-m", "duotf", "run", path.name, *engine.cli_args(),
                                "--workers", "2", "--", *args],
-                              cwd=ROOT, capture_output=True, text=True, timeout=180)
+                              cwd=tmp_path, capture_output=True, text=True, timeout=180)
 
     out = cli("train.py", "--epochs", "3")
     assert out.returncode == 0, out.stderr
@@ -74,7 +75,8 @@ def test_a_script_file_runs_on_every_node_with_its_argv(backend, engine, tmp_pat
     out = cli("plain.py", "--x")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [None, None]
-    assert "[worker:0] plain 0 ['--x']" in out.stderr and "[worker:1] plain 1 ['--x']" in out.stderr
+    assert ("[worker:0] plain 0 ['plain.py', '--x'] True" in out.stderr
+            and "[worker:1] plain 1 ['plain.py', '--x'] True" in out.stderr), out.stderr
     out = cli("plain.py", "--fail")
     assert out.returncode == 1 and "worker:1" in out.stderr
     assert "plain.py exited with status 3" in out.stderr

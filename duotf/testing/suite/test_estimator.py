@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -182,6 +183,10 @@ def test_bad_input_is_a_config_error_before_anything_runs(backend, engine, tmp_p
     # validation rows and sample weights: the parameter and the column named
     message = fit(good, weightCol="w")
     assert "weight column 'w' is not in the DataFrame" in message and name("weightCol") in message
+    message = fit(good, callbacks=[threading.Lock()])  # what cloudpickle cannot send
+    assert "callbacks cannot be sent to the nodes" in message and "callbacks=lambda:" in message
+    message = fit(_bad(engine, "string"), labelCol="id", weightCol="label")  # weights of strings
+    assert f"{name('weightCol')}='label' is" in message and "one number a row" in message
     message = fit(good, validationIndicatorCol="id")
     assert f"{name('validationIndicatorCol')}='id'" in message and "give a boolean column" in message
     assert "is not a column" in fit(good, validationIndicatorCol="held")

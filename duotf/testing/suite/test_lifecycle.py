@@ -115,3 +115,49 @@ def test_keep_workdir_keeps_what_main_wrote(backend, tmp_path):
         assert os.path.isdir(result["working_dir"])
     finally:
         shutil.rmtree(os.path.dirname(result["working_dir"]), ignore_errors=True)
+
+
+_BY_VALUE = '''\
+def main(args, ctx):
+    import tensorflow as tf
+
+    @tf.function
+    def step(x):
+        if tf.reduce_sum(x) > 0:  # a Python if over a tensor: a tf.cond only once converted
+            return x * 2.0
+        return x - 1.0
+
+    return [float(v) for v in step(tf.constant(args)).numpy()]
+'''
+
+
+def test_autograph_converts_a_function_sent_by_value_whose_file_the_node_lacks(backend, tmp_path):
+    """A main sent by value (as a script's or a notebook's are) keeps its source for ``inspect``
+    in the node, so AutoGraph converts its ``tf.function``: here one whose file is gone before
+    the run, as it is on another host, and whose source only the driver's ``linecache`` holds,
+    as a notebook cell's."""
+    import importlib.util
+    import linecache
+    import sys
+
+    import cloudpickle
+
+    path = tmp_path / "by_value_main.py"
+    path.write_text(_BY_VALUE)
+    name = f"duotf_by_value_{os.getpid()}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    cloudpickle.register_pickle_by_value(module)
+    assert linecache.getlines(str(path))  # read while the file is there, then kept: a cell
+    path.unlink()
+    try:
+        with duotf.run(module.main, [1.0, 2.0], backend, duotf.ClusterSpec(workers=1)) as cluster:
+            assert cluster.wait(timeout=120) == [[2.0, 4.0]]
+        with duotf.run(module.main, [-1.0, -2.0], backend, duotf.ClusterSpec(workers=1)) as cluster:
+            assert cluster.wait(timeout=120) == [[-2.0, -3.0]]
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+        del sys.modules[name]
+        linecache.cache.pop(str(path), None)
