@@ -88,7 +88,7 @@ class ChildJob:
     """What the agent tells its node process first (``ChildMsg.INIT``): the job, and this node's
     part of it. Pickled over the pipe (a process to its own child)."""
 
-    payload: bytes  # cloudpickled (main, args): unpickled only by the node process
+    payload: bytes  # (main, args) and its source (duotf._node.job): unpickled only by the node process
     protocol: str
     heartbeat_interval: float
     heartbeat_timeout: float  # 0 or None: the node process keeps no watch on its agent
@@ -134,7 +134,7 @@ class NodeJob:
     job_id: str
     driver_address: Tuple[str, int]
     secret: bytes
-    payload: bytes  # cloudpickled (main, args); only the node process unpickles it
+    payload: bytes  # (main, args) and its source (duotf._node.job); only the node process unpickles it
     protocol: str
     heartbeat_interval: float
     heartbeat_timeout: float
