@@ -186,6 +186,8 @@ def test_quickstart_commands_are_what_ci_runs_and_the_example_trains(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     accuracy = float(re.search(r"test accuracy=([\d.]+)", out.stdout).group(1))
     assert accuracy > 0.9, out.stdout
+    # its nodes convert its tf.functions (their source travels with the job): no AutoGraph notice
+    assert "AutoGraph could not transform" not in out.stderr, out.stderr[-3000:]
 
 
 @pytest.mark.engines("local")
