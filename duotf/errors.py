@@ -172,6 +172,8 @@ class FeedError(DuotfError):
     engine's own error, in one line). ``lost`` is True where the engine lost the feeding task's
     process (an executor, Python worker or Dask worker went away mid-range), not where the data
     or a node failed: a cluster run with ``max_restarts`` restarts on it (cause ``"lost"``).
+    ``stuck`` is True where the node was alive but took no data for ``feed_timeout`` seconds
+    (its main is not reading its feed): the feed fails at once, not a partition at a time.
     """
 
     # None where an error does not know them
@@ -181,6 +183,7 @@ class FeedError(DuotfError):
     rows: Optional[int] = None
     cause: Optional[str] = None
     lost: bool = False
+    stuck: bool = False
 
 
 class FeedProblem(StrEnum):

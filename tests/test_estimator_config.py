@@ -111,13 +111,16 @@ def test_a_run_folder_resumes_its_checkpoint_with_its_own_parameters(tmp_path):
     state = resume.open_run(config(), estimator.saved_model_path)
     assert (state.folder, state.done, state.checkpoint, state.finished) == (str(tmp_path / "r1"), 0,
                                                                            None, False)
-    assert state.node_args() is None and os.listdir(tmp_path / "r1") == []
+    assert state.node_args() is None and os.listdir(tmp_path / "r1") == ["owner"]  # its token
+    assert (tmp_path / "r1" / "owner").read_text() == state.owner and len(state.owner) == 32
     (tmp_path / "r1" / "checkpoint-2.keras").write_bytes(b"2 epochs")
     resume.write_state(state.folder, {"params": resume.run_params(config()), "done": 2,
                                       "history": {"loss": [2.0, 1.0]}, "model": "checkpoint-2.keras",
                                       "finished": False})
-    assert sorted(os.listdir(tmp_path / "r1")) == ["checkpoint-2.keras", "run.json"]  # no .tmp left
+    assert sorted(os.listdir(tmp_path / "r1")) == ["checkpoint-2.keras", "owner", "run.json"]  # no .tmp
+    first = state.owner
     state = resume.open_run(config(numWorkers=2), estimator.saved_model_path)
+    assert state.owner not in ("", first) and (tmp_path / "r1" / "owner").read_text() == state.owner
     assert state.node_args() == {"checkpoint": str(tmp_path / "r1" / "checkpoint-2.keras"),
                                  "epoch": 2, "history": {"loss": [2.0, 1.0]}}
     with pytest.raises(duotf.ConfigError) as info:
@@ -129,7 +132,7 @@ def test_a_run_folder_resumes_its_checkpoint_with_its_own_parameters(tmp_path):
                                                   params=resume.run_params(config(epochs=2))))
     state = resume.open_run(config(epochs=2), estimator.saved_model_path)
     assert state.finished and state.history == {"loss": [2.0, 1.0]}
-    assert sorted(os.listdir(tmp_path / "r1")) == ["model.keras", "run.json"]
+    assert sorted(os.listdir(tmp_path / "r1")) == ["model.keras", "run.json"]  # no token left
     assert (tmp_path / "r1" / "model.keras").read_bytes() == b"2 epochs"
     again = resume.open_run(config(epochs=2), estimator.saved_model_path)
     assert again.finished and again.done == 2
@@ -167,6 +170,41 @@ def test_the_chief_checkpoints_every_epoch_and_a_node_restores_the_optimizer(tmp
     unbuilt.compile("sgd", "mse")
     with pytest.raises(duotf.ConfigError, match="not built.*keras.Input"):
         resume.restore(unbuilt, folder + "/checkpoint-2.keras")
+
+
+def test_a_chief_whose_run_another_fit_took_over_commits_no_checkpoint(tmp_path):
+    """The fence (duotf._ml.resume): a fit resumed while the lost fit's nodes still run takes
+    the run; the old chief's next epoch end commits nothing, leaves the checkpoint the new fit
+    resumes from, and ends its node."""
+    import json
+
+    import keras
+
+    from duotf._ml import resume
+
+    config = estimator.FitConfig.from_params({"modelFn": model_fn, "modelDir": str(tmp_path),
+                                              "runId": "r", "epochs": 4})
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    x, y = np.ones((8, 2), np.float32), np.ones((8,), np.float32)
+    lost = resume.open_run(config, estimator.saved_model_path)
+    old = resume.checkpoint_callback({"modelDir": lost.folder, "runParams": resume.run_params(config),
+                                      "resume": None, "runId": "r", "runOwner": lost.owner})
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[old])  # its driver then lost
+    committed = (tmp_path / "r" / "run.json").read_text()
+    resumed = resume.open_run(config, estimator.saved_model_path)  # at once, the old nodes alive
+    assert resumed.node_args()["epoch"] == 2
+    with pytest.raises(resume.RunTakenOverError, match="runId='r' was taken over by another fit"):
+        model.fit(x, y, batch_size=4, epochs=3, initial_epoch=2, verbose=0, callbacks=[old])
+    assert (tmp_path / "r" / "run.json").read_text() == committed
+    assert sorted(os.listdir(tmp_path / "r")) == ["checkpoint-2.keras", "owner", "run.json"]
+    # the new fit's chief commits as before
+    new = resume.checkpoint_callback({"modelDir": resumed.folder, "resume": resumed.node_args(),
+                                      "runParams": resume.run_params(config), "runId": "r",
+                                      "runOwner": resumed.owner})
+    model.fit(x, y, batch_size=4, epochs=3, initial_epoch=2, verbose=0, callbacks=[new])
+    assert json.loads((tmp_path / "r" / "run.json").read_text())["done"] == 3
+    assert sorted(os.listdir(tmp_path / "r")) == ["checkpoint-3.keras", "owner", "run.json"]
 
 
 def test_fit_multiple_refuses_a_run_id():

@@ -22,6 +22,7 @@ from typing import (IO, TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Lite
 from duotf._deadline import Deadline
 from duotf.errors import (ClusterClosedError, ConfigError, DuotfError, FeedError, NodesStoppedError,
                           TensorBoardError)
+from duotf._driver import leftovers
 from duotf._driver.metrics import NodeMetrics
 from duotf._transport.ports import PORTS_ENV, configured as configured_ports
 from duotf._node import job as job_payload
@@ -140,11 +141,7 @@ class Cluster:
         else:
             self._node_log_dir, self._owns_log_dir = _job_log_dir(tensorboard_dir, self.job_id), False
         self._tensorboard_url: Optional[str] = None
-        self._logs: Optional[NodeLogs] = None
-        if self._log_nodes:
-            self._logs = NodeLogs(spec.roles(), self.job_id, log_dir)
-            # The files outlive shutdown (cluster.logs() after the run), not the Cluster object.
-            weakref.finalize(self, self._logs.remove)
+        self._own_temp_folders(log_dir, checkpoint_dir)
         check_progress(progress)
         self._progress = progress
         self._shown: Optional[FeedProgress] = None  # the bar still open (see _end_bar)
@@ -163,6 +160,21 @@ class Cluster:
         self._feed_call: Optional[dict] = None  # the latest train(): a restart feeds it on
         self._feed_error: Optional[FeedError] = None  # its feeder lost: why the nodes failed
         self._engine_slots = 0  # the engine's slots at the first start (restarts wait for them)
+        self._driver_host = driver_host or backend.driver_host()
+        self.supervisor = self._new_supervisor()
+
+    def _own_temp_folders(self, log_dir: Optional[str], checkpoint_dir: Optional[str]) -> None:
+        """The job's lock (duotf._driver.leftovers: held while its temp folders may exist, so
+        that the next run on this host removes them should this process die first; released
+        last), a sweep of the dead drivers' folders, the node logs and the checkpoint folder."""
+        lock = leftovers.JobLock(self.job_id)
+        weakref.finalize(self, lock.release)  # registered first: the last to run
+        leftovers.sweep()
+        self._logs: Optional[NodeLogs] = None
+        if self._log_nodes:
+            self._logs = NodeLogs(self.spec.roles(), self.job_id, log_dir)
+            # The files outlive shutdown (cluster.logs() after the run), not the Cluster object.
+            weakref.finalize(self, self._logs.remove)
         if checkpoint_dir is None:
             self.checkpoint_dir, self._owns_checkpoint_dir = self._workdir_root + "-checkpoints", True
             # shutdown removes it; so does the end of a Cluster never shut down (a failed wait())
@@ -170,8 +182,6 @@ class Cluster:
         else:
             self.checkpoint_dir = _job_log_dir(checkpoint_dir, self.job_id, "checkpoint_dir")
             self._owns_checkpoint_dir = False
-        self._driver_host = driver_host or backend.driver_host()
-        self.supervisor = self._new_supervisor()
 
     def _new_supervisor(self) -> Supervisor:
         return Supervisor(

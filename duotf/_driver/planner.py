@@ -271,9 +271,10 @@ def _failed(sup: Supervisor, what: str, feed: FeedJob, exc: BaseException, job=N
     """Raise the error for a feed job that failed with ``exc``. A node that died is usually
     why (its error wins), or a node reports a range broken after delivering rows: one wait of
     up to ``_GRACE`` seconds for either, none when the task's data source failed before its
-    first row (nothing else is coming)."""
+    first row or the node was stuck (nothing else is coming)."""
     source_only = isinstance(exc, FeedError) and exc.cause is not None and not exc.rows
-    if not source_only:
+    stuck = isinstance(exc, FeedError) and exc.stuck  # alive: no error or report is coming
+    if not source_only and not stuck:
         sup.wait_for(lambda: sup.feed_failure() is not None, Deadline.after(_GRACE))
     if sup.error is not None:
         try:

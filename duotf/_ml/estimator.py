@@ -648,7 +648,7 @@ def fit(config: FitConfig, backend, key: int, data, feed_slots: int,
             "weightCol": config.weightCol, "validationData": validation,
             "callbacks": config.callbacks, "runId": config.runId,
             "resume": state.node_args() if state is not None else None,
-            "runParams": resume.run_params(config),
+            "runParams": resume.run_params(config), "runOwner": state.owner if state else None,
             tracking.ARG: tracking.fit_target(config, validation) if config.mlflowLogging else None,
         }
         if config.modelFn is not None:

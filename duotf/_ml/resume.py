@@ -20,6 +20,15 @@ A fit given that ``runId`` again (:func:`open_run`, on the driver) reads ``run.j
 * a finished run (``run.json`` says so and the model is there): the fit trains nothing and
   returns that model, so a script rerun after a crash of a later step does not train it again.
 
+**Fenced.** A driver killed with SIGKILL leaves its nodes running for a few seconds (until
+they miss its heartbeats), and a fit resumed at once would share the folder with them. So each
+fit of a ``runId`` writes a new token to :data:`OWNER_FILE` when it opens the run, and its chief
+commits a checkpoint only while the file still holds its token: it reads the file before it
+saves the checkpoint and again before it renames ``run.json``, and ends with
+:class:`RunTakenOverError` instead once another fit has taken the run. A node of the old fit
+that read its token just before the new fit wrote its own can still commit in the moments
+between that read and the rename, never after.
+
 A ``runId`` started with other parameters (``epochs``, ``batchSize``, the columns, the
 validation split, ``seed``) is refused with a :class:`~duotf.errors.ConfigError` naming them:
 resuming it would be another fit under the same name (give a new ``runId``). ``numWorkers`` may
@@ -44,11 +53,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("duotf._ml.estimator")
 
-__all__ = ["STATE_FILE", "RUN_PARAMS", "RunState", "check_run_id", "run_params", "open_run",
+__all__ = ["STATE_FILE", "OWNER_FILE", "RUN_PARAMS", "RunState", "RunTakenOverError", "check_run_id",
+           "run_params", "open_run",
            "finish_run", "write_state", "checkpoint_callback", "restore"]
 
 #: the run's state, in its folder: the commit point of every checkpoint
 STATE_FILE = "run.json"
+#: the token of the fit that holds the run, in its folder (removed when the run finishes)
+OWNER_FILE = "owner"
 #: the parameters a resumed run must share with the run it resumes
 RUN_PARAMS = ("epochs", "batchSize", "featuresCol", "labelCol", "weightCol",
               "validationIndicatorCol", "validationFraction", "seed")
@@ -67,6 +79,11 @@ def check_run_id(run_id: Any, model_dir: Optional[str]) -> None:
                           "modelDir to a folder every node and the driver can reach", param="modelDir")
 
 
+class RunTakenOverError(RuntimeError):
+    """A node's fit no longer holds its ``runId``: another fit of it has started (its driver
+    was lost, and the run resumed). The node commits nothing more and ends."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RunState:
     """What a run's folder holds when a fit with its ``runId`` starts."""
@@ -80,12 +97,36 @@ class RunState:
     checkpoint: Optional[str] = None
     #: the run finished: its model is there
     finished: bool = False
+    #: this fit's token in :data:`OWNER_FILE` ("" for a finished run)
+    owner: str = ""
 
     def node_args(self) -> Optional[Dict[str, Any]]:
         """What the nodes get as ``args["resume"]``: None for a new run."""
         if self.checkpoint is None:
             return None
         return {"checkpoint": self.checkpoint, "epoch": self.done, "history": self.history}
+
+
+def _owner(folder: str) -> Optional[str]:
+    """The token in the run's :data:`OWNER_FILE` (None: no file)."""
+    from duotf.io.files import filesystem
+
+    fs, path = filesystem(folder.rstrip("/") + "/" + OWNER_FILE)
+    try:
+        with fs.open(path, "rb") as f:
+            return f.read().decode("utf-8").strip()
+    except FileNotFoundError:
+        return None
+
+
+def _take(folder: str) -> str:
+    """Write a new token to the run's :data:`OWNER_FILE`: this fit holds the run from now on."""
+    from duotf.io.files import filesystem
+
+    token = uuid.uuid4().hex
+    fs, path = filesystem(folder.rstrip("/") + "/" + OWNER_FILE)
+    fs.pipe_file(path, token.encode("utf-8"))
+    return token
 
 
 def run_params(config: "FitConfig") -> Dict[str, Any]:
@@ -128,7 +169,7 @@ def open_run(config: "FitConfig", saved_model) -> RunState:
     if state is None:
         if saved_model(folder) is not None:  # a trainFn's run, finished
             return RunState(folder, config.epochs, finished=True)
-        return RunState(folder)
+        return RunState(folder, owner=_take(folder))
     mine = run_params(config)
     differ = [f"{n}={state['params'].get(n)!r} (now {mine[n]!r})" for n in RUN_PARAMS
               if state["params"].get(n) != mine[n]]
@@ -147,7 +188,12 @@ def open_run(config: "FitConfig", saved_model) -> RunState:
         fs.copy(filesystem(checkpoint)[1], path.rstrip("/") + "/" + MODEL_FILE)
         finish_run(config, folder, history)
         return RunState(folder, state["done"], history, finished=True)
-    return RunState(folder, state["done"], history, checkpoint)
+    # the token first, then the state it resumes from: a node of a lost fit commits nothing
+    # after the token changed (see the module docstring)
+    owner = _take(folder)
+    state = _read(folder) or state
+    checkpoint = folder + "/" + state["model"] if state.get("model") else None
+    return RunState(folder, state["done"], state.get("history") or {}, checkpoint, owner=owner)
 
 
 def finish_run(config: "FitConfig", folder: str, history: Dict[str, List[float]]) -> None:
@@ -159,10 +205,11 @@ def finish_run(config: "FitConfig", folder: str, history: Dict[str, List[float]]
     done = len(losses) if isinstance(losses, list) else config.epochs  # fewer: EarlyStopping
     write_state(folder, {"params": run_params(config), "done": done, "history": history,
                          "model": None, "finished": True})
-    if last.get("model"):
-        fs, path = filesystem(folder.rstrip("/") + "/" + last["model"])
-        if fs.exists(path):
-            fs.rm(path)
+    for name in (last.get("model"), OWNER_FILE):
+        if name:
+            fs, path = filesystem(folder.rstrip("/") + "/" + name)
+            if fs.exists(path):
+                fs.rm(path)
 
 
 # -- on the nodes ----------------------------------------------------------------------------------
@@ -185,8 +232,16 @@ def checkpoint_callback(args: Dict[str, Any]):
 
     folder = args["modelDir"]
     params = args["runParams"]
+    token = args.get("runOwner")
     start = args["resume"] or {"epoch": 0, "history": {}, "checkpoint": None}
     fs, _ = filesystem(folder)
+
+    def still_held(done: int) -> None:
+        if token is not None and _owner(folder) != token:
+            raise RunTakenOverError(
+                f"runId={args['runId']!r} was taken over by another fit (this fit's driver was "
+                f"lost and the run resumed): this node commits no checkpoint after epoch {done} "
+                f"to {folder} and ends")
 
     class RunCheckpoint(keras.callbacks.Callback):
         def __init__(self):
@@ -199,7 +254,13 @@ def checkpoint_callback(args: Dict[str, Any]):
             for key, value in (logs or {}).items():
                 self.history.setdefault(key, []).append(float(value))
             name = f"checkpoint-{done}.keras"
+            still_held(done)
             self.model.save(folder.rstrip("/") + "/" + name)
+            try:
+                still_held(done)  # the commit: only while this fit holds the run
+            except RunTakenOverError:
+                fs.rm(filesystem(folder.rstrip("/") + "/" + name)[1])  # taken over while it
+                raise  # saved: the new fit is epochs behind, so the file is this node's own
             write_state(folder, {"params": params, "done": done, "history": self.history,
                                  "model": name, "finished": False})
             if self.last is not None and self.last != folder.rstrip("/") + "/" + name:

@@ -99,7 +99,7 @@ def modules_beside_the_script() -> List[types.ModuleType]:
     found = []
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
-        if (not path or name == "__main__" or "." in name or not path.endswith(".py")
+        if (not path or module is main or "." in name or not path.endswith(".py")
                 or os.path.basename(path) == "__init__.py"):
             continue
         if os.path.dirname(os.path.realpath(path)) == folder and not name.startswith("duotf"):

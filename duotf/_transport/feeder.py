@@ -196,13 +196,14 @@ def _frames(chunks: Iterable[Columns]) -> Iterator[Columns]:
 
 def _fail(job: FeedJob, pid: int, target: int, exc: BaseException, rows: Optional[int] = None) -> FeedError:
     label = job.labels[target]
-    if isinstance(exc, socket.timeout):
+    stuck = isinstance(exc, socket.timeout)
+    if stuck:
         why = (f"the node took no data for feed_timeout={job.timeout:g} s (alive but stuck: "
                "is its main reading its feed?)")
     else:
         why = f"the connection failed ({type(exc).__name__}: {exc}); the node may have died"
     return FeedError(f"{job.what} failed on {label}: feeding partition {pid}, {why}",
-                     epoch=job.epoch, partition=pid, node=label, rows=rows)
+                     epoch=job.epoch, partition=pid, node=label, rows=rows, stuck=stuck)
 
 
 class _Target:
@@ -341,10 +342,31 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
         # had no row yet, and fails the epoch for one that had (exactly once).
         raise _source_error(job, pid, fed, sent, exc.error) from exc.error
     except (OSError, wire.FeedProtocolError) as exc:
+        if isinstance(exc, socket.timeout):
+            _fail_stuck_node(job, pid, fed)
         raise _fail(job, pid, fed, exc, sent) from exc
     finally:
         for conn in conns.values():
             conn.close(ok)
+
+
+def _fail_stuck_node(job: FeedJob, pid: int, target: int) -> None:
+    """Node ``target`` took no data for ``feed_timeout``: fail the feed of every node at once
+    (the driver's "fail" marker, each on a connection of its own; the driver fails them all
+    anyway when the feed's error reaches it), the stuck one first, so that the epoch's other
+    ranges are refused with why instead of each waiting ``feed_timeout`` in turn (one partition
+    after another, as the engine's free slots run them). A node that cannot be told is left to
+    its ranges' own timeouts."""
+    label = job.labels[target]
+    why = (f"{label} took no data for feed_timeout={job.timeout:g} s, feeding partition {pid} "
+           "(alive but stuck: is its main reading its feed?): the epoch cannot go on without it")
+    order = [target] + [t for t in range(len(job.addresses)) if t != target]
+    for t in order:
+        told, error = wire.send_markers([job.addresses[t]], job.secret, wire.Marker.FAIL,
+                                        min(job.timeout, 5.0), why=why)
+        if not told:
+            logger.debug("partition %d: telling %s that %s is stuck failed: %s", pid,
+                         job.labels[t], label, error)
 
 
 def _send_rows(conn: _Target, cols, packed, n: int, start: int, stop: int):

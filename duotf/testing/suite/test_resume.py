@@ -18,6 +18,8 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 
 import numpy as np
 import pytest
@@ -103,7 +105,7 @@ def _where(engine) -> str:
 # resumes by the same Params and model folder as a Connect session's, which runs it here
 @pytest.mark.engines("dask", "spark-connect")
 def test_a_fit_whose_driver_was_killed_resumes_from_its_last_checkpoint(backend, engine, tmp_path,
-                                                                        caplog):
+                                                                        caplog, monkeypatch):
     import logging
 
     import keras
@@ -134,21 +136,50 @@ def test_a_fit_whose_driver_was_killed_resumes_from_its_last_checkpoint(backend,
     state = json.loads((models / "linear-1" / "run.json").read_text())
     assert state["done"] == HELD_AT and not state["finished"]
     assert state["model"] == f"checkpoint-{HELD_AT}.keras" and len(state["history"]["loss"]) == HELD_AT
-    assert sorted(os.listdir(models / "linear-1")) == [f"checkpoint-{HELD_AT}.keras", "run.json"]
+    assert sorted(os.listdir(models / "linear-1")) == [f"checkpoint-{HELD_AT}.keras", "owner", "run.json"]
+    steps_held = int(np.asarray(keras.saving.load_model(
+        models / "linear-1" / f"checkpoint-{HELD_AT}.keras").optimizer.iterations))
+    assert steps_held > 0
+
+    # what the killed driver left in its temp folder (its node logs, its job's lock): removed by
+    # the next run on its host, here the resumed fit's (duotf/_driver/leftovers.py)
+    left = [n for n in os.listdir(tmp_path / "driver-tmp") if n.startswith("duotf-")]
+    assert any(n.endswith(".lock") for n in left), left
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "driver-tmp"))
+
+    # resumed at once, while the killed fit's nodes still hold at epoch 2 (they end when they
+    # miss their driver's heartbeats): the new fit takes the run (a new token in its owner
+    # file) before anything else, and the old nodes, released then, commit nothing more
+    caplog.set_level(logging.INFO, logger="duotf._ml.estimator")
+    name = engine.ml_name
+    params = {name(k): v for k, v in _params(str(models), "").items()}
+    token = (models / "linear-1" / "owner").read_text()
+    fitted: dict = {}
+
+    def resume_fit():
+        try:
+            fitted["model"] = TFEstimator(**params, **extra).fit(engine.table(linear_parts(), SCHEMA))
+        except BaseException as exc:  # raised in the test's thread below
+            fitted["error"] = exc
+
+    thread = threading.Thread(target=resume_fit, name="resumed-fit")
+    thread.start()
+    try:
+        owner = models / "linear-1" / "owner"  # removed when the run finishes
+        poll_for(lambda: not thread.is_alive() or not owner.exists() or owner.read_text() != token,
+                 120, 0.1, "the resumed fit to take the run")
+    finally:
+        (held / "release").touch()
+        thread.join(600)
+    if "error" in fitted:
+        raise fitted["error"]
+    model = fitted["model"]
     # the killed fit's nodes end without their driver (no longer than heartbeat_timeout and a
     # margin for the node to stop), and so does what the driver started (Spark's JVM)
     poll_for(lambda: not node_processes(), DRIVER_HEARTBEAT_TIMEOUT + 20, 0.2,
              "the killed driver's node processes to end")
     poll_for(lambda: not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE],
              30, 0.2, "the killed driver's own processes to end")
-    steps_held = int(np.asarray(keras.saving.load_model(
-        models / "linear-1" / f"checkpoint-{HELD_AT}.keras").optimizer.iterations))
-    assert steps_held > 0
-
-    caplog.set_level(logging.INFO, logger="duotf._ml.estimator")
-    name = engine.ml_name
-    params = {name(k): v for k, v in _params(str(models), "").items()}
-    model = TFEstimator(**params, **extra).fit(engine.table(linear_parts(), SCHEMA))
     assert getattr(model, name("initialEpoch")) == HELD_AT
     assert len(model.history["loss"]) == EPOCHS and all(math.isfinite(v) for v in model.history["loss"])
     assert model.history["loss"][:HELD_AT] == state["history"]["loss"]
@@ -163,6 +194,7 @@ def test_a_fit_whose_driver_was_killed_resumes_from_its_last_checkpoint(backend,
     state = json.loads((models / "linear-1" / "run.json").read_text())
     assert state["finished"] and state["done"] == EPOCHS
     assert sorted(os.listdir(models / "linear-1")) == ["model.keras", "run.json"]
+    assert not set(left) & set(os.listdir(tmp_path / "driver-tmp")), left
 
     # a finished run: its model, untrained; other parameters: refused, naming them
     again = TFEstimator(**params, **extra).fit(engine.table(linear_parts(), SCHEMA))

@@ -8,7 +8,7 @@ them by name here.
 from duotf.testing.suite.mains.training import (  # noqa: F401
     block_main, chief_blocks_main, describe_main, make_regression, mwms_linear, mwms_main, N_FEATURES,
     ps_between_graph_main, ps_chief_main, raise_on_main, read_shard_main, reference_weights,
-    slow_save_main, wait_for_file,
+    sleep_main, slow_save_main, wait_for_file,
 )
 from duotf.testing.suite.mains.feeding import (  # noqa: F401
     feed_columns_main, feed_dataset_main, feed_die_main, feed_hold_main, feed_infer_main, feed_infer_short_main,

@@ -166,7 +166,8 @@ def keras_resume_main(args, ctx):
 def hold_after_epoch(folder: str, epoch: int):
     """TFEstimator's callbacks in the resume test (``functools.partial(hold_after_epoch, folder,
     2)``): at the end of ``epoch`` epochs every worker writes ``folder/held-<index>`` and holds
-    (until its node is stopped: its driver is gone), so that no later checkpoint is written."""
+    until ``folder/release`` appears (or its node is stopped: its driver is gone), so that no
+    later checkpoint is written before the test resumes the run."""
     import keras
 
     class Hold(keras.callbacks.Callback):
@@ -174,6 +175,6 @@ def hold_after_epoch(folder: str, epoch: int):
             if done + 1 == epoch:  # Keras counts from 0
                 index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
                 open(os.path.join(folder, f"held-{index}"), "w").close()
-                wait_for_file(os.path.join(folder, "never"), 120.0)
+                wait_for_file(os.path.join(folder, "release"), 120.0)
 
     return [Hold()]

@@ -159,6 +159,12 @@ def raise_on_main(args, ctx):
     return ctx.node_id
 
 
+def sleep_main(args, ctx):
+    """Sleeps ``args`` seconds (a run to hold, or to kill the driver of)."""
+    time.sleep(float(args))
+    return ctx.node_id
+
+
 def slow_save_main(args, ctx):
     """Work that is still going on when the driver calls shutdown: it must not be cut off."""
     wait_for_file(args["release"])
