@@ -164,9 +164,8 @@ class Cluster:
         self.supervisor = self._new_supervisor()
 
     def _own_temp_folders(self, log_dir: Optional[str], checkpoint_dir: Optional[str]) -> None:
-        """The job's lock (duotf._driver.leftovers: held while its temp folders may exist, so
-        that the next run on this host removes them should this process die first; released
-        last), a sweep of the dead drivers' folders, the node logs and the checkpoint folder."""
+        """The job's lock (duotf._driver.leftovers: released last), a sweep of the folders of
+        drivers that died on this host, the node logs and the checkpoint folder."""
         lock = leftovers.JobLock(self.job_id)
         weakref.finalize(self, lock.release)  # registered first: the last to run
         leftovers.sweep()

@@ -272,9 +272,8 @@ def _failed(sup: Supervisor, what: str, feed: FeedJob, exc: BaseException, job=N
     why (its error wins), or a node reports a range broken after delivering rows: one wait of
     up to ``_GRACE`` seconds for either, none when the task's data source failed before its
     first row or the node was stuck (nothing else is coming)."""
-    source_only = isinstance(exc, FeedError) and exc.cause is not None and not exc.rows
-    stuck = isinstance(exc, FeedError) and exc.stuck  # alive: no error or report is coming
-    if not source_only and not stuck:
+    # a data source that failed before its first row, or a node alive but stuck: none is coming
+    if not (isinstance(exc, FeedError) and (exc.stuck or (exc.cause is not None and not exc.rows))):
         sup.wait_for(lambda: sup.feed_failure() is not None, Deadline.after(_GRACE))
     if sup.error is not None:
         try:

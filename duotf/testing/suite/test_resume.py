@@ -101,6 +101,31 @@ def _where(engine) -> str:
     return "dask:" + engine.client.scheduler.address
 
 
+def _resume_at_once(fit, owner, release):
+    """``fit()`` in a thread; once it has taken the run (a new token in the ``owner`` file,
+    which goes when the run finishes), the killed fit's held nodes are released (``release``)."""
+    token = owner.read_text()
+    fitted: dict = {}
+
+    def resume_fit():
+        try:
+            fitted["model"] = fit()
+        except BaseException as exc:  # raised in the test's thread below
+            fitted["error"] = exc
+
+    thread = threading.Thread(target=resume_fit, name="resumed-fit")
+    thread.start()
+    try:
+        poll_for(lambda: not thread.is_alive() or not owner.exists() or owner.read_text() != token,
+                 120, 0.1, "the resumed fit to take the run")
+    finally:
+        release.touch()
+        thread.join(600)
+    if "error" in fitted:
+        raise fitted["error"]
+    return fitted["model"]
+
+
 # spark-local cut from CI's time (24 s; it passed there): a classic session's Spark estimator
 # resumes by the same Params and model folder as a Connect session's, which runs it here
 @pytest.mark.engines("dask", "spark-connect")
@@ -153,27 +178,8 @@ def test_a_fit_whose_driver_was_killed_resumes_from_its_last_checkpoint(backend,
     caplog.set_level(logging.INFO, logger="duotf._ml.estimator")
     name = engine.ml_name
     params = {name(k): v for k, v in _params(str(models), "").items()}
-    token = (models / "linear-1" / "owner").read_text()
-    fitted: dict = {}
-
-    def resume_fit():
-        try:
-            fitted["model"] = TFEstimator(**params, **extra).fit(engine.table(linear_parts(), SCHEMA))
-        except BaseException as exc:  # raised in the test's thread below
-            fitted["error"] = exc
-
-    thread = threading.Thread(target=resume_fit, name="resumed-fit")
-    thread.start()
-    try:
-        owner = models / "linear-1" / "owner"  # removed when the run finishes
-        poll_for(lambda: not thread.is_alive() or not owner.exists() or owner.read_text() != token,
-                 120, 0.1, "the resumed fit to take the run")
-    finally:
-        (held / "release").touch()
-        thread.join(600)
-    if "error" in fitted:
-        raise fitted["error"]
-    model = fitted["model"]
+    model = _resume_at_once(lambda: TFEstimator(**params, **extra).fit(
+        engine.table(linear_parts(), SCHEMA)), models / "linear-1" / "owner", held / "release")
     # the killed fit's nodes end without their driver (no longer than heartbeat_timeout and a
     # margin for the node to stop), and so does what the driver started (Spark's JVM)
     poll_for(lambda: not node_processes(), DRIVER_HEARTBEAT_TIMEOUT + 20, 0.2,
