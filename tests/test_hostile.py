@@ -203,6 +203,26 @@ def test_a_real_node_registers_while_the_gate_is_crowded():
             sock.close()
 
 
+def test_a_connection_closed_without_a_byte_is_a_reachability_check_logged_at_debug(caplog):
+    """duotf's own check (can the executors reach a Connect client?) connects and closes: no
+    warning for it; a connection closed halfway through its proof still warns."""
+    def refused():
+        return [r for r in caplog.records if "refused 1 connection" in r.getMessage()]
+
+    caplog.set_level(logging.DEBUG, logger="duotf")
+    for partial, level in ((b"", logging.DEBUG), (b"x" * 5, logging.WARNING)):
+        caplog.clear()
+        target = Rendezvous()
+        try:
+            with socket.create_connection(target.address, timeout=10) as sock:
+                sock.sendall(partial)
+            poll_for(refused, 10, what="the connection refused (the first refusal is told at once)")
+        finally:
+            target.close()
+        [record] = refused()
+        assert record.levelno == level, record.getMessage()
+
+
 @pytest.mark.parametrize("kind", [Rendezvous, Feed], ids=["rendezvous", "feed"])
 def test_a_client_cut_off_during_the_handshake_retries(kind, monkeypatch):
     """rendezvous.connect and wire.connect try again where the server closed the connection

@@ -63,6 +63,9 @@ class Refusal(str, enum.Enum):
     TIMED_OUT = "did not authenticate in time"
     CROWDED = "made room for newer ones (too many authenticating at once)"
     CLOSED = "closed before authenticating"
+    #: connected and closed without a byte: a reachability check (duotf's own, before a Spark
+    #: Connect client decides on a relay; a load balancer's), logged at DEBUG when alone
+    PROBED = "closed without sending a byte (a reachability check)"
 
     def __str__(self) -> str:
         return self.value
@@ -133,8 +136,9 @@ class _RefusalLog:
         if self.counts:
             total = sum(self.counts.values())
             why = ", ".join(f"{n} {reason}" for reason, n in self.counts.most_common())
-            logger.warning("duotf: refused %d connection(s) to %s in the last %.0f s: %s",
-                           total, self.what, now - self.since, why)
+            level = logging.DEBUG if set(self.counts) == {Refusal.PROBED} else logging.WARNING
+            logger.log(level, "duotf: refused %d connection(s) to %s in the last %.0f s: %s",
+                       total, self.what, now - self.since, why)
             self.counts.clear()
         self.since = now
         self.next_at = now + self.interval
@@ -297,7 +301,7 @@ class Gate:
         except OSError:
             data = b""
         if not data:
-            self._refuse(pending, Refusal.CLOSED)
+            self._refuse(pending, Refusal.CLOSED if pending.hello else Refusal.PROBED)
             return
         pending.hello += data
         if len(pending.hello) < HELLO_LEN:
