@@ -105,8 +105,7 @@ def test_the_nodes_of_a_run_that_comes_while_the_server_imports_wait_for_it(tmp_
     TensorFlow each beside it (the second run's later node may wait for it too)."""
     (tmp_path / "sitecustomize.py").write_text(SLOW_SERVER_IMPORT)
     # a server of its own (a variable its import may read), which the sitecustomize slows
-    env = {"PYTHONPATH": str(tmp_path), "TMPDIR": str(tmp_path), "DUOTF_WARM_CASE": str(tmp_path),
-           "DUOTF_WARM_AFTER": "1"}  # the default (the suite's engines set 0)
+    env = {"PYTHONPATH": str(tmp_path), "TMPDIR": str(tmp_path), "DUOTF_WARM_CASE": str(tmp_path)}
     runs = []
     for _ in range(3):
         with duotf.run(describe, None, "local", SPEC, env=env) as cluster:
@@ -114,16 +113,6 @@ def test_the_nodes_of_a_run_that_comes_while_the_server_imports_wait_for_it(tmp_
     for node in runs[0]:
         assert "duotf._node.warm" not in node["parent"], node
     for node in runs[2]:
-        assert node["tf_before_main"] and "duotf._node.warm" in node["parent"], node
-
-
-def test_with_warm_after_0_the_first_run_waits_for_its_server_and_is_forked(tmp_path):
-    """DUOTF_WARM_AFTER=0 (the suite's engines): the first run in an environment starts the
-    server, and its nodes wait for the import and are forked, none importing TensorFlow."""
-    env = {"DUOTF_WARM_AFTER": "0", "DUOTF_WARM_CASE": str(tmp_path)}  # a server of its own
-    with duotf.run(describe, None, "local", SPEC, env=env) as cluster:
-        first = cluster.wait(timeout=120)
-    for node in first:
         assert node["tf_before_main"] and "duotf._node.warm" in node["parent"], node
 
 
