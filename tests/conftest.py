@@ -39,11 +39,6 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_CONF_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                      "spark-conf"))
 os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1")
-# Every engine worker starts its warm node server at its first job, whose nodes wait for it,
-# not at its second (duotf/_node/warm.py): the suite's engines run hundreds of short jobs, and
-# on 2 cores the first jobs' nodes each importing TensorFlow beside the server cost more CPU
-# than any other cause (tests/test_warm.py checks the default on its own runs).
-os.environ.setdefault("DUOTF_WARM_AFTER", "0")
 _BIN = os.path.dirname(sys.executable)
 if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")

@@ -56,9 +56,8 @@ def run_twice(env=None, args=None):
     from duotf._node import warm
 
     results = []
-    env = dict(env or {}, DUOTF_WARM_AFTER="1")  # the default (the suite's engines set 0)
     for _ in range(3):
-        with duotf.run(describe, args, "local", SPEC, env=env) as cluster:
+        with duotf.run(describe, args, "local", SPEC, env=env or {}) as cluster:
             results.append((cluster.job_id, cluster.wait(timeout=120)))
         # a run right after a server started spawns its nodes beside it: wait for its import
         poll_for(lambda: all((warm._ask(name, "ping") or {}).get("imported", True)

@@ -3,8 +3,8 @@ forks a node process for each agent that asks, so that a run's ``main`` starts w
 imported instead of paying its import (seconds of CPU) in every node of every run.
 
 The nodes of the first jobs an agent's process runs in an environment are spawned as always
-(``python -m duotf._node.child``); at the second job (``DUOTF_WARM_AFTER``: at the first, whose
-nodes then wait for it), the agent also starts the server, ``python -m duotf._node.warm_server``, which imports what a node imports before ``main``
+(``python -m duotf._node.child``); at the second job, the agent also starts the
+server, ``python -m duotf._node.warm_server``, which imports what a node imports before ``main``
 (duotf's node side and TensorFlow, nothing initialised: no device, no eager context, no thread
 of TensorFlow's own) and then listens on an abstract Unix socket named after its environment. Every later node in that environment is forked
 by the server: the agent sends the node's pipes, its port reservation and its output pipe
@@ -52,11 +52,6 @@ IDLE = "DUOTF_WARM_IDLE"
 #: the most servers of one engine worker, default 2 (each holds an imported TensorFlow: about
 #: half a GB); starting one more ends its idle one unused longest
 MAX = "DUOTF_WARM_MAX"
-#: how many jobs' nodes an engine worker's process spawns in an environment before it starts a
-#: server for it: default 1 (a script or an executor that runs one job never pays for an import
-#: that no node uses); 0 starts it for the first job, whose nodes then wait for its import
-#: instead of each importing TensorFlow (engines that run many short jobs: a test suite)
-AFTER = "DUOTF_WARM_AFTER"
 #: a node's own tags, never part of what picks its server
 PER_NODE = ("DUOTF_NODE_ID", "DUOTF_JOB_ID")
 #: the variables that may change what importing TensorFlow, Keras, numpy and duotf does (their
@@ -82,8 +77,9 @@ MAX_FDS = 5
 
 #: the servers this process started (kept, so that they are reaped when they exit)
 _servers: List[subprocess.Popen] = []
-#: the jobs whose nodes this process spawned, by server name: a server starts once there are more
-#: than DUOTF_WARM_AFTER of them (by default at the second job)
+#: the jobs whose nodes this process spawned, by server name: a server starts at the second job
+#: (a driver script that runs one job, or an executor that runs one, never pays for an import
+#: that no node would use)
 _spawned: Dict[str, Set[str]] = {}
 #: a longer-lived process than this one that the servers should live as long as (set_owner)
 _owner: Optional[int] = None
@@ -269,17 +265,16 @@ def fork_node(env: Dict[str, str], fds: Sequence[int], log) -> Optional[WarmProc
     cwd = os.getcwd()
     name = address(env, cwd)
     request = json.dumps({"env": env, "cwd": cwd}).encode()
-    sock = _connect(name)
-    if sock is None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect(name)
+    except OSError:
+        sock.close()
         jobs = _spawned.setdefault(name, set())
         jobs.add(env.get("DUOTF_JOB_ID", ""))
-        if len(jobs) <= _after(env):
-            return None
-        _start_server(env, name, log)
-        # at the first job (DUOTF_WARM_AFTER=0), its nodes wait for the server just started
-        sock = _connect(name) if _after(env) == 0 else None
-        if sock is None:
-            return None
+        if len(jobs) >= 2:
+            _start_server(env, name, log)
+        return None
     try:
         if peer_uid(sock) != os.getuid():  # another user's socket of that name: never talk to it
             sock.close()
@@ -300,24 +295,6 @@ def fork_node(env: Dict[str, str], fds: Sequence[int], log) -> Optional[WarmProc
     return None
 
 
-def _connect(name: str) -> Optional[socket.socket]:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        sock.connect(name)
-        return sock
-    except OSError:
-        sock.close()
-        return None
-
-
-def _after(env: Dict[str, str]) -> int:
-    """``DUOTF_WARM_AFTER`` of the nodes' environment (see :data:`AFTER`)."""
-    try:
-        return max(0, int(env.get(AFTER, "1")))
-    except ValueError:
-        return 1
-
-
 class Abandoned(Exception):
     """The request went out but no answer came back: its fds may live on in a late fork, so the
     agent spawns the node on new ones (the late fork then finds its pipes closed and exits)."""
@@ -325,11 +302,10 @@ class Abandoned(Exception):
 
 def prepare(env: Dict[str, str], log) -> None:
     """After a node of ``env`` ended: start the server for the next ones unless one serves, once
-    this process has spawned the nodes of more jobs in ``env`` than ``DUOTF_WARM_AFTER`` (see
-    ``_spawned``)."""
+    this process has spawned the nodes of two jobs in ``env`` (see ``_spawned``)."""
     if available(env):
         name = address(env, os.getcwd())
-        if len(_spawned.get(name, ())) > _after(env):
+        if len(_spawned.get(name, ())) >= 2:
             _start_server(env, name, log)
 
 
