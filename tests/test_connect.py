@@ -4,6 +4,7 @@ on the others (tests/suite/)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -45,6 +46,36 @@ def test_doctor_reaches_the_cluster_through_an_sc_url(backend, engine):
     assert "through a relay in the cluster (DUOTF_RELAY=1 asks for it" in out.stdout, out.stdout
     assert "cannot open a connection" not in out.stdout
     assert "java" in out.stdout  # the server's Java, read through SQL (the client has none)
+
+
+_HELPER = """\
+def main(args, ctx):
+    return f"{ctx.job_name}:{ctx.task_index} ran helper.main"
+"""
+
+_SCRIPT = """\
+import json, sys
+from pyspark.sql import SparkSession
+import duotf
+from helper import main  # a module beside this script, which the executors do not have
+
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+with duotf.run(main, None, spark, duotf.ClusterSpec(workers=2)) as cluster:
+    print(json.dumps(cluster.wait(timeout=120)))
+"""
+
+
+@pytest.mark.engines("spark-connect")
+def test_a_main_from_a_module_beside_the_script_runs_on_connect(backend, engine, tmp_path):
+    """``python train.py`` whose main comes from ``helper.py`` beside it: the executors of a
+    Connect server have no path to the script's folder, and the module goes with the job."""
+    (tmp_path / "helper.py").write_text(_HELPER)
+    (tmp_path / "train.py").write_text(_SCRIPT)
+    out = subprocess.run([sys.executable, "train.py", engine.url], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == ["worker:0 ran helper.main",
+                                                       "worker:1 ran helper.main"]
 
 
 @pytest.mark.engines("spark-connect")

@@ -154,3 +154,30 @@ def test_mistake_one_partition_for_more_nodes_is_shared(backend, engine):
         results = cluster.wait(timeout=120)
     assert report["rows_per_worker"] == 5 and report["rows_fed"] == 10
     assert [r["rows"] for r in results] == [5, 5]
+
+
+# -- a main from a package the nodes cannot import -------------------------------------------------
+@pytest.mark.engines("dask")  # its workers' path is theirs (the embedded engine's is the driver's)
+def test_mistake_main_from_a_package_the_nodes_lack_names_it_and_the_fix(backend, tmp_path, monkeypatch):
+    """A main imported from a package of the driver's path alone (not installed where the nodes
+    run, not a one-file module beside a script): the node's error names the module and both
+    fixes, installing it or ``cloudpickle.register_pickle_by_value``."""
+    import importlib
+
+    package = tmp_path / "mytrainer"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "steps.py").write_text("def main(args, ctx):\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # the driver's path, not the nodes'
+    steps = importlib.import_module("mytrainer.steps")
+    try:
+        with pytest.raises(duotf.NodeFailedError) as info:
+            with duotf.run(steps.main, None, backend, SPEC) as cluster:
+                cluster.wait(timeout=120)
+    finally:
+        for name in ("mytrainer.steps", "mytrainer"):
+            monkeypatch.delitem(__import__("sys").modules, name, raising=False)
+    first = str(info.value).splitlines()[0]
+    assert "No module named 'mytrainer'" in first, first
+    assert "Install it where the nodes run" in first, first
+    assert "cloudpickle.register_pickle_by_value(mytrainer)" in first, first
