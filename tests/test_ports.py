@@ -165,3 +165,40 @@ def test_run_parallel_passes_the_range_to_every_run():
 
     runs = duotf.run_parallel(main, [1, 2], "local", ports=str(r), timeout=120)
     assert [run.value for run in runs] == [[(1, str(r))], [(2, str(r))]], runs
+
+
+# -- DUOTF_BIND: the address to listen on ----------------------------------------------------------
+@pytest.mark.parametrize("text", ["lo", "127.0.0.0/8", "127.0.0.1"])
+def test_bind_takes_a_network_an_interface_or_an_address_of_this_host(text):
+    assert ports.bind_address({"DUOTF_BIND": text}) == "127.0.0.1"
+    assert ports.bind_address({}) is None and ports.bind_address({"DUOTF_BIND": " "}) is None
+
+
+@pytest.mark.parametrize("text, words", [("10.254.253.0/24", "no address of"),
+                                         ("not-an-interface0", "is no network, interface or address")])
+def test_a_bind_that_names_nothing_here_says_the_hosts_addresses(text, words):
+    with pytest.raises(duotf.ConfigError) as info:
+        ports.bind_address({"DUOTF_BIND": text})
+    assert words in str(info.value) and "lo 127.0.0.1" in str(info.value), str(info.value)
+    assert info.value.param == "bind"
+
+
+def test_servers_and_reservations_listen_on_the_bound_address_and_the_run_passes_it_on(monkeypatch):
+    env = {"DUOTF_BIND": "lo"}
+    with ports.create_server(env=env) as server, ports.reserve(env=env) as held:
+        assert server.getsockname()[0] == held.getsockname()[0] == "127.0.0.1"
+    with ports.create_server(env={}) as server:
+        assert server.getsockname()[0] == "0.0.0.0"
+    monkeypatch.setenv("DUOTF_BIND", "127.0.0.0/8")
+    assert job_ports({}, None)["DUOTF_BIND"] == "127.0.0.0/8"  # the driver's, to the nodes
+    assert job_ports({"DUOTF_BIND": "lo"}, None)["DUOTF_BIND"] == "lo"  # the job's own first
+
+
+@pytest.mark.slow  # a doctor run, importing TensorFlow in its probes' node checks
+def test_the_doctor_checks_the_bound_address_on_every_probe():
+    from duotf.backends.base import CheckStatus
+
+    report = duotf.doctor("local", duotf.ClusterSpec(workers=2), env={"DUOTF_BIND": "127.0.0.0/8"})
+    check = report["bind address"]
+    assert check.status is CheckStatus.OK, report.table()
+    assert "2 probe tasks listened on DUOTF_BIND=127.0.0.0/8: 127.0.0.1" in check.detail

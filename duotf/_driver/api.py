@@ -11,7 +11,7 @@ from duotf.errors import ConfigError
 from duotf.spec import seconds
 from duotf.spec import ClusterSpec
 from duotf._driver.restarts import RestartOn
-from duotf._transport.ports import PORTS_ENV, configured as configured_ports, parse as parse_ports
+from duotf._transport.ports import BIND_ENV, PORTS_ENV, configured as configured_ports, parse as parse_ports
 from duotf._verbosity import node_env, set_verbose
 
 __all__ = ["run", "check_run_arguments"]
@@ -160,10 +160,13 @@ def run(
 
 def job_ports(env: Dict[str, str], ports: Optional[str]) -> Dict[str, str]:
     """The job's ``env`` with the range of ports it listens on (``ports``, else the driver's
-    ``DUOTF_PORTS``), checked here, so that its engine tasks and nodes keep to it too."""
+    ``DUOTF_PORTS``), checked here, and the driver's ``DUOTF_BIND`` where ``env`` sets none, so
+    that its engine tasks and nodes keep to them too."""
     chosen = parse_ports(ports, "ports") or parse_ports(env.get(PORTS_ENV), f"env {PORTS_ENV}") \
         or configured_ports()
-    return {**env, PORTS_ENV: str(chosen)} if chosen is not None else env
+    env = {**env, PORTS_ENV: str(chosen)} if chosen is not None else env
+    bind = os.environ.get(BIND_ENV)
+    return {**env, BIND_ENV: bind} if bind and BIND_ENV not in env else env
 
 
 def _start(main, args, backend, spec: ClusterSpec, timeouts: Tuple[float, float, float],

@@ -24,7 +24,7 @@ from duotf.errors import (ClusterClosedError, ConfigError, DuotfError, FeedError
                           TensorBoardError)
 from duotf._driver import leftovers
 from duotf._driver.metrics import NodeMetrics
-from duotf._transport.ports import PORTS_ENV, configured as configured_ports
+from duotf._transport.ports import PORTS_ENV, bind_address, configured as configured_ports
 from duotf._node import job as job_payload
 from duotf._node.agent import NodeJob, OutcomeStatus, default_log_dir, default_workdir_root, run_node
 from duotf._driver.nodelogs import NodeLogs, log_node_ids
@@ -160,7 +160,7 @@ class Cluster:
         self._feed_call: Optional[dict] = None  # the latest train(): a restart feeds it on
         self._feed_error: Optional[FeedError] = None  # its feeder lost: why the nodes failed
         self._engine_slots = 0  # the engine's slots at the first start (restarts wait for them)
-        self._driver_host = driver_host or backend.driver_host()
+        self._driver_host = driver_host or bind_address(self._env) or backend.driver_host()
         self.supervisor = self._new_supervisor()
 
     def _own_temp_folders(self, log_dir: Optional[str], checkpoint_dir: Optional[str]) -> None:

@@ -418,6 +418,7 @@ class _Doctor:
         self._driver_port(probes)
         self._node_ports(probes)
         self._port_range(probes)
+        self._bind_address(probes)
         for host, port in self.reach:
             key = f"{host}:{port}"
             bad = [f"{_where(p)}: {p['reach'][key]}" for p in probes if p["reach"].get(key)]
@@ -525,6 +526,17 @@ class _Doctor:
                      f"{pairs} connections between probe tasks opened",
                      "let the executors open TCP connections to each other on any port (each "
                      "TensorFlow node listens on a port of its own, from the ephemeral range)")
+
+    def _bind_address(self, probes) -> None:
+        bound = [p for p in probes if p.get("bind")]
+        if not bound:
+            return  # no DUOTF_BIND: every interface
+        bad = [f"{_where(p)}: {p['bind_error']}" for p in bound if p.get("bind_error")]
+        addresses = ", ".join(sorted({p["bind_address"] for p in bound if p.get("bind_address")}))
+        self.verdict("bind address", bad,
+                     f"{len(bound)} probe tasks listened on DUOTF_BIND={bound[0]['bind']}: {addresses}",
+                     "give DUOTF_BIND a network every executor's host has an address in, or the "
+                     "name of an interface each of them has (docs/cluster.md, Ports and firewalls)")
 
     def _port_range(self, probes) -> None:
         ranged = [p for p in probes if p.get("ports")]

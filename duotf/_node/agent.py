@@ -417,8 +417,10 @@ class _Agent:
         try:
             self.channel = rendezvous.connect(job.driver_address, job.secret, job.connect_timeout)
             _lose_silent_driver(self.channel.sock, job)
-            # The address the driver reached us from is the one the other nodes can use too.
-            host = self.channel.sock.getsockname()[0]
+            # The address the driver reached us from is the one the other nodes can use too,
+            # unless DUOTF_BIND picks the one this host listens on.
+            host = (ports.bind_address({**os.environ, **job.env})
+                    or self.channel.sock.getsockname()[0])
             self._spawn(reservation)
             assert self.proc is not None  # _spawn started it
             reservation.close()  # the node process's copy keeps the port (see _spawn)

@@ -123,6 +123,12 @@ def run_probe(job: ProbeJob, node_id: int, executor_id: str = "", attempt: int =
     lead = True
     env = {**os.environ, **job.env}
     report["ports"] = env.get(ports.PORTS_ENV)  # the range this task's nodes would listen in
+    report["bind"] = env.get(ports.BIND_ENV)  # and the address they would listen on
+    try:
+        report["bind_address"] = ports.bind_address(env)
+    except ConfigError as exc:  # none of this host's: said, and the rest checked
+        report["bind_error"] = str(exc)
+        env = {k: v for k, v in env.items() if k != ports.BIND_ENV}
     try:
         listener = ports.create_server("0.0.0.0", backlog=128, what="the doctor's probe", env=env)
     except ConfigError as exc:  # a range malformed, or full here: said, and the rest checked
@@ -137,7 +143,8 @@ def run_probe(job: ProbeJob, node_id: int, executor_id: str = "", attempt: int =
         if channel is not None:
             try:
                 channel.sock.settimeout(job.exchange_timeout)
-                host = channel.sock.getsockname()[0]  # the address the driver reached us from
+                # the address the driver reached us from, or the one DUOTF_BIND picks
+                host = report.get("bind_address") or channel.sock.getsockname()[0]
                 report["host"] = host
                 channel.send({"type": Msg.REGISTER, "node_id": node_id, "host": host,
                               "port": listener.getsockname()[1], "executor_id": executor_id})

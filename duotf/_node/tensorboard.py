@@ -50,11 +50,13 @@ class TensorBoard:
             os.makedirs(self.log_dir, exist_ok=True)
         try:  # in DUOTF_PORTS where set (a port free now, which TensorBoard then binds)
             port, _ = ports.free_port(what="TensorBoard")
+            bind = ports.bind_address()  # DUOTF_BIND's address, else every interface
         except ConfigError as exc:
             self._say({"error": str(exc)})
             return
+        where = ["--host", bind] if bind else ["--bind_all"]
         cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", self.log_dir, "--port", str(port),
-               "--bind_all", "--load_fast=false"]
+               *where, "--load_fast=false"]
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, close_fds=True)

@@ -9,6 +9,14 @@ environment sets it) or given to ``duotf.run(..., ports="lo-hi")``, which sets i
 engine tasks and nodes too. A range with no free port left is a :class:`PortRangeError` naming
 it.
 
+``DUOTF_BIND`` picks the address they listen on, where a host has several networks and only one
+may carry duotf's traffic: a network (``10.20.0.0/16``: each host takes its own address in it),
+an interface (``eth1``: its address on each host) or one address (for one host). Each node then
+says that address to the others, and the driver listens on its own there unless ``driver_host``
+names one. Unset, they listen on every interface and the nodes say the address they reach the
+driver from. TensorFlow's own server listens on every interface whatever is set: no setting of
+TensorFlow picks its address (its port is in the range).
+
 Binding scans the range from a random place, so that the processes of one host rarely try the
 same port at once; a port another process holds is skipped. TensorFlow's port is held by a
 socket that never listens until the node's server takes it (``SO_REUSEPORT``): those are picked
@@ -25,15 +33,17 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Iterator, Mapping, Optional, Tuple
+from typing import Dict, Iterator, Mapping, Optional, Tuple
 
 from duotf.errors import ConfigError, PortRangeError
 
-__all__ = ["PORTS_ENV", "PortRange", "parse", "configured", "create_server",
-           "reserve", "free_port"]
+__all__ = ["PORTS_ENV", "BIND_ENV", "PortRange", "parse", "configured", "bind_address",
+           "create_server", "reserve", "free_port"]
 
 #: the environment variable of the range: ``"41000-41300"`` (both ends included)
 PORTS_ENV = "DUOTF_PORTS"
+#: the environment variable of the address to listen on: a network, an interface or an address
+BIND_ENV = "DUOTF_BIND"
 
 #: seconds to wait for the host's lock on picking a reserved port (each holder takes microseconds)
 _LOCK_WAIT = 10.0
@@ -91,6 +101,60 @@ def configured(env: Optional[Mapping[str, str]] = None) -> Optional[PortRange]:
     return parse((os.environ if env is None else env).get(PORTS_ENV))
 
 
+def _interfaces() -> Dict[str, str]:
+    """This host's interfaces and their IPv4 address (Linux; elsewhere through psutil where it
+    is installed, else none)."""
+    found: Dict[str, str] = {}
+    if sys.platform.startswith("linux"):
+        import fcntl
+        import struct
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for _, name in socket.if_nameindex():
+                try:  # SIOCGIFADDR: the interface's (first) IPv4 address
+                    packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+                except OSError:
+                    continue  # no IPv4 address
+                found[name] = socket.inet_ntoa(packed[20:24])
+        return found
+    try:
+        import psutil
+    except ImportError:
+        return found
+    for name, addresses in psutil.net_if_addrs().items():
+        for address in addresses:
+            if address.family == socket.AF_INET:
+                found.setdefault(name, address.address)
+    return found
+
+
+def bind_address(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The address of this host that ``DUOTF_BIND`` in ``env`` (default: this process's
+    environment) picks, or None where it is unset (every interface). One that names no address
+    here is a :class:`~duotf.errors.ConfigError` saying the host's addresses."""
+    import ipaddress
+
+    text = ((os.environ if env is None else env).get(BIND_ENV) or "").strip()
+    if not text:
+        return None
+    interfaces = _interfaces()
+    if text in interfaces:
+        return interfaces[text]
+    host = socket.gethostname()
+    here = ", ".join(f"{name} {address}" for name, address in sorted(interfaces.items()))
+    try:
+        network = ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise ConfigError(f"{BIND_ENV}={text!r} is no network, interface or address of {host}: give "
+                          f"a network ('10.20.0.0/16'), an interface or an address (here: {here})",
+                          param="bind", host=host) from None
+    for _, address in sorted(interfaces.items()):
+        if ipaddress.ip_address(address) in network:
+            return address
+    raise ConfigError(f"{BIND_ENV}={text!r}: no address of {host} is in it (here: {here}); give a "
+                      "network every host of the cluster has an address in", param="bind", host=host)
+
+
 def _exhausted(ports: PortRange, what: str) -> PortRangeError:
     host = socket.gethostname()
     return PortRangeError(
@@ -102,8 +166,11 @@ def _exhausted(ports: PortRange, what: str) -> PortRangeError:
 def create_server(host: str = "0.0.0.0", *, backlog: int = 128, what: str = "a duotf server",
                   ports: Optional[PortRange] = None,
                   env: Optional[Mapping[str, str]] = None) -> socket.socket:
-    """A listening TCP socket on ``host``: on a port of ``ports`` (default: :func:`configured`
-    from ``env``), else on one the kernel picks."""
+    """A listening TCP socket on ``host`` (every interface: the address ``DUOTF_BIND`` in ``env``
+    picks, where set): on a port of ``ports`` (default: :func:`configured` from ``env``), else on
+    one the kernel picks."""
+    if host in ("0.0.0.0", ""):
+        host = bind_address(env) or "0.0.0.0"
     ports = ports if ports is not None else configured(env)
     if ports is None:
         return socket.create_server((host, 0), backlog=backlog)
@@ -170,9 +237,10 @@ def reserve(*, what: str = "a TensorFlow server", ports: Optional[PortRange] = N
     while the socket holds it, and any other program is refused it. In a range, the port is
     one no socket holds: a socket that holds it refuses a plain bind, reserving or not."""
     ports = ports if ports is not None else configured(env)
+    host = bind_address(env) or "0.0.0.0"  # TensorFlow's server itself listens on every interface
     if ports is None:
         sock = _reserving_socket()
-        sock.bind(("0.0.0.0", 0))
+        sock.bind((host, 0))
         return sock
     with _host_lock():
         for port in ports.scan():
@@ -180,7 +248,7 @@ def reserve(*, what: str = "a TensorFlow server", ports: Optional[PortRange] = N
                 continue
             sock = _reserving_socket()
             try:
-                sock.bind(("0.0.0.0", port))
+                sock.bind((host, port))
                 return sock
             except OSError:
                 sock.close()

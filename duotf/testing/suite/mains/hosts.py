@@ -67,9 +67,13 @@ def allreduce_main(args, ctx):
 
 def listening_main(args, ctx):
     """Start this node's TensorFlow server (on the port its task reserved) and return every
-    TCP port this node process listens on: its feed server's and TensorFlow's."""
+    TCP port this node process listens on: its feed server's and TensorFlow's (``args``
+    ``{"addresses": True}``: each as ``[address, port]``)."""
     import psutil
 
     ctx.start_server()
-    return sorted({c.laddr.port for c in psutil.Process().net_connections(kind="tcp")
-                   if c.status == psutil.CONN_LISTEN})
+    found = [c.laddr for c in psutil.Process().net_connections(kind="tcp")
+             if c.status == psutil.CONN_LISTEN]
+    if args and args.get("addresses"):
+        return sorted({(a.ip, a.port) for a in found})
+    return sorted({a.port for a in found})
