@@ -15,11 +15,13 @@ locked or swept.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import shutil
 import tempfile
+import threading
 from typing import List, Optional
 
 __all__ = ["JobLock", "sweep"]
@@ -47,16 +49,19 @@ class JobLock:
         self._fd: Optional[int] = None
         if fcntl is None:
             return
-        while True:
-            fd = os.open(self.path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
-                    break  # not a file that a sweep took for a dead driver's and removed
-            except OSError:
-                os.close(fd)
-                raise
+        # made and locked under another name, then linked to its own (which must be free): a
+        # sweep never finds it unlocked
+        new = f"{self.path}.{os.getpid()}-{threading.get_ident()}.new"
+        fd = os.open(new, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.link(new, self.path)
+        except OSError:
             os.close(fd)
+            raise
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(new)
         os.write(fd, f"{os.getpid()}\n".encode())  # for a person who looks; the lock decides
         self._fd = fd
 

@@ -232,6 +232,8 @@ class _Target:
                     self.delivered = True
                 elif header["t"] == Frame.REFUSED:
                     self.sock.close()
+                    if header.get("error"):  # another task's error failed the feed: it, again
+                        raise FeedError(**header["error"])
                     label = job.labels[target]
                     raise FeedError(f"feeding epoch {header.get('epoch')} failed on {label}: "
                                     f"{header.get('why')}", epoch=header.get("epoch") or job.epoch,
@@ -342,31 +344,34 @@ def feed_train(job: FeedJob, pid: int, chunks: Iterable[Columns]) -> int:
         # had no row yet, and fails the epoch for one that had (exactly once).
         raise _source_error(job, pid, fed, sent, exc.error) from exc.error
     except (OSError, wire.FeedProtocolError) as exc:
-        if isinstance(exc, socket.timeout):
-            _fail_stuck_node(job, pid, fed)
-        raise _fail(job, pid, fed, exc, sent) from exc
+        error = _fail(job, pid, fed, exc, sent)
+        if error.stuck:
+            _fail_stuck_node(job, pid, fed, error)
+        raise error from exc
     finally:
         for conn in conns.values():
             conn.close(ok)
 
 
-def _fail_stuck_node(job: FeedJob, pid: int, target: int) -> None:
-    """Node ``target`` took no data for ``feed_timeout``: fail the feed of every node at once
-    (the driver's "fail" marker, each on a connection of its own; the driver fails them all
-    anyway when the feed's error reaches it), the stuck one first, so that the epoch's other
-    ranges are refused with why instead of each waiting ``feed_timeout`` in turn (one partition
-    after another, as the engine's free slots run them). A node that cannot be told is left to
-    its ranges' own timeouts."""
+def _fail_stuck_node(job: FeedJob, pid: int, target: int, error: FeedError) -> None:
+    """Node ``target`` took no data for ``feed_timeout`` (``error``): fail the feed of every node
+    at once (the driver's "fail" marker, each on a connection of its own; the driver fails them
+    all anyway when the error reaches it), the stuck one first. The epoch's other ranges are
+    then refused with ``error`` itself, each task raising it again, instead of each waiting
+    ``feed_timeout`` in turn (one partition after another, as the engine's free slots run
+    them): whichever task's error the engine reports, it names the stuck node. A node that
+    cannot be told is left to its ranges' own timeouts."""
     label = job.labels[target]
     why = (f"{label} took no data for feed_timeout={job.timeout:g} s, feeding partition {pid} "
            "(alive but stuck: is its main reading its feed?): the epoch cannot go on without it")
+    fields = {"message": error.message, **error.attributes}
     order = [target] + [t for t in range(len(job.addresses)) if t != target]
     for t in order:
-        told, error = wire.send_markers([job.addresses[t]], job.secret, wire.Marker.FAIL,
-                                        min(job.timeout, 5.0), why=why)
+        told, failed = wire.send_markers([job.addresses[t]], job.secret, wire.Marker.FAIL,
+                                         min(job.timeout, 5.0), why=why, error=fields)
         if not told:
             logger.debug("partition %d: telling %s that %s is stuck failed: %s", pid,
-                         job.labels[t], label, error)
+                         job.labels[t], label, failed)
 
 
 def _send_rows(conn: _Target, cols, packed, n: int, start: int, stop: int):

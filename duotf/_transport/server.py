@@ -213,11 +213,12 @@ class _Order:
             self.epoch += 1
             self._cond.notify_all()
 
-    def fail(self, why: str) -> None:
-        """The driver failed the feed: every range still to come is refused with ``why``."""
+    def fail(self, why: str, error: Optional[dict] = None) -> None:
+        """The driver failed the feed: every range still to come is refused with ``why`` (and
+        ``error``, the fields of the FeedError that failed it, where a feeding task did)."""
         with self._cond:
             if self.failure is None:
-                self.failure = {"why": why, "epoch": self.epoch, "partition": None}
+                self.failure = {"why": why, "epoch": self.epoch, "partition": None, "error": error}
             self._cond.notify_all()
 
     def release(self) -> None:
@@ -364,8 +365,9 @@ class FeedServer:
         if status == _Order.DELIVERED:
             conn.send(Frame.DELIVERED, rows=detail)
         else:
-            conn.send(Frame.REFUSED, why=detail, epoch=self._order.epoch,
-                      partition=(self._order.failure or {}).get("partition"))
+            failure = self._order.failure or {}
+        conn.send(Frame.REFUSED, why=detail, epoch=self._order.epoch,
+                  partition=failure.get("partition"), error=failure.get("error"))
         return False
 
     def _on_marker(self, header: dict, conn: _Conn) -> None:
@@ -373,7 +375,7 @@ class FeedServer:
         queued and before any later one, and acknowledged only then."""
         marker = wire.marker_kind(header)
         if marker is Marker.FAIL:  # at once: whatever is queued is dropped
-            self.fail(str(header.get("why") or "the feed failed"))
+            self.fail(str(header.get("why") or "the feed failed"), header.get("error"))
             conn.send(Frame.ACK)
         elif self.terminated.is_set() or not self._put((_MARKER, marker, None)):
             conn.send(Frame.TERMINATED)
@@ -512,12 +514,13 @@ class FeedServer:
         """Stop accepting connections (a node process simply exits instead)."""
         self.gate.close()
 
-    def fail(self, why: str) -> None:
+    def fail(self, why: str, error: Optional[dict] = None) -> None:
         """The driver failed the feed: every read of ``main`` raises ``why``, queued data is
-        dropped, and waiting feeding tasks are refused."""
+        dropped, and waiting feeding tasks are refused (with ``error``, where a feeding task
+        failed it: each then raises that FeedError)."""
         if self.failure is None:
             self.failure = why
-            self._order.fail(why)
+            self._order.fail(why, error)
         self.terminated.set()
         self._order.release()
         self._drain()
