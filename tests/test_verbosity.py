@@ -227,6 +227,9 @@ def test_a_keras_fit_on_the_feed_is_quiet_unless_verbose(tmp_path, engine):
     assert quiet.stdout.splitlines() == ["RESULT [2, 2]"]
     assert "[worker:1] fitting on 1" in quiet.stderr.splitlines()
     assert [text for text in NOISE + ["[Stage "] if text in quiet.stderr] == [], quiet.stderr
+    # nor a stack trace, Java's or Python's (issue 48: the JVM helpers of another Spark line)
+    assert [text for text in ("Exception in thread", "Traceback", "py4j") if text in quiet.stderr] == [], \
+        quiet.stderr
 
     loud = _driver(tmp_path, FIT_SCRIPT, engine, 1, env=env)
     assert loud.stdout.splitlines() == ["RESULT [2, 2]"]
