@@ -366,8 +366,8 @@ class FeedServer:
             conn.send(Frame.DELIVERED, rows=detail)
         else:
             failure = self._order.failure or {}
-        conn.send(Frame.REFUSED, why=detail, epoch=self._order.epoch,
-                  partition=failure.get("partition"), error=failure.get("error"))
+            conn.send(Frame.REFUSED, why=detail, epoch=self._order.epoch,
+                      partition=failure.get("partition"), error=failure.get("error"))
         return False
 
     def _on_marker(self, header: dict, conn: _Conn) -> None:
