@@ -26,12 +26,15 @@ import os
 import pickle
 import sys
 import sysconfig
+import threading
 import types
 from typing import Any, Dict, List, Set, Tuple
 
 __all__ = ["check_sendable", "dumps", "loads", "modules_beside_the_script", "install_sources"]
 
 logger = logging.getLogger(__name__)
+#: held while modules beside the script are registered with cloudpickle for one job's pickling
+_registering = threading.Lock()
 
 
 def check_sendable(value: Any, name: str, fix: str, **attrs: Any) -> None:
@@ -111,20 +114,21 @@ def dumps(obj: Any) -> bytes:
     """``obj`` pickled for the nodes (see the module docstring): ``(sources, pickled)``."""
     import cloudpickle
 
-    registered = cloudpickle.list_registry_pickle_by_value()
-    beside = [m for m in modules_beside_the_script() if m.__name__ not in registered]
-    for module in beside:
-        cloudpickle.register_pickle_by_value(module)
-    if beside:
-        logger.debug("duotf: the nodes get these modules beside the script by value: %s",
-                     ", ".join(m.__name__ for m in beside))
     buffer = io.BytesIO()
     files: Set[str] = set()
-    try:
-        _pickler(buffer, files).dump(obj)
-    finally:
+    with _registering:  # the registry is cloudpickle's, one for the process (run_parallel's threads)
+        registered = cloudpickle.list_registry_pickle_by_value()
+        beside = [m for m in modules_beside_the_script() if m.__name__ not in registered]
         for module in beside:
-            cloudpickle.unregister_pickle_by_value(module)
+            cloudpickle.register_pickle_by_value(module)
+        if beside:
+            logger.debug("duotf: the nodes get these modules beside the script by value: %s",
+                         ", ".join(m.__name__ for m in beside))
+        try:
+            _pickler(buffer, files).dump(obj)
+        finally:
+            for module in beside:
+                cloudpickle.unregister_pickle_by_value(module)
     sources: Dict[str, str] = {}
     for name in sorted(files):
         lines = linecache.getlines(name)
