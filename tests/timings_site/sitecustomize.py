@@ -11,6 +11,10 @@ import sys
 import time
 
 _DIR = os.environ.get("DUOTF_TIMINGS_DIR")
+#: as duotf._node.warm.IMPORT_PREFIXES (not imported: this runs before anything is)
+_IMPORT_PREFIXES = ("TF_", "TF2_", "CUDA", "NVIDIA_", "XLA_", "KERAS_", "OMP_", "MKL_", "KMP_",
+                    "OPENBLAS_", "GOTO", "BLIS_", "TPU_", "HIP_", "ROCM_", "PYTHON", "LD_", "MALLOC_",
+                    "GLIBC_", "HDF5_", "LANG", "LC_", "HOME", "DUOTF_WARM_")
 
 
 def _kind() -> str:
@@ -32,8 +36,15 @@ class _Record:
     def write(self, end=None):
         if not _DIR:
             return
-        line = {"pid": os.getpid(), "kind": self.kind or _kind(), "start": self.start,
+        kind = self.kind or _kind()
+        line = {"pid": os.getpid(), "kind": kind, "start": self.start,
                 "end": end if end is not None else time.time(), "tf": self.tf}
+        if kind in ("warm", "node") and self.tf is not None:
+            # what decides which warm server a node's import could have come from: its
+            # environment's import variables, its path and directory (duotf/_node/warm.py)
+            line["env"] = {k: v for k, v in os.environ.items()
+                           if k.startswith(_IMPORT_PREFIXES) and k != "DUOTF_WARM_ROOM"}
+            line["cwd"], line["ppid"] = os.getcwd(), os.getppid()
         try:
             with open(os.path.join(_DIR, f"procs-{os.getpid()}.jsonl"), "a") as f:
                 f.write(json.dumps(line) + "\n")
