@@ -20,6 +20,10 @@ from duotf.testing import poll_for
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="warm nodes are Linux's")
 
 SPEC = duotf.ClusterSpec(workers=2)
+#: a variable of the servers' own (DUOTF_WARM_*, part of what picks a server), at its default:
+#: these tests' nodes get servers of their own, which the rest of the suite's nodes (in the
+#: same environment otherwise, one server per engine worker) neither start, use nor end
+OWN = {"DUOTF_WARM_IDLE": "900"}
 
 
 def describe(args, ctx):
@@ -57,7 +61,7 @@ def run_twice(env=None, args=None):
 
     results = []
     for _ in range(3):
-        with duotf.run(describe, args, "local", SPEC, env=env or {}) as cluster:
+        with duotf.run(describe, args, "local", SPEC, env=dict(OWN, **(env or {}))) as cluster:
             results.append((cluster.job_id, cluster.wait(timeout=120)))
         # a run right after a server started spawns its nodes beside it: wait for its import
         poll_for(lambda: all((warm._ask(name, "ping") or {}).get("imported", True)
@@ -134,7 +138,7 @@ def exits(args, ctx):
 @pytest.mark.parametrize("code", [3, 0])
 def test_a_warm_node_exit_status_reaches_the_driver(code):
     run_twice()  # a server for this environment serves
-    with duotf.run(exits, code, "local", duotf.ClusterSpec(workers=1)) as cluster:
+    with duotf.run(exits, code, "local", duotf.ClusterSpec(workers=1), env=OWN) as cluster:
         with pytest.raises(duotf.errors.NodeError) as raised:
             cluster.wait(timeout=60)
     assert f"exited with code {code}" in str(raised.value)
@@ -164,7 +168,7 @@ def test_a_server_ends_with_the_process_that_started_it(tmp_path):
         print(warm)
     """))
     driver = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=280)
+                            text=True, timeout=280, env=dict(os.environ, **OWN))
     assert driver.returncode == 0, driver.stderr
     pid, warm = driver.stdout.split()
     assert warm == "True"  # a run was forked by the server
@@ -179,6 +183,20 @@ def test_a_server_ends_with_the_process_that_started_it(tmp_path):
         return found
 
     poll_for(lambda: not its_servers(), 30, what="the driver's warm node server gone")
+
+
+def test_the_nodes_of_two_spark_executors_share_a_server_and_a_hash_seed_does_not():
+    # each executor's Python workers get a secret and a port of their own from Spark's JVM
+    # (PYTHON_WORKER_FACTORY_*): no import reads them, so they pick no server; PYTHONHASHSEED,
+    # which Python reads at start, does
+    from duotf._node import warm
+
+    env = {"PYTHONHASHSEED": "0", "PYTHON_UDF_BATCH_SIZE": "100", "TF_CPP_MIN_LOG_LEVEL": "1"}
+    first = warm.address(dict(env, PYTHON_WORKER_FACTORY_SECRET="a" * 64), os.getcwd())
+    assert warm.address(dict(env, PYTHON_WORKER_FACTORY_SECRET="b" * 64), os.getcwd()) == first
+    assert warm.address(dict(env, PYTHON_WORKER_FACTORY_PORT="4"), os.getcwd()) == first
+    assert warm.address(dict(env, PYTHONHASHSEED="1"), os.getcwd()) != first
+    assert warm.address(dict(env, TF_CPP_MIN_LOG_LEVEL="3"), os.getcwd()) != first
 
 
 def test_the_servers_of_a_host_are_capped(monkeypatch):
@@ -227,7 +245,7 @@ def test_a_warm_node_goes_with_its_agent(tmp_path):
     """))
     # a killed driver leaves its job's folders: in the test's own
     driver = subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=tmp_path,
-                              env=dict(os.environ, TMPDIR=str(tmp_path)),
+                              env=dict(os.environ, TMPDIR=str(tmp_path), **OWN),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         pid = int(poll_for(lambda: (tmp_path / "node").exists() and (tmp_path / "node").read_text(),

@@ -17,7 +17,7 @@ for it and tells the agent its exit status, so the agent supervises it as its ow
 
 Which nodes share a server: those whose environment agrees on every variable that importing
 TensorFlow may read (``TF_CPP_MIN_LOG_LEVEL``, ``CUDA_VISIBLE_DEVICES``, ``PYTHON*`` and the
-rest of ``IMPORT_PREFIXES``) and whose ``PYTHONPATH`` finds the same duotf, TensorFlow, Keras
+rest of ``IMPORT_PREFIXES``, less the Spark worker's own ``ENGINE_OWN``) and whose ``PYTHONPATH`` finds the same duotf, TensorFlow, Keras
 and numpy, with the same Python, of the same user, in the same network namespace (a host);
 every other variable is the node's own, set after the fork. A server exits once the process that started it (its engine
 worker: a Spark executor's Python daemon, a Dask worker, the driver for the embedded backend)
@@ -62,6 +62,11 @@ PER_NODE = ("DUOTF_NODE_ID", "DUOTF_JOB_ID")
 IMPORT_PREFIXES = ("TF_", "TF2_", "CUDA", "NVIDIA_", "XLA_", "KERAS_", "OMP_", "MKL_", "KMP_",
                    "OPENBLAS_", "GOTO", "BLIS_", "TPU_", "HIP_", "ROCM_", "PYTHON", "LD_", "MALLOC_",
                    "GLIBC_", "HDF5_", "LANG", "LC_", "HOME", "DUOTF_WARM_")
+#: variables of the engine's own that match IMPORT_PREFIXES but that no import reads: those
+#: Spark's JVM sets for its Python workers (a secret and a port per executor among them), so
+#: that the nodes of two executors on one host share a server
+ENGINE_OWN = ("PYTHON_WORKER_", "PYTHON_UDF_", "PYTHON_DAEMON_", "PYTHON_UNIX_DOMAIN_",
+              "PYTHON_FAULTHANDLER_")
 #: the modules a server imports, which a forked node must find where its own path would
 IMPORTED = ("duotf", "tensorflow", "keras", "numpy")
 #: room the server keeps in its environment block for a node's own tags (see _retitle)
@@ -124,7 +129,8 @@ def address(env: Dict[str, str], cwd: str) -> str:
     """The abstract socket name of the server for nodes of the environment ``env`` started in
     ``cwd``: the same for every node whose import would be the same."""
     same = sorted((k, v) for k, v in env.items()
-                  if k.startswith(IMPORT_PREFIXES) and k not in PER_NODE and k != "PYTHONPATH")
+                  if k.startswith(IMPORT_PREFIXES) and not k.startswith(ENGINE_OWN)
+                  and k not in PER_NODE and k != "PYTHONPATH")
     origins = _origins(_search_path(cwd, env.get("PYTHONPATH", "")))
     key = hashlib.sha256(json.dumps([sys.executable, same, origins]).encode()).hexdigest()[:32]
     return f"\0{_PREFIX}{os.getuid()}-{key}"

@@ -14,13 +14,14 @@ import pytest
 
 import duotf
 import duotf._ml.estimator
+from duotf.testing import QUIET_TF
 from duotf.testing.suite.data import epoch_rows
 from duotf.testing.suite import mains
 
 SIZES = [20, 4, 16, 24]  # uneven, more partitions than workers
 WIDTH, BATCH, EPOCHS, WORKERS, SEED, LR = 3, 8, 2, 2, 7, 0.05
 TRUE_W = np.array([1.5, -2.0, 0.5])
-ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+ENV = QUIET_TF  # the nodes' environment: that of the rest of the suite (one warm server)
 SCHEMA = {"id": "long", "features": "array<float>", "label": "double"}
 SPARK = ("spark-local", "spark-standalone", "spark-connect")
 

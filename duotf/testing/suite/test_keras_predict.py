@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 import duotf
+from duotf.testing import QUIET_TF
 from duotf.testing.suite import mains
 
 SIZES = [7, 12, 5, 3]  # uneven: worker 0 answers 12 rows (partitions 0, 2), worker 1 15 (1, 3)
-ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+ENV = QUIET_TF  # the nodes' environment: that of the rest of the suite (one warm server)
 
 
 def test_keras_predict_under_mwms_answers_every_row_in_order(backend, engine):
