@@ -237,3 +237,52 @@ def test_a_keras_fit_on_the_feed_is_quiet_unless_verbose(tmp_path, engine):
     assert [text for text in NOISE if text not in loud.stderr and _emitted(text)] == [], loud.stderr
     if engine == "spark":  # the session duotf made: Spark's default for a pyspark driver
         assert "[Stage " in loud.stderr
+
+
+SCORE_SCRIPT = textwrap.dedent("""
+    import sys
+    from pyspark.sql import SparkSession
+    import duotf.spark
+
+    spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    df = spark.createDataFrame([(float(i),) for i in range(8)], "x double").repartition(2)
+    scored = duotf.spark.predict(df, sys.argv[1], columns=["x"]).collect()
+    print("RESULT", len(scored))
+    spark.stop()
+""")
+
+
+@pytest.mark.slow
+def test_scoring_on_spark_shows_none_of_tensorflows_start_up_notes(tmp_path):
+    # duotf imports TensorFlow to score, in the driver and in Spark's Python workers, whose
+    # stderr is the user's terminal on local[N]: what it hides in a node, it hides there
+    import keras
+
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.save(tmp_path / "m.keras")
+    env = {"TF_ENABLE_ONEDNN_OPTS": "1", "PYSPARK_PYTHON": sys.executable}  # its note on any x86 CPU
+    quiet = _driver(tmp_path, SCORE_SCRIPT, tmp_path / "m.keras", env=env)
+    assert quiet.stdout.splitlines() == ["RESULT 8"]
+    assert [text for text in NOISE[:2] + ["This TensorFlow binary is optimized"]
+            if text in quiet.stderr] == [], quiet.stderr
+    loud = _driver(tmp_path, SCORE_SCRIPT, tmp_path / "m.keras", env=dict(env, TF_CPP_MIN_LOG_LEVEL="0"))
+    assert "oneDNN custom operations are on" in loud.stderr  # asked for, shown
+
+
+def test_a_quiet_import_of_tensorflow_keeps_every_other_line():
+    code = textwrap.dedent("""
+        import os, sys, threading
+        from duotf._node.output import import_tensorflow_quietly
+
+        sys.meta_path.insert(0, type("Say", (), {"find_spec": staticmethod(
+            lambda name, *a: os.write(2, b"mine: " + name.encode() + b"\\n") and None
+            if name == "tensorflow" else None)}))
+        import_tensorflow_quietly()
+        print("level set after:", "TF_CPP_MIN_LOG_LEVEL" in os.environ, file=sys.stderr)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(env, TF_ENABLE_ONEDNN_OPTS="1"), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["mine: tensorflow", "level set after: False"], done.stderr

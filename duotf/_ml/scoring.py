@@ -305,8 +305,10 @@ def _stat_key(url: str) -> tuple:
 def _load(source: ModelSource) -> Model:
     if source.loader is not None:
         return _wrap(source.loader(), source.describe(), source.signature)
+    from duotf._node.output import import_tensorflow_quietly
     from duotf.io.files import filesystem
 
+    import_tensorflow_quietly()  # this process's stderr may be the user's terminal
     url = source.url
     assert url is not None  # a source with no loader names a URL
     kind = _kind(url)

@@ -84,6 +84,47 @@ def tf_noise(env: Mapping[str, str]) -> Optional[Callable[[str], bool]]:
     return lambda line: _TF_NOISE.match(line) is not None
 
 
+def import_tensorflow_quietly() -> None:
+    """Import TensorFlow in a process whose stderr the user reads (the driver, a Spark or Dask
+    worker that scores), without the lines :func:`tf_noise` hides in a node's output: those its
+    C++ side writes while it loads, before it reads ``TF_CPP_MIN_LOG_LEVEL``. Anything else
+    written to stderr during the import is written there once it ends."""
+    import sys
+
+    hide = tf_noise(os.environ)
+    if "tensorflow" in sys.modules or hide is None:
+        import tensorflow  # noqa: F401
+        return
+    import tempfile
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (AttributeError, ValueError, OSError):  # no stderr to hold back
+        import tensorflow  # noqa: F401
+        return
+    # the level a node has by default, for the import (TensorFlow reads it once): its INFO
+    # notes, such as the CPU instructions it was built without, not shown; the process's own
+    # environment, which its children inherit, as it was after
+    level = "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+    if level:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "1"
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if level:
+                os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)
+            held.seek(0)
+            kept = b"".join(line for line in held
+                            if not hide(line.decode(errors="replace").rstrip("\r\n")))
+            if kept:
+                os.write(2, kept)
+
+
 def quiet_keras_notices() -> None:
     """Filter :data:`KERAS_NOTICES` in this node process, unless its job is verbose."""
     if verbose(os.environ):
