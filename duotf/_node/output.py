@@ -95,6 +95,16 @@ def import_tensorflow_quietly() -> None:
     if "tensorflow" in sys.modules or hide is None:
         import tensorflow  # noqa: F401
         return
+    with _QUIET_IMPORT:  # one thread moves fd 2 (a Dask worker scores in several)
+        if "tensorflow" not in sys.modules:
+            _import_holding_stderr(hide)
+
+
+_QUIET_IMPORT = threading.Lock()
+
+
+def _import_holding_stderr(hide: Callable[[str], bool]) -> None:
+    import sys
     import tempfile
 
     try:
