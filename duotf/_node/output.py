@@ -28,8 +28,10 @@ the node process filters Keras's warnings about duotf's own datasets
 from __future__ import annotations
 
 import collections
+import importlib
 import os
 import re
+import sys
 import threading
 import time
 import warnings
@@ -89,11 +91,9 @@ def import_tensorflow_quietly() -> None:
     worker that scores), without the lines :func:`tf_noise` hides in a node's output: those its
     C++ side writes while it loads, before it reads ``TF_CPP_MIN_LOG_LEVEL``. Anything else
     written to stderr during the import is written there once it ends."""
-    import sys
-
     hide = tf_noise(os.environ)
     if "tensorflow" in sys.modules or hide is None:
-        import tensorflow  # noqa: F401
+        importlib.import_module("tensorflow")
         return
     with _QUIET_IMPORT:  # one thread moves fd 2 (a Dask worker scores in several)
         if "tensorflow" not in sys.modules:
@@ -104,14 +104,13 @@ _QUIET_IMPORT = threading.Lock()
 
 
 def _import_holding_stderr(hide: Callable[[str], bool]) -> None:
-    import sys
     import tempfile
 
     try:
         sys.stderr.flush()
         saved = os.dup(2)
     except (AttributeError, ValueError, OSError):  # no stderr to hold back
-        import tensorflow  # noqa: F401
+        importlib.import_module("tensorflow")
         return
     # the level a node has by default, for the import (TensorFlow reads it once): its INFO
     # notes, such as the CPU instructions it was built without, not shown; the process's own
@@ -122,7 +121,7 @@ def _import_holding_stderr(hide: Callable[[str], bool]) -> None:
     with tempfile.TemporaryFile() as held:
         os.dup2(held.fileno(), 2)
         try:
-            import tensorflow  # noqa: F401
+            importlib.import_module("tensorflow")
         finally:
             os.dup2(saved, 2)
             os.close(saved)

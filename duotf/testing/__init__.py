@@ -55,9 +55,9 @@ __all__ = ["Engine", "LocalEngine", "Processes", "QUIET_TF", "SESSION_TAG", "Tas
 
 #: the environment of the suite's nodes: TensorFlow's C++ INFO notes hidden, as a run that sets
 #: nothing has them (duotf's default), so that its runs and those that set no environment import
-#: TensorFlow alike and share one warm node server per engine worker. With level 3 and no GPU
-#: (``CUDA_VISIBLE_DEVICES=""``), as before 2026-12-07, every engine worker had two servers and
-#: twice the nodes that imported TensorFlow themselves: a third of the rest tier's CPU time
+#: TensorFlow alike and share one warm node server per engine worker (another level, or
+#: ``CUDA_VISIBLE_DEVICES``, would start a second server in each, and nodes that import
+#: TensorFlow themselves until it serves)
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "1"}
 
 #: the environment variable that tags every process of one test session (the plugin sets it):

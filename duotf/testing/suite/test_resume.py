@@ -31,8 +31,8 @@ from duotf.testing.suite.test_estimator import BATCH, ENV, SCHEMA, SEED, SIZES, 
 
 EPOCHS, HELD_AT = 5, 2
 #: the killed driver's heartbeat_timeout: its node processes end within it when their agent goes.
-#: 20 s, not less: at 10 a node of the driver's fit missed its heartbeats for 10.7 s in CI
-#: (2026-12-07, the fast tier under coverage on 2 busy cores) and failed the fit before epoch 2
+#: 20 s, not less: at 10 a node of the driver's fit missed its heartbeats for 10.7 s in CI (the
+#: fast tier under coverage on 2 busy cores) and failed the fit before epoch 2
 DRIVER_HEARTBEAT_TIMEOUT = 20.0
 
 _DRIVER = """
