@@ -87,3 +87,25 @@ def test_a_node_process_ends_itself_when_its_agent_falls_silent(tmp_path):
         agent.child_tx.close()
         for thread in agent.threads:
             thread.join(5)
+
+
+@pytest.mark.parametrize("driver_lost, level", [(True, "INFO"), (False, "WARNING")])
+def test_a_node_killed_after_its_stop_timeout_is_a_warning_unless_its_driver_went_first(
+        driver_lost, level, caplog):
+    # after a lost driver the node is stopped as expected (its main may block on a peer or on a
+    # feed that is gone); otherwise a node that outlives its SIGTERM is worth a warning
+    import logging
+    import sys
+
+    agent = object.__new__(node._Agent)
+    agent.node_id, agent.driver_lost = 1, driver_lost
+    agent.proc = subprocess.Popen(
+        [sys.executable, "-c", "import signal, sys, time\n"
+         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)"],
+        stdout=subprocess.PIPE, start_new_session=True)
+    assert agent.proc.stdout.readline() == b"ready\n"  # SIGTERM ignored from here on
+    caplog.set_level(logging.INFO, logger=node.logger.name)
+    agent._stop_child(0.5)
+    agent.proc.stdout.close()
+    assert agent.proc.returncode == -9
+    assert [r.levelname for r in caplog.records if "did not stop within" in r.getMessage()] == [level]

@@ -212,6 +212,7 @@ class _Agent:
         self.result: Optional[bytes] = None
         self.reported_failure = False
         self.stop_requested = False
+        self.driver_lost = False  # the stop under way follows the driver's loss (see _driver_gone)
         self.stopper: Optional[threading.Thread] = None
         self.child_reader: Optional[threading.Thread] = None
         self.serving = False
@@ -367,7 +368,10 @@ class _Agent:
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            logger.warning("node %d did not stop within %.1f s; killing it", self.node_id, timeout)
+            # expected where the driver went first (main blocked on a peer, or on the feed it
+            # no longer has): said at the level that said the driver was gone
+            (logger.info if self.driver_lost else logger.warning)(
+                "node %d did not stop within %.1f s; killing it", self.node_id, timeout)
             self._kill_child(signal.SIGKILL)
             self.proc.wait()
         else:
@@ -391,6 +395,7 @@ class _Agent:
         and a restart may be starting its successor."""
         cut = isinstance(exc, OSError) and exc.errno in _CUT_OFF
         if not self.stop_requested:
+            self.driver_lost = True
             logger.info("node %d: driver connection %s; stopping the node", self.node_id,
                         "lost (unacknowledged for heartbeat_timeout)" if cut else "closed")
         self._begin_stop(0 if cut else self.job.stop_timeout)
