@@ -97,3 +97,18 @@ if _DIR:
     sys.meta_path.insert(0, _Finder())
     atexit.register(lambda: _record.write())
     os.register_at_fork(after_in_child=_after_fork)
+
+
+def _load_next() -> None:
+    """The ``sitecustomize`` that this one hides, if any (tests/cover_site's, under both)."""
+    from importlib.machinery import PathFinder
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = PathFinder.find_spec("sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != here])
+    if spec is not None and spec.loader is not None:
+        module = type(sys)("sitecustomize")
+        module.__file__ = spec.origin
+        spec.loader.exec_module(module)
+
+
+_load_next()
