@@ -227,6 +227,9 @@ def test_a_keras_fit_on_the_feed_is_quiet_unless_verbose(tmp_path, engine):
     assert quiet.stdout.splitlines() == ["RESULT [2, 2]"]
     assert "[worker:1] fitting on 1" in quiet.stderr.splitlines()
     assert [text for text in NOISE + ["[Stage "] if text in quiet.stderr] == [], quiet.stderr
+    # nor Spark's warning that an RDD checkpointed locally was unpersisted: duotf's own, which
+    # keeps the frames the later epochs are fed from, released once they are deleted
+    assert "was locally checkpointed" not in quiet.stderr, quiet.stderr
     # nor a stack trace, Java's or Python's (issue 48: the JVM helpers of another Spark line)
     assert [text for text in ("Exception in thread", "Traceback", "py4j") if text in quiet.stderr] == [], \
         quiet.stderr
@@ -237,6 +240,7 @@ def test_a_keras_fit_on_the_feed_is_quiet_unless_verbose(tmp_path, engine):
     assert [text for text in NOISE if text not in loud.stderr and _emitted(text)] == [], loud.stderr
     if engine == "spark":  # the session duotf made: Spark's default for a pyspark driver
         assert "[Stage " in loud.stderr
+    assert "was locally checkpointed" not in loud.stderr, loud.stderr  # gone, not hidden
 
 
 SCORE_SCRIPT = textwrap.dedent("""

@@ -411,7 +411,19 @@ class JvmKept:
         self.jrdd = jrdd
 
     def unpersist(self) -> None:
-        self.jrdd.unpersist(False)
+        release(self.jrdd)
+
+
+def release(jrdd) -> None:
+    """Drop the blocks of the locally checkpointed JVM RDD ``jrdd`` (Scala's), as its
+    ``unpersist(False)`` does, without the warning that ``unpersist`` logs for such an RDD (that
+    its lineage was truncated and cannot be recomputed: why duotf checkpointed it, and nothing
+    reads it once its files are gone). ``SparkContext.unpersistRDD`` is Spark's own step of
+    ``unpersist`` (Spark 3.5 to 4.3); a Spark without it gets ``unpersist``, warning and all."""
+    try:
+        jrdd.context().unpersistRDD(jrdd.id(), False)
+    except Exception:  # noqa: BLE001 - py4j's error for a method this Spark lacks
+        jrdd.unpersist(False)
 
 
 class DataFrameKept:
@@ -461,7 +473,11 @@ class FeedCache:
         finally:
             for part in self.parts:  # the files on the driver's own host (local mode)
                 part.remove()
-            self.kept.unpersist()
+            if hasattr(self.kept, "_jrdd"):  # a PySpark RDD: its JVM RDD, without the warning
+                release(self.kept._jrdd.rdd())
+                self.kept.is_cached = False
+            else:
+                self.kept.unpersist()
             self.index = None
 
     def __repr__(self) -> str:

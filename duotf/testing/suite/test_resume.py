@@ -128,9 +128,9 @@ def _resume_at_once(fit, owner, release):
     return fitted["model"]
 
 
-# spark-local cut from CI's time (24 s; it passed there): a classic session's Spark estimator
-# resumes by the same Params and model folder as a Connect session's, which runs it here
-@pytest.mark.engines("dask", "spark-connect")
+# on Dask, on a classic Spark session (its killed driver an application of its own, local[3])
+# and on Spark Connect: the fast tier runs it on one of the first two, the full tier on each
+@pytest.mark.engines("dask", "spark-local", "spark-connect")
 def test_a_fit_whose_driver_was_killed_resumes_from_its_last_checkpoint(backend, engine, tmp_path,
                                                                         caplog, monkeypatch):
     import logging
