@@ -15,6 +15,9 @@ int64 label, 3,144 bytes), in rounds that alternate the order of the cases:
   task where the data it needs already is, and work stealing is off (the scheduler's
   ``distributed.scheduler.work-stealing``), so every feeding task runs on host 1 and every row
   crosses the bridge to the nodes, over TCP (a ring needs one ``/dev/shm``).
+- **cross-host feed, TLS**: the cross-host feed with ``duotf.run(..., tls=True)``
+  (``DUOTF_TLS=1`` in the driver): every feeding connection encrypted (goal: at least 0.7 of
+  the cross-host feed's rate).
 - **same-host feed**: the same rows persisted on a worker of host 0: the feeding tasks run
   beside the nodes and hand them frames through shared memory rings.
 - **plain socket copy**: the same number of bytes from host 1 to host 0 over ``--streams``
@@ -72,6 +75,7 @@ CHUNK = 20_000  # rows a Dask block, as benchmarks/feed.py's
 BUFFER = 4 << 20  # the plain copy's send and receive buffers: a feed frame's size
 NODE_HOST, FEEDING_HOST = 0, 1
 GOAL = 0.5  # the cross-host feed's rate over the plain copy's
+TLS_GOAL = 0.7  # the encrypted cross-host feed's rate over the plain feed's
 
 
 def _cpu() -> float:
@@ -274,7 +278,7 @@ def node_host_backend(client, net):
 
 
 def feed(client, net, data, epochs: int, host_of: Dict[str, int], data_host: int,
-         drain: str) -> Tuple[float, dict]:
+         drain: str, tls: bool = False) -> Tuple[float, dict]:
     """The feed's rows/s (as ``benchmarks.feed.run_duotf`` measures it) and where it ran: the
     nodes' hosts, the feeding tasks' hosts, and the bytes the feeding host sent meanwhile;
     and the CPU seconds a GB fed of the nodes and of the task threads of the Dask workers of
@@ -282,9 +286,13 @@ def feed(client, net, data, epochs: int, host_of: Dict[str, int], data_host: int
     from distributed import get_task_stream
 
     before, cpu = sent_bytes(net, FEEDING_HOST), task_threads_cpu(net, data_host)
-    with get_task_stream(client=client) as stream:
-        rate, results = run_duotf(node_host_backend(client, net), data, epochs, ROW_BYTES, "",
-                                  main=node_main, quiet=True, node_args={"drain": drain})
+    os.environ["DUOTF_TLS"] = "1" if tls else "0"  # read by duotf.run in this process
+    try:
+        with get_task_stream(client=client) as stream:
+            rate, results = run_duotf(node_host_backend(client, net), data, epochs, ROW_BYTES, "",
+                                      main=node_main, quiet=True, node_args={"drain": drain})
+    finally:
+        del os.environ["DUOTF_TLS"]
     sent = sent_bytes(net, FEEDING_HOST) - before
     cpu = _spent(cpu, task_threads_cpu(net, data_host))
     tasks: Dict[str, int] = {}
@@ -311,6 +319,7 @@ def check_placement(case: str, info: dict, net) -> None:
     """Fail where a feed did not run where its case says: the nodes on the node host, the
     feeding tasks on the feeding host (cross-host) or on the node host (same-host)."""
     node_host = net.hostnames[NODE_HOST]
+    case = placed(case)
     feeding = net.hostnames[FEEDING_HOST if case == "cross-host" else NODE_HOST]
     if set(info["nodes"]) != {node_host} or set(info["tasks"]) != {feeding}:
         raise RuntimeError(f"{case} feed ran elsewhere than planned: {_where(info)}")
@@ -321,12 +330,18 @@ def check_placement(case: str, info: dict, net) -> None:
         raise RuntimeError(f"{crossed:.0%} of the bytes fed left the feeding host in the same-host feed")
 
 
-PATHS = ("cross-host", "same-host")
+PATHS = ("cross-host", "cross-host-tls", "same-host")
 DRAINS = ("arrays", "dataset")
 COPY = "socket copy"
 PATH_LABELS = {"cross-host": "duotf feed, across hosts (TCP)",
+               "cross-host-tls": "duotf feed, across hosts (TCP), TLS",
                "same-host": "duotf feed, on one host (shared memory)"}
 DRAIN_LABELS = {"arrays": "next_batch(100), numpy", "dataset": "dataset(100), TF"}
+
+
+def placed(path: str) -> str:
+    """Where ``path``'s data is held: the TLS feed feeds the cross-host feed's rows."""
+    return "cross-host" if path.startswith("cross-host") else path
 
 
 def cases(drains) -> List[str]:
@@ -368,7 +383,8 @@ def run(opts, record) -> None:
               f"MNIST-like rows x {opts.epochs} epochs ({opts.rows * opts.epochs * ROW_BYTES / 1e9:.2f}"
               f" GB) a run, {opts.rounds} rounds", flush=True)
         for path in PATHS:  # each path's first feed: shown, not counted
-            rate, info = feed(client, net, data[path], 2, host_of, host_of[holder[path]], opts.drains[0])
+            rate, info = feed(client, net, data[placed(path)], 2, host_of, host_of[holder[placed(path)]],
+                              opts.drains[0], tls=path.endswith("-tls"))
             check_placement(path, info, net)
             print(f"  warm-up, {path} feed (2 epochs): {rate:,.0f} rows/s; {_where(info)}", flush=True)
         got, cpu = rounds(opts, client, net, data, host_of, holder)
@@ -395,8 +411,8 @@ def rounds(opts, client, net, data, host_of, holder):
                          f"sender {parts['sender']:.2f}")
             else:
                 path, drain = case.split("/")
-                rate, info = feed(client, net, data[path], opts.epochs, host_of, host_of[holder[path]],
-                                  drain)
+                rate, info = feed(client, net, data[placed(path)], opts.epochs, host_of,
+                                  host_of[holder[placed(path)]], drain, tls=path.endswith("-tls"))
                 check_placement(path, info, net)
                 where = _where(info)
                 parts = {"nodes": info["node_cpu"], "feeding tasks": info["feeding_cpu"]}
@@ -408,7 +424,8 @@ def rounds(opts, client, net, data, host_of, holder):
         for drain in opts.drains:
             cross, same = got[f"cross-host/{drain}"][-1], got[f"same-host/{drain}"][-1]
             print(f"  round {r + 1}, {drain}: cross-host / socket copy {cross / got[COPY][-1]:.2f} "
-                  f"(goal >= {GOAL}), cross-host / same-host {cross / same:.2f}", flush=True)
+                  f"(goal >= {GOAL}), cross-host / same-host {cross / same:.2f}, TLS / plain "
+                  f"{got[f'cross-host-tls/{drain}'][-1] / cross:.2f} (goal >= {TLS_GOAL})", flush=True)
     return got, cpu
 
 
@@ -418,6 +435,11 @@ def ratios(got: Dict[str, List[float]], drain: str) -> Tuple[List[float], List[f
     cross = got[f"cross-host/{drain}"]
     return ([a / c for a, c in zip(cross, got[COPY])],
             [a / b for a, b in zip(cross, got[f"same-host/{drain}"])])
+
+
+def encrypted(got: Dict[str, List[float]], drain: str) -> List[float]:
+    """Per round, the TLS cross-host feed's rate with ``drain`` over the plain one's."""
+    return [a / b for a, b in zip(got[f"cross-host-tls/{drain}"], got[f"cross-host/{drain}"])]
 
 
 def summary(got: Dict[str, List[float]], cpu: dict, opts, record) -> None:
@@ -432,7 +454,9 @@ def summary(got: Dict[str, List[float]], cpu: dict, opts, record) -> None:
         median = statistics.median(copy)
         print(f"  {DRAIN_LABELS[drain]}: cross-host feed / plain socket copy: {median:.2f} (rounds: "
               f"{', '.join(f'{x:.2f}' for x in copy)}); goal >= {GOAL}: "
-              f"{'met' if median >= GOAL else 'NOT met'}; cross-host / same-host: "
+              f"{'met' if median >= GOAL else 'NOT met'}; TLS / plain cross-host feed: "
+              f"{statistics.median(encrypted(got, drain)):.2f} (rounds: "
+              f"{', '.join(f'{x:.2f}' for x in encrypted(got, drain))}); goal >= {TLS_GOAL}; cross-host / same-host: "
               f"{statistics.median(same):.2f} (rounds: {', '.join(f'{x:.2f}' for x in same)})")
     if record is not None:
         record_rows(record, got, cpu, opts)
@@ -457,6 +481,9 @@ def record_rows(record, got, cpu, opts) -> None:
         record.add("ratio", "x", ratios(got, drain)[0], peer="duotf", backend="dask", case="cross-host",
                    drain=drain, chart="cross-host feed over the plain socket copy",
                    label=f"{DRAIN_LABELS[drain]}: cross-host feed / plain socket copy, per round")
+        record.add("ratio", "x", encrypted(got, drain), peer="duotf", backend="dask",
+                   case="cross-host-tls", drain=drain, chart="TLS feed over the plain feed, across hosts",
+                   label=f"{DRAIN_LABELS[drain]}: TLS cross-host feed / plain cross-host feed, per round")
     for case, parts in cpu.items():
         peer = "plain socket copy" if case == COPY else "duotf"
         for part, values in parts.items():

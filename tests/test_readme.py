@@ -52,6 +52,7 @@ RUN_BY = {
     'client = Client("tcp://scheduler:8786")': "test_the_dask_block_runs_the_program_above",
     "runs = duotf.run_parallel(": "test_the_parallel_block_reports_every_run_in_its_slot",
     'ports="41000-41100"': "test_the_ports_block_runs_its_nodes_in_the_range",
+    "spec=duotf.ClusterSpec(workers=2), tls=True": "test_the_tls_block_feeds_every_row",
     "score = duotf.predict_udf(": "test_the_spark_scoring_block_scores_every_row",
     "scored = duotf.dask.predict(": "test_the_dask_scoring_block_scores_every_row",
     "from duotf.spark import TFEstimator, TFModel": "test_the_ml_block_fits_transforms_and_saves",
@@ -340,6 +341,13 @@ def test_the_ports_block_runs_its_nodes_in_the_range(capsys):
     # test_ports check the ports themselves)
     run_block(block('ports="41000-41100"'))
     assert capsys.readouterr().out.strip().splitlines()[-1] == "[0, 1]"
+
+
+def test_the_tls_block_feeds_every_row(capsys):
+    # docs/cluster.md, Encryption in transit (tests/test_tls.py reads the wire itself, and the
+    # shared suite's test_tls runs it on every engine)
+    run_block(block("spec=duotf.ClusterSpec(workers=2), tls=True"))
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "[50, 50]"
 
 
 @pytest.mark.engines("dask")

@@ -75,6 +75,7 @@ def run(
     restart_on: Union[RestartOn, Iterable[RestartOn], None] = None,
     checkpoint_dir: Optional[str] = None,
     ports: Optional[str] = None,
+    tls: Optional[bool] = None,
 ) -> Cluster:
     """Run ``main(args, ctx)`` once per node of a TensorFlow cluster; return when all run.
 
@@ -107,7 +108,6 @@ def run(
         none (it stays in the task logs). Each line is shown as ``[worker:1] line`` on stderr
         (stdout in a notebook), or only by your logging handler if one shows ``duotf.node``
         (INFO); kept in a file per node (:meth:`Cluster.logs`) and a failed node's error.
-        TensorFlow's C++ INFO notes are hidden unless ``TF_CPP_MIN_LOG_LEVEL=0`` or ``verbose``.
     log_dir:
         Keep the nodes' output files in ``<log_dir>/<job id>/`` (default: a temporary folder,
         removed with the :class:`Cluster`).
@@ -123,7 +123,8 @@ def run(
         always (stderr), ``False`` never; a file object gets them.
     verbose:
         ``True`` shows from now on what duotf hides (:func:`duotf.set_verbose`): the nodes'
-        TensorFlow and Keras notes, the engines' known notices, duotf's INFO records on stderr.
+        TensorFlow and Keras notes (TensorFlow's C++ notes: also ``TF_CPP_MIN_LOG_LEVEL=0``),
+        the engines' known notices, duotf's INFO records on stderr.
     max_restarts:
         How many times the whole cluster restarts after a node fails (Ray Train's
         ``FailureConfig(max_failures=...)``): a new engine job, ports and ``TF_CONFIG`` (lost
@@ -138,9 +139,9 @@ def run(
     checkpoint_dir:
         ``ctx.checkpoint_dir``: ``<checkpoint_dir>/<job id>``, made by each node, kept; a path or URL
         every node can write. Default: the driver's host, removed at shutdown (or when collected).
-    ports:
-        ``"lo-hi"``: the TCP ports every duotf server of the job listens on, here and on the
-        cluster, for a firewall (env ``DUOTF_PORTS``; docs/cluster.md). Default: the kernel's.
+    ports, tls:
+        The ports every duotf server of the job listens on (``"lo-hi"``; env ``DUOTF_PORTS``), and
+        TLS on its feed and control channel (env ``DUOTF_TLS``): defaults in docs/cluster.md.
 
     Returns
     -------
@@ -155,7 +156,7 @@ def run(
         default_fs=default_fs, driver_host=driver_host, keep_workdir=keep_workdir,
         log_to_driver=log_to_driver, log_dir=log_dir, tensorboard=tensorboard,
         tensorboard_dir=tensorboard_dir, progress=progress, max_restarts=max_restarts,
-        restart_on=restart_on, checkpoint_dir=checkpoint_dir))
+        restart_on=restart_on, checkpoint_dir=checkpoint_dir, tls=tls))
 
 
 def job_ports(env: Dict[str, str], ports: Optional[str]) -> Dict[str, str]:

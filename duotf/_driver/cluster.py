@@ -24,9 +24,11 @@ from duotf.errors import (ClusterClosedError, ConfigError, DuotfError, FeedError
                           TensorBoardError)
 from duotf._driver import leftovers
 from duotf._driver.metrics import NodeMetrics
+from duotf._transport import tls as tls_
 from duotf._transport.ports import PORTS_ENV, bind_address, configured as configured_ports
 from duotf._node import job as job_payload
-from duotf._node.agent import NodeJob, OutcomeStatus, default_log_dir, default_workdir_root, run_node
+from duotf._node.agent import (NodeJob, OutcomeStatus, default_log_dir, default_workdir_root, job_dir_under,
+                               run_node)
 from duotf._driver.nodelogs import NodeLogs, log_node_ids
 from duotf._driver.progress import FeedProgress, check_progress
 from duotf._transport.rendezvous import Msg
@@ -100,6 +102,7 @@ class Cluster:
         max_restarts: int = 0,
         restart_on: Union[RestartOn, Iterable[RestartOn], None] = None,
         checkpoint_dir: Optional[str] = None,
+        tls: Optional[bool] = None,
     ):
         self.spec = spec
         self.backend = backend
@@ -139,7 +142,7 @@ class Cluster:
         if tensorboard_dir is None:
             self._node_log_dir, self._owns_log_dir = default_log_dir(self._workdir_root), True
         else:
-            self._node_log_dir, self._owns_log_dir = _job_log_dir(tensorboard_dir, self.job_id), False
+            self._node_log_dir, self._owns_log_dir = job_dir_under(tensorboard_dir, self.job_id), False
         self._tensorboard_url: Optional[str] = None
         self._own_temp_folders(log_dir, checkpoint_dir)
         check_progress(progress)
@@ -161,6 +164,8 @@ class Cluster:
         self._feed_error: Optional[FeedError] = None  # its feeder lost: why the nodes failed
         self._engine_slots = 0  # the engine's slots at the first start (restarts wait for them)
         self._driver_host = driver_host or bind_address(self._env) or backend.driver_host()
+        #: the job's TLS material where its feed and control channel are encrypted, else None
+        self.tls = tls_.for_job() if tls_.wanted(tls, backend.encrypts_traffic()) else None
         self.supervisor = self._new_supervisor()
 
     def _own_temp_folders(self, log_dir: Optional[str], checkpoint_dir: Optional[str]) -> None:
@@ -179,7 +184,7 @@ class Cluster:
             # shutdown removes it; so does the end of a Cluster never shut down (a failed wait())
             weakref.finalize(self, shutil.rmtree, self.checkpoint_dir, True)
         else:
-            self.checkpoint_dir = _job_log_dir(checkpoint_dir, self.job_id, "checkpoint_dir")
+            self.checkpoint_dir = job_dir_under(checkpoint_dir, self.job_id, "checkpoint_dir")
             self._owns_checkpoint_dir = False
 
     def _new_supervisor(self) -> Supervisor:
@@ -188,7 +193,7 @@ class Cluster:
             heartbeat_timeout=self.heartbeat_timeout, stop_timeout=self.stop_timeout,
             driver_host=self._driver_host, job_id=self.job_id,
             logs=self._logs, metrics=self._metrics,
-            ports=configured_ports(self._env) or configured_ports(),
+            ports=configured_ports(self._env) or configured_ports(), tls=self.tls,
             # a failed attempt's nodes are restarted from a checkpoint: they need no grace
             failure_stop_timeout=min(RESTART_STOP_TIMEOUT, self.stop_timeout) if self.max_restarts else None,
         )
@@ -367,6 +372,7 @@ class Cluster:
             checkpoint_dir=self.checkpoint_dir,
             checkpoints=dict(self._resume_paths),
             owns_checkpoint_dir=self._owns_checkpoint_dir,
+            tls=sup.tls,
         )
         logger.info("duotf: starting %d nodes on %s (job %s)", n, self.backend.name, self.job_id)
         names = [str(node.role).replace(":", "-") for node in self.nodes]  # "worker-1"
@@ -681,20 +687,3 @@ def shutdown_quietly(cluster: Cluster, grace_secs: float = 0) -> None:
     """:meth:`Cluster.shutdown` raising no node failure nor :class:`~duotf.errors.NodesStoppedError`
     (the atexit sweep, a caller with an error of its own); default: no grace."""
     cluster._shutdown(grace_secs)
-
-
-def _job_log_dir(tensorboard_dir, job_id: str, name: str = "tensorboard_dir") -> str:
-    """``<tensorboard_dir>/<job id>``: a URL as given, a path made absolute on the driver (the
-    nodes' current directory is their own)."""
-    import os
-    import posixpath
-
-    where = os.fspath(tensorboard_dir) if isinstance(tensorboard_dir, (str, os.PathLike)) else None
-    if not isinstance(where, str) or not where:
-        readers = "TensorBoard read" if name == "tensorboard_dir" else "every attempt read"
-        raise ConfigError(f"{name}={tensorboard_dir!r}: give a directory path or a URL "
-                          f"(hdfs://..., gs://...) that every node can write and {readers}")
-    if "://" in where:
-        return posixpath.join(where, job_id)
-    return os.path.join(os.path.abspath(where), job_id)
-

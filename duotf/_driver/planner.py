@@ -2,7 +2,7 @@
 
 ``Cluster.train`` and ``Cluster.inference`` come here. The planner asks the backend for a
 :class:`~duotf.backends.base.FeedAdapter` of the data, plans each worker's rows
-(:func:`balance`), runs one engine job per epoch through the supervisor (a node's failure wins
+(:mod:`duotf._driver.dealing`), runs one engine job per epoch through the supervisor (a node's failure wins
 over the job's), and queues epoch and end markers on every node's data path. It calls the
 backend and the transport below it, and the supervisor's documented methods; nothing calls it
 but the cluster.
@@ -15,10 +15,9 @@ import dataclasses
 import functools
 import logging
 import re
-import secrets
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, List, Optional, Sequence, Set, Tuple
 
 from duotf._deadline import Deadline
 from duotf._verbosity import is_verbose
@@ -30,6 +29,7 @@ from duotf._transport import wire
 from duotf._transport.columns import ragged_columns
 from duotf._transport.feeder import FeedJob, FeedMode
 from duotf._transport.shuffle import partition_order
+from duotf._driver.dealing import balance, local_order, shuffle_seed
 from duotf._driver.nodes import TERMINAL
 from duotf._driver.progress import FeedProgress
 from duotf._driver.supervisor import FeedTarget, JobStopped, Supervisor
@@ -37,134 +37,6 @@ from duotf._driver.supervisor import FeedTarget, JobStopped, Supervisor
 logger = logging.getLogger("duotf.feed")
 
 __all__ = ["balance", "shuffle_seed", "train", "inference", "Stream"]
-
-
-def balance(counts: List[int], targets: int, drop_remainder: bool = True,
-            order: Optional[Sequence[int]] = None):
-    """Give every target the same number of rows: ``(plan, rows_per_target, dropped)``.
-
-    Rows are dealt in an interleaved partition order, partitions ``0, T, 2T, ...`` first, then
-    ``1, T + 1, ...`` and so on (``T`` targets): target 0 gets the first ``total // T`` rows of
-    that order, target 1 the next, and so on. Engines start tasks in partition order, so the
-    tasks that run at the same time feed different targets, and no node waits while another is
-    fed by every free slot. The ``total % T`` rows left over (fewer than the number of targets)
-    are the last of that order, and are dropped so that every synchronous worker runs the same
-    number of steps; with ``drop_remainder=False`` partitions go whole to targets in turn
-    instead (uneven).
-
-    The plan maps each partition to its ranges ``(target, start, stop, seq)``: ``seq`` numbers
-    the ranges of one target in partition order, and a node queues its ranges in that order,
-    whichever feeding task comes first (:class:`duotf._transport.server.FeedServer`), so what a
-    worker reads, and in what order, follows from the data and the spec alone.
-
-    ``order``: deal the partitions in this order instead (a shuffled feed's epoch:
-    :func:`duotf._transport.shuffle.partition_order`); each target still reads its ranges in
-    partition order.
-    """
-    total = sum(counts)
-    plan: Dict[int, List[Tuple[int, int, int]]] = {}
-    if not drop_remainder:
-        turn = {pid: i for i, pid in enumerate(order if order is not None else range(len(counts)))}
-        for pid, n in enumerate(counts):
-            plan[pid] = [(turn[pid] % targets, 0, n)] if n else []
-        return _sequenced(plan), None, 0
-    per = total // targets
-    if per == 0:
-        raise ConfigError(
-            f"{total} rows cannot be shared by {targets} synchronous workers: each needs at "
-            "least one row. Feed more data, or pass balance=False."
-        )
-    if order is None:
-        order = sorted(range(len(counts)), key=lambda pid: (pid % targets, pid))
-    start = 0
-    for pid in order:
-        n = counts[pid]
-        ranges = []
-        pos = 0
-        while pos < n:
-            g = start + pos
-            target = g // per
-            if target >= targets:
-                break  # the remainder
-            stop = min(n, (target + 1) * per - start)
-            ranges.append((target, pos, stop))
-            pos = stop
-        plan[pid] = ranges
-        start += n
-    return _sequenced(dict(sorted(plan.items()))), per, total - per * targets
-
-
-def local_order(counts: List[int], hosts: Sequence[Optional[str]], names: Sequence[Set[str]]) -> List[int]:
-    """The partitions in an order that makes :func:`balance` deal each target rows held on
-    its own host where the balance allows (``train(locality=True)``): ``hosts`` the host of
-    each partition's data (None: not known), ``names`` each target's host names. A partition
-    goes to the least loaded target of its host; then, target by target, its own partitions,
-    followed by unplaced ones (unknown host, or a host without a target) while its share of
-    ``sum(counts) // targets`` rows is not reached. Rows cross hosts only where a host holds
-    more or fewer than its targets' shares."""
-    targets = len(names)
-    per = sum(counts) // max(targets, 1)
-    home: List[List[int]] = [[] for _ in names]
-    load = [0] * targets
-    free: List[int] = []
-    for pid, n in enumerate(counts):
-        host = hosts[pid] if pid < len(hosts) else None
-        mine = [t for t in range(targets) if host is not None and host in names[t]]
-        if not mine:
-            free.append(pid)
-            continue
-        t = min(mine, key=lambda t: (load[t], t))
-        home[t].append(pid)
-        load[t] += n
-    order: List[int] = []
-    dealt = 0
-    for t in range(targets):
-        for pid in home[t]:
-            order.append(pid)
-            dealt += counts[pid]
-        while free and dealt < (t + 1) * per:
-            pid = free.pop(0)
-            order.append(pid)
-            dealt += counts[pid]
-    return order + free
-
-
-def _sequenced(plan: Dict[int, List[Tuple[int, int, int]]]) -> Dict[int, List[Tuple[int, int, int, int]]]:
-    """Number every target's ranges in partition order (a partition has at most one range per
-    target): ``(target, start, stop) -> (target, start, stop, seq)``."""
-    seqs: Dict[int, int] = {}
-    out = {}
-    for pid in sorted(plan):
-        ranges = []
-        for target, a, b in plan[pid]:
-            ranges.append((target, a, b, seqs.get(target, 0)))
-            seqs[target] = seqs.get(target, 0) + 1
-        out[pid] = ranges
-    return out
-
-
-def shuffle_seed(shuffle, seed, buffer) -> Optional[int]:
-    """The seed a train() call shuffles by: None without ``shuffle``; drawn when not given.
-    ``buffer``: its ``shuffle_buffer``, checked."""
-    if shuffle not in (True, False):
-        raise ConfigError(f"shuffle={shuffle!r}: give True or False (and seed= for its order)",
-                          param="shuffle")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise ConfigError(f"seed={seed!r}: give a whole number, 0 or more", param="seed")
-    if buffer is not None and (isinstance(buffer, bool) or not isinstance(buffer, int)
-                               or buffer < 1 or not shuffle):
-        raise ConfigError(f"shuffle_buffer={buffer!r}: give the rows of a node's shuffling "
-                          "window, 1 or more, with shuffle=True", param="shuffle_buffer")
-    if not shuffle:
-        if seed is not None:
-            raise ConfigError(f"seed={seed} without shuffle=True orders nothing: the feed is "
-                              "shuffled only with shuffle=True", param="seed")
-        return None
-    if seed is None:
-        seed = secrets.randbits(31)
-        logger.info("duotf: shuffling the feed with seed %d (train(..., seed=%d) repeats its "
-                    "order)", seed, seed)
-    return seed
 
 
 def _job(sup: Supervisor, targets: List[FeedTarget], mode: FeedMode, timeout: float, plan=None,
@@ -178,6 +50,7 @@ def _job(sup: Supervisor, targets: List[FeedTarget], mode: FeedMode, timeout: fl
         plan=plan,
         ragged=ragged,
         job_id=sup.job_id or "",
+        tls=sup.tls,
     )
 
 
@@ -389,7 +262,7 @@ def _end_feeds(sup: Supervisor, targets: List[FeedTarget], why: str) -> None:
         try:
             sent, error = sup.reach(functools.partial(
                 wire.send_markers, [t.address for t in pending], sup.secret, wire.Marker.FAIL, 5.0,
-                why=why[:4000]))
+                tls=sup.tls, why=why[:4000]))
         except Exception as exc:  # noqa: BLE001 - the engine job that would reach them failed
             sent, error = 0, f"{type(exc).__name__}: {exc}"
             pending = pending[:1]
@@ -414,7 +287,8 @@ def _markers(sup: Supervisor, targets: List[FeedTarget], kind: wire.Marker, time
     answers: list = []
     while pending:
         sent, error = sup.reach(functools.partial(
-            wire.send_markers, [t.address for t in pending], sup.secret, kind, timeout, answers))
+            wire.send_markers, [t.address for t in pending], sup.secret, kind, timeout, answers,
+            tls=sup.tls))
         if error is None:
             across = [a.get("across") for a in answers]
             return sum(across) if across and None not in across else None

@@ -95,7 +95,7 @@ class Supervisor:
     def __init__(self, spec: ClusterSpec, backend_name: str, *, reservation_timeout: float,
                  heartbeat_timeout: float, stop_timeout: float, driver_host: str,
                  job_id: Optional[str] = None, logs=None, metrics=None,
-                 failure_stop_timeout: Optional[float] = None, ports=None):
+                 failure_stop_timeout: Optional[float] = None, ports=None, tls=None):
         self.spec = spec
         self.logs = logs
         self.metrics = metrics
@@ -113,6 +113,8 @@ class Supervisor:
         self.nodes: List[NodeInfo] = [NodeInfo(i, r) for i, r in enumerate(spec.roles())]
         #: the job's secret: authenticates the rendezvous and the feed connections
         self.secret = rendezvous.new_secret()
+        #: the job's TLS material where its feed and control channel are encrypted, else None
+        self.tls = tls
         self.error: Optional[DuotfError] = None
         self.failed_at: Optional[float] = None  # time.monotonic() when the error was recorded
         self._error_delivered = False
@@ -126,7 +128,7 @@ class Supervisor:
         self._first_return: Optional[float] = None  # time.monotonic() of it
         self._threads: List[threading.Thread] = []
         self.server = rendezvous.RendezvousServer(self.secret, self._on_message, self._on_close,
-                                                  host=driver_host, ports=ports)
+                                                  host=driver_host, ports=ports, tls=tls)
         self._route: Optional[Route] = None
 
     def open_route(self, route_to: Callable[..., Route]) -> Tuple[str, int]:

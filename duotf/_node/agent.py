@@ -33,6 +33,7 @@ from duotf._node.gpus import visible_devices
 from duotf._node.output import OutputRelay, tf_noise
 from duotf.errors import ConfigError
 from duotf._transport.rendezvous import Msg
+from duotf._transport.tls import Material
 
 logger = logging.getLogger("duotf.node")  # the agent's records, beside its output
 
@@ -79,7 +80,7 @@ class ChildExit(enum.IntEnum):
 
 #: the fields of :class:`ChildJob` the agent passes on from the driver's :class:`NodeJob` as they are
 _FROM_NODE_JOB = ("payload", "protocol", "heartbeat_interval", "heartbeat_timeout", "job_id",
-                  "default_fs", "secret", "log_dir", "resume_epoch", "checkpoint_dir",
+                  "default_fs", "secret", "tls", "log_dir", "resume_epoch", "checkpoint_dir",
                   "keep_workdir", "owns_log_dir")
 
 
@@ -97,6 +98,7 @@ class ChildJob:
     working_dir: str
     default_fs: str
     secret: bytes  # the job's: the node's feed server checks its feeders with it
+    tls: Optional[Material] = None  # the job's, where its feed is encrypted
     executor_id: str = ""
     output_captured: bool = False  # fd 1 is a pipe to the agent (see duotf._node.output)
     gpus: List[str] = dataclasses.field(default_factory=list)  # CUDA_VISIBLE_DEVICES entries
@@ -162,6 +164,9 @@ class NodeJob:
     #: ``checkpoint_dir`` is duotf's own, made and removed by the driver on its host; a
     #: ``checkpoint_dir`` the user gave is made by each node before its main runs
     owns_checkpoint_dir: bool = False
+    #: the job's TLS material where its feed and control channel are encrypted
+    #: (:mod:`duotf._transport.tls`), else None
+    tls: Optional[Material] = None
 
 
 class OutcomeStatus(str, enum.Enum):
@@ -420,7 +425,7 @@ class _Agent:
         reservation = reserve_port({**os.environ, **job.env})
         port = reservation.getsockname()[1]
         try:
-            self.channel = rendezvous.connect(job.driver_address, job.secret, job.connect_timeout)
+            self.channel = rendezvous.connect(job.driver_address, job.secret, job.connect_timeout, job.tls)
             _lose_silent_driver(self.channel.sock, job)
             # The address the driver reached us from is the one the other nodes can use too,
             # unless DUOTF_BIND picks the one this host listens on.
@@ -619,6 +624,22 @@ def node_workdir(root: str, node_id: int) -> str:
 def default_log_dir(root: str) -> str:
     """``ctx.log_dir`` when the user names none: beside the nodes' working directories."""
     return os.path.join(root, "logs")
+
+
+def job_dir_under(tensorboard_dir, job_id: str, name: str = "tensorboard_dir") -> str:
+    """``<tensorboard_dir>/<job id>``, the job's folder in a directory the user named (``name``:
+    which): a URL as given, a path made absolute on the driver (the nodes' current directory is
+    their own)."""
+    import posixpath
+
+    where = os.fspath(tensorboard_dir) if isinstance(tensorboard_dir, (str, os.PathLike)) else None
+    if not isinstance(where, str) or not where:
+        readers = "TensorBoard read" if name == "tensorboard_dir" else "every attempt read"
+        raise ConfigError(f"{name}={tensorboard_dir!r}: give a directory path or a URL "
+                          f"(hdfs://..., gs://...) that every node can write and {readers}")
+    if "://" in where:
+        return posixpath.join(where, job_id)
+    return os.path.join(os.path.abspath(where), job_id)
 
 
 def remove_workdir(root: str, node_id: int, log_dir: Optional[str] = None) -> None:

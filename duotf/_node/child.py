@@ -184,7 +184,7 @@ def _start_threads(link: _Link, job: ChildJob, inbox: list, arrived: threading.C
     from duotf._transport.server import FeedServer
 
     feed = FeedServer(job.secret, on_terminate=lambda: link.send(ChildMsg.FEED_TERMINATED),
-                      on_failure=lambda info: link.send(ChildMsg.FEED_FAILED, info))
+                      on_failure=lambda info: link.send(ChildMsg.FEED_FAILED, info), tls=job.tls)
     from duotf._node.reports import Reporter
 
     reporter = Reporter(lambda payload: link.send(ChildMsg.REPORT, payload))

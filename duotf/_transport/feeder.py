@@ -25,6 +25,7 @@ from duotf._enum import StrEnum
 from duotf.errors import FeedError, FeedProblem, FeedSchemaError, cause_of, feed_schema_error
 from duotf._transport import shm
 from duotf._transport import wire
+from duotf._transport.tls import Material
 from duotf._transport.wire import Frame
 from duotf._transport.columns import Columns, concat_cols, num_rows, slice_cols, split
 
@@ -58,6 +59,8 @@ class FeedJob:
     stream: bool = False
     #: train: the seed of a shuffled feed (:mod:`duotf._transport.shuffle`), or None
     shuffle: Optional[int] = None
+    #: the job's TLS material where its feed is encrypted (:mod:`duotf._transport.tls`)
+    tls: Optional[Material] = None
     shuffle_rows: int = 0  # rows in a node's shuffling window; 0: about shuffle.WINDOW_BYTES
 
     def __post_init__(self):
@@ -219,7 +222,7 @@ class _Target:
         self._ring_tried = False
         #: an earlier attempt of this task delivered the whole range: send none of it
         self.delivered = False
-        self.sock = wire.connect(job.addresses[target], job.secret, job.timeout)
+        self.sock = wire.connect(job.addresses[target], job.secret, job.timeout, job.tls)
         if seq is not None:
             # The node reads this connection once its earlier ranges are queued; until then it
             # says it waits (every WAIT_S), so feed_timeout counts only a node that says nothing.
@@ -368,7 +371,7 @@ def _fail_stuck_node(job: FeedJob, pid: int, target: int, error: FeedError) -> N
     order = [target] + [t for t in range(len(job.addresses)) if t != target]
     for t in order:
         told, failed = wire.send_markers([job.addresses[t]], job.secret, wire.Marker.FAIL,
-                                         min(job.timeout, 5.0), why=why, error=fields)
+                                         min(job.timeout, 5.0), tls=job.tls, why=why, error=fields)
         if not told:
             logger.debug("partition %d: telling %s that %s is stuck failed: %s", pid,
                          job.labels[t], label, failed)
@@ -444,7 +447,7 @@ def feed_infer(job: FeedJob, pid: int, chunks: Iterable[Columns],
     rows are kept here, or copied where a block of results spans two frames)."""
     target = pid % len(job.addresses)
     try:
-        sock = wire.connect(job.addresses[target], job.secret, job.timeout)
+        sock = wire.connect(job.addresses[target], job.secret, job.timeout, job.tls)
     except OSError as exc:
         raise _fail(job, pid, target, exc) from exc
     results: "queue.Queue" = queue.Queue()

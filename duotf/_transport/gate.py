@@ -30,11 +30,13 @@ import logging
 import os
 import selectors
 import socket
+import ssl
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 from duotf._deadline import Deadline
+from duotf._transport import tls as tls_
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +92,18 @@ def client_hello(sock: socket.socket, secret: bytes, magic: bytes, domain: bytes
     if _recv_exact(sock, len(ACCEPTED)) != ACCEPTED:
         raise Refused("the server refused this job's secret")
     return nonce
+
+
+def open_client(sock: socket.socket, secret: bytes, magic: bytes, domain: bytes,
+                tls: Optional["tls_.Material"] = None) -> Tuple[socket.socket, bytes]:
+    """:func:`client_hello`, then TLS on the connection where the job has ``tls``
+    (:mod:`duotf._transport.tls`): ``(the socket to use, the nonce)``. A server whose
+    certificate is not the job's is :class:`Refused`."""
+    nonce = client_hello(sock, secret, magic, domain)
+    try:
+        return tls_.secure(sock, tls, server_side=False), nonce
+    except ssl.SSLCertVerificationError as exc:
+        raise Refused(f"its TLS certificate is not this job's ({exc.verify_message})") from None
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

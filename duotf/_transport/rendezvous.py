@@ -34,6 +34,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 from duotf._deadline import Deadline
 from duotf._transport import gate
+from duotf._transport import tls as tls_
 from duotf._transport.ports import PortRange, create_server
 logger = logging.getLogger(__name__)
 
@@ -158,11 +159,13 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def connect(
-    address: Tuple[str, int], secret: bytes, timeout: float = 30.0
+    address: Tuple[str, int], secret: bytes, timeout: float = 30.0,
+    tls: Optional[tls_.Material] = None,
 ) -> Channel:
-    """Connect to a rendezvous server and authenticate, retrying with jittered backoff until
-    ``timeout`` (a server that closes the connection during the handshake, crowded by other
-    connections, is tried again; one that refuses the secret is not)."""
+    """Connect to a rendezvous server and authenticate (then encrypt, where the job has
+    ``tls``), retrying with jittered backoff until ``timeout`` (a server that closes the
+    connection during the handshake, crowded by other connections, is tried again; one that
+    refuses the secret is not)."""
     deadline = Deadline.after(timeout)
     delay = 0.05
     last_exc: Optional[BaseException] = None
@@ -173,7 +176,7 @@ def connect(
             sock = socket.create_connection(address, timeout=min(remaining, 10.0))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
-                nonce = gate.client_hello(sock, secret, _MAGIC, _DOMAIN)
+                sock, nonce = gate.open_client(sock, secret, _MAGIC, _DOMAIN, tls)
             except gate.Refused as exc:
                 raise AuthenticationError(
                     f"{address[0]}:{address[1]} is not this job's duotf rendezvous server: {exc}"
@@ -225,8 +228,10 @@ class RendezvousServer:
         handshake_timeout: Optional[float] = None,
         max_pending: Optional[int] = None,
         ports: Optional[PortRange] = None,
+        tls: Optional[tls_.Material] = None,
     ):
         self._secret = secret
+        self._tls = tls
         self._on_message = on_message
         self._on_close = on_close
         # on a port of ``ports``, else of DUOTF_PORTS, else the kernel's pick
@@ -260,6 +265,14 @@ class RendezvousServer:
     def _serve(self, peer: Channel) -> None:
         exc: Optional[BaseException] = None
         try:
+            try:
+                peer.sock = tls_.secure(peer.sock, self._tls, server_side=True)
+            except OSError as err:  # ssl.SSLError is one: no peer yet, on_close is not told
+                logger.warning("closing rendezvous connection: its TLS handshake failed (%s)", err)
+                with self._lock:
+                    self._peers.pop(id(peer), None)
+                peer.close()
+                return
             while True:
                 message = peer.recv()
                 self._on_message(peer, message)

@@ -25,6 +25,7 @@ import numpy as np
 
 from duotf._deadline import Deadline
 from duotf._transport import gate
+from duotf._transport import tls as tls_
 from duotf._transport import wire
 from duotf._transport.feeder import FeedMode
 from duotf._transport.ports import create_server
@@ -246,8 +247,9 @@ class FeedServer:
 
     def __init__(self, secret: bytes, capacity: int = 8, on_terminate=None, *,
                  on_failure=None, handshake_timeout: Optional[float] = None,
-                 max_pending: Optional[int] = None):
+                 max_pending: Optional[int] = None, tls: Optional[tls_.Material] = None):
         self._secret = secret
+        self._tls = tls  # each feeding connection's TLS, where the job has it
         self._on_terminate = on_terminate
         self._on_failure = on_failure  # told at once when a range breaks after delivering rows
         #: why the driver failed the feed (a "fail" marker): the node's reads raise it
@@ -283,6 +285,13 @@ class FeedServer:
 
     def _serve(self, sock: socket.socket) -> None:
         files: Dict[str, tuple] = {}  # feed cache files opened by this connection
+        try:
+            sock = tls_.secure(sock, self._tls, server_side=True)
+        except OSError as exc:  # ssl.SSLError is one: nothing of a range came yet
+            logger.warning("duotf: a feeding connection to the feed server on port %d failed its "
+                           "TLS handshake (%s)", self.port, exc)
+            sock.close()
+            return
         conn = _Conn(sock)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)

@@ -35,6 +35,7 @@ import numpy as np
 
 from duotf._deadline import Deadline
 from duotf._transport import gate
+from duotf._transport import tls as tls_
 from duotf._transport.columns import Columns, RaggedColumn
 
 MAGIC = b"DFEED1"
@@ -139,9 +140,11 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
-def client_handshake(sock: socket.socket, secret: bytes) -> None:
+def client_handshake(sock: socket.socket, secret: bytes, tls: Optional[tls_.Material] = None) -> socket.socket:
+    """The feeding end's proof of the job's secret on ``sock``, then TLS where the job has
+    ``tls``: the socket to use."""
     try:
-        gate.client_hello(sock, secret, MAGIC, DOMAIN)
+        return gate.open_client(sock, secret, MAGIC, DOMAIN, tls)[0]
     except gate.Refused as exc:
         raise FeedProtocolError(f"not this job's duotf feed endpoint: {exc}") from None
 
@@ -165,10 +168,12 @@ def keepalive(sock: socket.socket, idle: int = KEEPALIVE_IDLE, interval: int = K
             sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
-def connect(address: Tuple[str, int], secret: bytes, timeout: float) -> socket.socket:
-    """An authenticated connection to a node's feed port. Where the node's gate closes it during
-    the handshake (crowded by other connections), it is tried again with backoff within
-    ``timeout``; a node that refuses the secret, or is not listening, raises at once."""
+def connect(address: Tuple[str, int], secret: bytes, timeout: float,
+            tls: Optional[tls_.Material] = None) -> socket.socket:
+    """An authenticated connection to a node's feed port (encrypted where the job has ``tls``).
+    Where the node's gate closes it during the handshake (crowded by other connections), it is
+    tried again with backoff within ``timeout``; a node that refuses the secret, or is not
+    listening, raises at once."""
     deadline = Deadline.after(timeout)
     delay = 0.05
     while True:
@@ -177,8 +182,7 @@ def connect(address: Tuple[str, int], secret: bytes, timeout: float) -> socket.s
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
                 sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
-            client_handshake(sock, secret)
-            return sock
+            return client_handshake(sock, secret, tls)
         except FeedProtocolError:
             sock.close()
             raise
@@ -191,7 +195,8 @@ def connect(address: Tuple[str, int], secret: bytes, timeout: float) -> socket.s
 
 
 def send_markers(addresses: List[Tuple[str, int]], secret: bytes, marker: "Marker", timeout: float,
-                 answers: Optional[list] = None, **fields) -> Tuple[int, Optional[str]]:
+                 answers: Optional[list] = None, *, tls: Optional[tls_.Material] = None,
+                 **fields) -> Tuple[int, Optional[str]]:
     """Send ``marker`` (with ``fields``) to the feed servers at ``addresses`` in turn, each on a
     connection of its own, and wait for each answer (appended to ``answers``, a header each,
     where given). Returns how many took it, and the error that stopped it at the next one
@@ -199,7 +204,7 @@ def send_markers(addresses: List[Tuple[str, int]], secret: bytes, marker: "Marke
     or in an engine task when a relay stands between."""
     for i, address in enumerate(addresses):
         try:
-            sock = connect(address, secret, timeout)
+            sock = connect(address, secret, timeout, tls)
             try:
                 send_frame(sock, Frame.MARKER, marker=marker, **fields)
                 answer, _ = recv_frame(sock)  # ACK, or TERMINATED
@@ -288,7 +293,11 @@ def _encode(kind: Frame, columns: Optional[Columns] = None, **fields) -> List[me
 
 def _send_all(sock: socket.socket, parts: List[memoryview]) -> None:
     """``sendall`` of several buffers, gathered into as few ``sendmsg`` calls as the kernel
-    takes."""
+    takes (one ``sendall`` each over TLS, which has no ``sendmsg``)."""
+    if tls_.encrypted(sock):
+        for part in parts:
+            sock.sendall(part)
+        return
     parts = list(parts)
     while parts:
         sent = sock.sendmsg(parts[:_IOV_MAX])

@@ -381,6 +381,11 @@ class Backend(abc.ABC):
     def default_fs(self) -> str:
         return "file://"
 
+    def encrypts_traffic(self) -> bool:
+        """Whether the engine encrypts its own network traffic: duotf's connections then use
+        TLS too, unless the job says otherwise (:mod:`duotf._transport.tls`)."""
+        return False
+
     def close(self) -> None:
         """Release what the backend created (only called on backends duotf created)."""
 

@@ -351,6 +351,13 @@ class DaskBackend(Backend):
             return super().feed_adapter(data, nodes, options)
         return DaskFeed(self.client, data, options, where=self._feed_where)
 
+    def encrypts_traffic(self) -> bool:
+        """The client reaches its scheduler over TLS (``tls://``, or a ``Security`` that
+        requires encryption)."""
+        security = getattr(self.client, "security", None)
+        return (str(self.client.scheduler.address).startswith("tls://")
+                or bool(getattr(security, "require_encryption", False)))
+
     def driver_host(self) -> str:
         host = urlparse(self.client.scheduler.address).hostname or "127.0.0.1"
         return routable_ip(host)

@@ -336,6 +336,12 @@ class SparkBackend(Backend):
                 return SparkRelay(self.client, address, on_lost, idle, ports)
         return super().route(address, on_lost, idle, ports)
 
+    def encrypts_traffic(self) -> bool:
+        """Spark's RPC encryption or its SSL is on (``spark.network.crypto.enabled``,
+        ``spark.ssl.enabled``), as this session's configuration says."""
+        return any(self._conf(key, "false").strip().lower() == "true"
+                   for key in ("spark.network.crypto.enabled", "spark.ssl.enabled"))
+
     def default_fs(self) -> str:
         try:
             return self.client.default_fs()

@@ -220,7 +220,7 @@ class SparkFeed(FeedAdapter):
         ok = bool(wanted)
         for target, paths in wanted.items():
             try:
-                with wire.connect(job.addresses[target], job.secret, job.timeout) as sock:
+                with wire.connect(job.addresses[target], job.secret, job.timeout, job.tls) as sock:
                     ok = all(wire.probe_file(sock, path) for path in paths)
             except (OSError, wire.FeedProtocolError) as exc:
                 logger.debug("duotf: asking %s whether it reads the kept frames: %s",
