@@ -107,7 +107,7 @@ def test_the_control_channel_is_encrypted_both_ways():
     try:
         channel = rendezvous.connect(server.address, server._secret, 10, material)
         try:
-            assert isinstance(channel.sock, ssl.SSLSocket)
+            assert tls.encrypted(channel.sock)
             channel.send({"type": "heartbeat", "node_id": 0})
             deadline = threading.Event()
             for _ in range(100):
@@ -115,7 +115,7 @@ def test_the_control_channel_is_encrypted_both_ways():
                     break
                 deadline.wait(0.05)
             peer, message = got[0]
-            assert message["type"] == "heartbeat" and isinstance(peer.sock, ssl.SSLSocket)
+            assert message["type"] == "heartbeat" and tls.encrypted(peer.sock)
         finally:
             channel.close()
     finally:
@@ -159,3 +159,113 @@ def test_a_given_certificate_is_used_and_a_half_given_one_refused(tmp_path):
     with pytest.raises(ConfigError, match="cannot be used"):
         tls.for_job({tls.CERT_ENV: str(tmp_path / "cert.pem"), tls.KEY_ENV: str(tmp_path / "other.pem")})
     assert "PRIVATE" not in repr(given)  # the key never shows in a log
+
+
+ENCRYPTING_ENGINE = """
+import sys
+
+import duotf
+
+
+def main(args, ctx):
+    feed = ctx.get_data_feed()
+    rows = 0
+    while not feed.should_stop():
+        rows += len(feed.next_batch(10))
+    return rows
+
+
+def spark():
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[3]").config("spark.ui.enabled", "false")
+               .config("spark.authenticate", "true").config("spark.authenticate.secret", "not-secret")
+               .config("spark.network.crypto.enabled", "true").getOrCreate())
+    return session, session.range(100).selectExpr("cast(id as double) as x").repartition(4)
+
+
+def dask():
+    import dask.dataframe as dd
+    import pandas as pd
+    from distributed import Client, LocalCluster
+    from distributed.security import Security
+
+    security = Security.temporary()
+    client = Client(LocalCluster(n_workers=2, threads_per_worker=2, security=security,
+                                 dashboard_address=None), security=security)
+    return client, dd.from_pandas(pd.DataFrame({"x": [float(i) for i in range(100)]}), npartitions=4)
+
+
+if __name__ == "__main__":
+    engine, data = spark() if sys.argv[1] == "spark" else dask()
+    with duotf.run(main, None, engine, duotf.ClusterSpec(workers=2)) as cluster:
+        print("TLS", cluster.tls is not None)
+        cluster.train(data)
+        print("RESULT", sum(cluster.wait(timeout=120)))
+"""
+
+
+# a driver script each: a Spark session of its own with Spark's RPC encryption on, a Dask
+# cluster whose scheduler and workers speak TLS (distributed's Security.temporary)
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["spark", "dask"])
+def test_an_engine_that_encrypts_its_own_traffic_gets_tls_without_asking(tmp_path, engine):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "driver.py"
+    script.write_text(ENCRYPTING_ENGINE)
+    env = {k: v for k, v in os.environ.items() if k != tls.TLS_ENV}
+    env["PYSPARK_PYTHON"] = sys.executable
+    done = subprocess.run([sys.executable, str(script), engine], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-2:] == ["TLS True", "RESULT 100"], done.stdout
+
+
+def test_a_tls_connection_is_read_and_written_from_several_threads_at_once():
+    """Each end of duotf's connections reads on one thread while others write (heartbeats beside
+    messages, replies beside frames): every byte arrives, in each writer's order. An
+    ssl.SSLSocket used so fails its records' MACs (DECRYPTION_FAILED_OR_BAD_RECORD_MAC)."""
+    material = tls.make()
+    left, right = socket.socketpair()
+    ends = {}
+    server = threading.Thread(target=lambda: ends.update(right=tls.secure(right, material, True)))
+    server.start()
+    ends["left"] = tls.secure(left, material, False)
+    server.join()
+    n, size = 300, 4099  # records of several sizes, a message spanning several of them
+
+    def write(sock, tag):
+        for i in range(n):
+            sock.sendall(bytes([tag]) + i.to_bytes(4, "big") + bytes([i % 251]) * size)
+
+    def read(sock, into):
+        buf = bytearray()
+        while len(buf) < 2 * n * (5 + size):
+            chunk = sock.recv(1 << 16)
+            assert chunk, "closed early"
+            buf += chunk
+        into.append(bytes(buf))
+
+    got: dict = {"left": [], "right": []}
+    threads = [threading.Thread(target=read, args=(ends[side], got[side])) for side in ends]
+    # two writers an end, each its own messages; a writer's sendall is never interleaved
+    threads += [threading.Thread(target=write, args=(ends[side], tag))
+                for side in ends for tag in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    for side in ends:
+        data = got[side][0]
+        seen = {1: [], 2: []}
+        for at in range(0, len(data), 5 + size):
+            message = data[at:at + 5 + size]
+            i = int.from_bytes(message[1:5], "big")
+            assert message[5:] == bytes([i % 251]) * size
+            seen[message[0]].append(i)
+        assert seen == {1: list(range(n)), 2: list(range(n))}
+    for sock in ends.values():
+        sock.close()

@@ -32,7 +32,8 @@ import socket
 import ssl
 import subprocess
 import tempfile
-from typing import Mapping, Optional, Tuple
+import threading
+from typing import Mapping, Optional, Tuple, cast
 
 from duotf.errors import ConfigError
 
@@ -198,11 +199,132 @@ def secure(sock: socket.socket, material: Optional[Material], server_side: bool)
     context = contexts(material)[0 if server_side else 1]
     timeout = sock.gettimeout()
     sock.settimeout(HANDSHAKE_TIMEOUT if timeout is None else timeout)
-    secured = context.wrap_socket(sock, server_side=server_side)
-    secured.settimeout(timeout)
-    return secured
+    secured = TLSSocket(sock, context, server_side)
+    sock.settimeout(timeout)
+    # duck-typed: the socket methods duotf's connections call (see TLSSocket)
+    return cast(socket.socket, secured)
 
 
-def encrypted(sock: socket.socket) -> bool:
+def encrypted(sock) -> bool:
     """Whether ``sock`` carries TLS."""
-    return isinstance(sock, ssl.SSLSocket)
+    return isinstance(sock, TLSSocket)
+
+
+#: plaintext bytes encrypted at once by a send: its records go out before the next are made
+_CHUNK = 256 << 10
+
+
+class TLSSocket:
+    """A TLS connection over a connected socket, which one thread may read while others write.
+
+    duotf's connections are full duplex: a reader thread on each end, and senders on others (a
+    node's heartbeats beside the driver's messages; a feed server's replies and "free" messages
+    beside a feeding task's frames). An ``ssl.SSLSocket`` may not be read and written at once
+    from two threads (OpenSSL's records then fail their MAC), so the TLS state here is an
+    ``ssl.SSLObject`` over memory buffers, held under a lock only while bytes are encrypted or
+    decrypted, never while the socket blocks. Records go out in the order they were made: a
+    send holds ``_send_lock`` from making its records to writing them, and whatever a read
+    makes to send (TLS 1.3's tickets and key updates) goes out the same way.
+
+    It has the methods of a socket that duotf's connections call; others go to the socket.
+    """
+
+    def __init__(self, sock: socket.socket, context: ssl.SSLContext, server_side: bool):
+        self.sock = sock
+        self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side=server_side)
+        self._lock = threading.Lock()  # the SSLObject and its buffers
+        self._send_lock = threading.Lock()  # the order of the records on the wire
+        self._recv_lock = threading.Lock()  # one reader at a time
+        while True:
+            try:
+                self._tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self._flush()
+                data = sock.recv(1 << 16)
+                if not data:
+                    raise ssl.SSLEOFError("the peer closed the connection during the TLS handshake")
+                self._incoming.write(data)
+        self._flush()
+
+    def _flush(self) -> None:
+        """Send what the TLS state has made to send (under ``_send_lock``, or before any
+        other thread has the connection)."""
+        with self._lock:
+            data = self._outgoing.read()
+        if data:
+            self.sock.sendall(data)
+
+    def sendall(self, data) -> None:
+        view = memoryview(data).cast("B")
+        with self._send_lock:
+            while view:
+                with self._lock:
+                    self._tls.write(view[:_CHUNK])
+                    out = self._outgoing.read()
+                view = view[_CHUNK:]
+                self.sock.sendall(out)
+
+    def send(self, data) -> int:
+        self.sendall(data)
+        return len(memoryview(data).cast("B"))
+
+    def sendfile(self, file, offset: int = 0, count: Optional[int] = None) -> int:
+        """``count`` bytes of ``file`` from ``offset`` (to its end where None), encrypted here."""
+        sent = 0
+        while count is None or sent < count:
+            want = _CHUNK if count is None else min(_CHUNK, count - sent)
+            chunk = os.pread(file.fileno(), want, offset + sent)
+            if not chunk:
+                break
+            self.sendall(chunk)
+            sent += len(chunk)
+        return sent
+
+    def recv_into(self, buffer, nbytes: int = 0) -> int:
+        view = memoryview(buffer).cast("B")
+        nbytes = nbytes or len(view)
+        with self._recv_lock:
+            while True:
+                with self._lock:
+                    try:
+                        got: Optional[int] = cast(int, self._tls.read(nbytes, view))
+                    except ssl.SSLWantReadError:
+                        got = None
+                    except ssl.SSLZeroReturnError:  # the peer closed TLS: the end of the stream
+                        got = 0
+                    made = self._outgoing.pending
+                if made:
+                    with self._send_lock:
+                        self._flush()
+                if got is not None:
+                    return got
+                data = self.sock.recv(1 << 18)
+                if not data:
+                    return 0
+                with self._lock:
+                    self._incoming.write(data)
+
+    def recv(self, bufsize: int) -> bytes:
+        buffer = bytearray(bufsize)
+        return bytes(buffer[:self.recv_into(buffer, bufsize)])
+
+    def sendmsg(self, buffers, *args) -> int:
+        total = 0
+        for buffer in buffers:
+            self.sendall(buffer)
+            total += len(memoryview(buffer).cast("B"))
+        return total
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "TLSSocket":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getattr__(self, name: str):  # settimeout, setsockopt, shutdown, getpeername, ...
+        return getattr(self.sock, name)

@@ -414,6 +414,18 @@ class JvmKept:
         release(self.jrdd)
 
 
+class RddKept:
+    """A PySpark RDD that keeps an index of kept frames (checkpointed locally), as
+    :class:`FeedCache` releases what it keeps: its JVM RDD's blocks, without the warning."""
+
+    def __init__(self, rdd):
+        self.rdd = rdd
+
+    def unpersist(self) -> None:
+        release(self.rdd._jrdd.rdd())
+        self.rdd.is_cached = False
+
+
 def release(jrdd) -> None:
     """Drop the blocks of the locally checkpointed JVM RDD ``jrdd`` (Scala's), as its
     ``unpersist(False)`` does, without the warning that ``unpersist`` logs for such an RDD (that
@@ -447,7 +459,9 @@ class FeedCache:
         # one CachedPartition per partition, kept in executor memory (None once unpersisted):
         # an RDD of them, or (Spark Connect) a locally checkpointed DataFrame of index rows
         self.index: Optional[Union[RDD, DataFrame]] = index
-        self.kept = kept if kept is not None else index  # the RDD whose blocks hold them
+        holder = kept if kept is not None else index  # the RDD whose blocks hold them
+        self.kept: Union[RddKept, JvmKept, DataFrameKept, DataFrame] = \
+            RddKept(holder) if hasattr(holder, "_jrdd") else holder
         self.df = df  # what a partition whose file is on another host is fed from
         self.parts = parts
         self.columns = columns
@@ -473,11 +487,7 @@ class FeedCache:
         finally:
             for part in self.parts:  # the files on the driver's own host (local mode)
                 part.remove()
-            if hasattr(self.kept, "_jrdd"):  # a PySpark RDD: its JVM RDD, without the warning
-                release(self.kept._jrdd.rdd())
-                self.kept.is_cached = False
-            else:
-                self.kept.unpersist()
+            self.kept.unpersist()
             self.index = None
 
     def __repr__(self) -> str:

@@ -5,11 +5,10 @@ agent's control channel is a TLS socket (the wire itself is read in tests/test_t
 
 from __future__ import annotations
 
-import ssl
-
 import pytest
 
 import duotf
+from duotf._transport import tls
 from duotf.testing.suite import mains
 from duotf.testing.suite.data import fed_every_epoch, frames, row_parts
 
@@ -21,7 +20,7 @@ def test_a_job_with_tls_feeds_every_row_over_encrypted_connections(backend, engi
                    tls=True) as cluster:
         assert cluster.tls is not None
         peers = list(cluster.supervisor.server._peers.values())
-        assert len(peers) == 2 and all(isinstance(p.sock, ssl.SSLSocket) for p in peers), peers
+        assert len(peers) == 2 and all(tls.encrypted(p.sock) for p in peers), peers
         report = cluster.train(df, epochs=2)
         first, second = cluster.wait(timeout=120)
     assert report["rows_fed"] == 2 * 44 and first["epochs"] == second["epochs"] == 2
