@@ -456,7 +456,9 @@ def summary(got: Dict[str, List[float]], cpu: dict, opts, record) -> None:
               f"{', '.join(f'{x:.2f}' for x in copy)}); goal >= {GOAL}: "
               f"{'met' if median >= GOAL else 'NOT met'}; TLS / plain cross-host feed: "
               f"{statistics.median(encrypted(got, drain)):.2f} (rounds: "
-              f"{', '.join(f'{x:.2f}' for x in encrypted(got, drain))}); goal >= {TLS_GOAL}; cross-host / same-host: "
+              f"{', '.join(f'{x:.2f}' for x in encrypted(got, drain))}); goal >= {TLS_GOAL}: "
+              f"{'met' if statistics.median(encrypted(got, drain)) >= TLS_GOAL else 'NOT met'}; "
+              f"cross-host / same-host: "
               f"{statistics.median(same):.2f} (rounds: {', '.join(f'{x:.2f}' for x in same)})")
     if record is not None:
         record_rows(record, got, cpu, opts)

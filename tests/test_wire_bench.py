@@ -15,17 +15,21 @@ from benchmarks import wire
 
 
 def test_each_drain_has_both_paths_and_the_copy_ends_a_round():
-    assert wire.cases(["arrays", "dataset"]) == ["cross-host/arrays", "same-host/arrays",
-                                                 "cross-host/dataset", "same-host/dataset",
+    assert wire.cases(["arrays", "dataset"]) == ["cross-host/arrays", "cross-host-tls/arrays",
+                                                 "same-host/arrays", "cross-host/dataset",
+                                                 "cross-host-tls/dataset", "same-host/dataset",
                                                  "socket copy"]
-    assert wire.cases(["dataset"]) == ["cross-host/dataset", "same-host/dataset", "socket copy"]
+    assert wire.cases(["dataset"]) == ["cross-host/dataset", "cross-host-tls/dataset",
+                                       "same-host/dataset", "socket copy"]
+    assert wire.placed("cross-host-tls") == "cross-host"  # the same rows, on the same host
     assert wire.label("cross-host/arrays") == "duotf feed, across hosts (TCP), next_batch(100), numpy"
 
 
 def test_the_summary_judges_each_drain_against_the_same_copy(capsys):
-    got = {"cross-host/arrays": [300.0, 260.0, 280.0], "same-host/arrays": [400.0, 400.0, 400.0],
-           "cross-host/dataset": [100.0, 120.0, 110.0], "same-host/dataset": [200.0, 200.0, 200.0],
-           "socket copy": [500.0, 520.0, 560.0]}
+    got = {"cross-host/arrays": [300.0, 260.0, 280.0], "cross-host-tls/arrays": [240.0, 130.0, 210.0],
+           "same-host/arrays": [400.0, 400.0, 400.0],
+           "cross-host/dataset": [100.0, 120.0, 110.0], "cross-host-tls/dataset": [90.0, 108.0, 99.0],
+           "same-host/dataset": [200.0, 200.0, 200.0], "socket copy": [500.0, 520.0, 560.0]}
     cpu = {case: {"part": [1.0, 1.0, 1.0]} for case in got}
     copy, same = wire.ratios(got, "arrays")
     assert copy == pytest.approx([0.6, 0.5, 0.5]) and same == pytest.approx([0.75, 0.65, 0.7])
@@ -35,6 +39,9 @@ def test_the_summary_judges_each_drain_against_the_same_copy(capsys):
     dataset = next(line for line in lines if line.startswith("  dataset(100), TF: cross-host"))
     assert "socket copy: 0.50" in arrays and "goal >= 0.5: met" in arrays
     assert "socket copy: 0.20" in dataset and "goal >= 0.5: NOT met" in dataset
+    # the TLS feed over the plain one, round by round: 0.80, 0.50, 0.75 (median 0.75)
+    assert "TLS / plain cross-host feed: 0.75 (rounds: 0.80, 0.50, 0.75); goal >= 0.7: met" in arrays
+    assert "TLS / plain cross-host feed: 0.90" in dataset
 
 
 def test_the_benchmarks_nodes_stay_on_the_node_host_where_duotf_would_spread_them(dask_hosts_scheduler):

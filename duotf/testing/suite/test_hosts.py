@@ -93,11 +93,35 @@ def _cut_when_started(engine, folder: str, host: int, node: int, when: list) -> 
     return thread
 
 
+def _engine_idle(engine) -> bool:
+    """No task of an earlier test runs on the engine. Spark deals a stage's tasks out over the
+    executors that have free cores: one still busy with an earlier test's task (a feed's, a
+    node's that ends) would put both of a new cluster's nodes on the other host."""
+    session = getattr(engine, "session", None)
+    if session is not None:
+        return not session.sparkContext.statusTracker().getActiveStageIds()
+    return not any(engine.client.processing().values())
+
+
+def _run_one_per_host(engine, main, args, backend):
+    """``duotf.run`` of two workers on the idle engine, each on a host of its own (checked)."""
+    poll_for(lambda: _engine_idle(engine), 60, 0.2, "the engine's earlier tasks to end")
+    cluster = duotf.run(main, args, backend, duotf.ClusterSpec(workers=2), heartbeat_interval=0.5,
+                        heartbeat_timeout=HEARTBEAT_TIMEOUT)
+    hosts = [engine.hosts.host_of(node.pid) for node in cluster.nodes]
+    if hosts[0] == hosts[1]:
+        shutdown_quietly(cluster)
+        pytest.fail(f"both nodes on {engine.hosts.hostnames[hosts[0]]} of an idle engine of two "
+                    f"hosts: duotf spreads a cluster's nodes over its hosts")
+    return cluster
+
+
 def _check_cut(engine, cluster, run, tmp_path):
     """Cut the host of node 1 once it has begun (``run()`` raises then): the error names the
     host within the heartbeat timeout and some slack, and node 1's process is gone within the
     heartbeat timeout (and slack) of the cut, before the link comes back (its agent, in the
-    engine's task, runs in a process the engine keeps: a Dask worker, a Spark Python worker)."""
+    engine's task, runs in a process the engine keeps: a Dask worker, a Spark Python worker).
+    Node 0 runs on the other host (:func:`_run_one_per_host`), so only node 1 is cut off."""
     victim = cluster.nodes[1]
     host = engine.hosts.host_of(victim.pid)
     processes = [psutil.Process(victim.pid)]
@@ -122,17 +146,14 @@ def _check_cut(engine, cluster, run, tmp_path):
 
 def test_a_host_cut_off_mid_feed_is_named_and_its_node_ends(backend, engine, tmp_path):
     args = {"batch": 4, "started": str(tmp_path), "pause": 0.05}
-    cluster = duotf.run(mains.host_rows_main, args, backend, duotf.ClusterSpec(workers=2),
-                        heartbeat_interval=0.5, heartbeat_timeout=HEARTBEAT_TIMEOUT)
+    cluster = _run_one_per_host(engine, mains.host_rows_main, args, backend)
     data = _host_rows(engine, rows=2000)
     error = _check_cut(engine, cluster, lambda: cluster.train(data, epochs=50), tmp_path)
     assert isinstance(error, (duotf.NodeUnresponsiveError, duotf.FeedError)), repr(error)
 
 
 def test_a_host_cut_off_mid_allreduce_is_named_and_its_node_ends(backend, engine, tmp_path):
-    cluster = duotf.run(mains.allreduce_main, {"started": str(tmp_path)}, backend,
-                        duotf.ClusterSpec(workers=2), heartbeat_interval=0.5,
-                        heartbeat_timeout=HEARTBEAT_TIMEOUT)
+    cluster = _run_one_per_host(engine, mains.allreduce_main, {"started": str(tmp_path)}, backend)
     error = _check_cut(engine, cluster, cluster.wait, tmp_path)
     assert isinstance(error, duotf.NodeUnresponsiveError), repr(error)
 
