@@ -1,6 +1,6 @@
 """A Spark Connect client that the executors cannot reach, run by tests/test_connect_relay.py
 inside a network namespace of its own (tests/hosts.py): it trains, reads node output and a
-node's failure through the relay, runs `duotf.doctor`, and prints what it saw as one JSON line.
+node's failure through the relay (with TLS on), runs `duotf.doctor`, and prints what it saw as one JSON line.
 
     python tests/relay_client.py sc://127.0.0.1:15002
 """
@@ -52,9 +52,10 @@ def main(url: str) -> None:
         out["rows"] = sum(seen.values())
         metrics = cluster.metrics
         out["metrics"] = sorted(zip(metrics["node"], metrics["rows"].astype(int)))
-    try:
+    try:  # with TLS: the relay forwards the encrypted control channel as it is
         with duotf.run(failing_main, backend=spark, spec=duotf.ClusterSpec(workers=2),
-                       heartbeat_timeout=20) as cluster:
+                       heartbeat_timeout=20, tls=True) as cluster:
+            out["tls_relayed"] = cluster.supervisor.relayed and cluster.tls is not None
             cluster.train(df, epochs=1)
             cluster.wait()
     except NodeFailedError as exc:

@@ -51,6 +51,7 @@ def test_a_client_the_executors_cannot_reach_trains_through_the_relay(spark_conn
     assert sum(rows for _, rows in out["metrics"]) == 2000
     assert "[worker:1] node 1 says hello" in log and "[worker:0] node 0 says hello" in log
     assert "worker:1" in out["failure"] and "worker 1 fails on purpose" in out["failure"]
+    assert out["tls_relayed"] is True  # that failure came through the relay, encrypted
     status, detail = out["doctor"]["driver port"]
     assert status.lower() == "ok" and "through a relay in the cluster" in detail, out["doctor"]
     poll_for(lambda: not _relays(), 30, 0.1, "every relay hub to end")

@@ -345,7 +345,7 @@ def test_the_ports_block_runs_its_nodes_in_the_range(capsys):
 
 def test_the_tls_block_feeds_every_row(capsys):
     # docs/cluster.md, Encryption in transit (tests/test_tls.py reads the wire itself, and the
-    # shared suite's test_tls runs it on every engine)
+    # shared suite's test_feed feeds with TLS on every engine)
     run_block(block("spec=duotf.ClusterSpec(workers=2), tls=True"))
     assert capsys.readouterr().out.strip().splitlines()[-1] == "[50, 50]"
 

@@ -1,7 +1,8 @@
 """TLS on duotf's own connections (duotf._transport.tls): the job's certificate, the settings
 that ask for it, and what crosses the network, read off the wire by a forwarder between a real
-feeding connection and a real node feed server. The shared suite's test_tls runs whole jobs
-with TLS on every engine."""
+feeding connection and a real node feed server. The shared suite's
+test_a_dataframe_fed_several_epochs_arrives_once_an_epoch_and_leaves_nothing (test_feed) runs a
+whole job with TLS on every engine."""
 
 from __future__ import annotations
 

@@ -210,8 +210,9 @@ def encrypted(sock) -> bool:
     return isinstance(sock, TLSSocket)
 
 
-#: plaintext bytes encrypted at once by a send: its records go out before the next are made
-_CHUNK = 256 << 10
+#: plaintext bytes encrypted at once by a send (its records go out before the next are made),
+#: and ciphertext bytes read from the socket at once
+_CHUNK = 1 << 20
 
 
 class TLSSocket:
@@ -236,6 +237,8 @@ class TLSSocket:
         self._lock = threading.Lock()  # the SSLObject and its buffers
         self._send_lock = threading.Lock()  # the order of the records on the wire
         self._recv_lock = threading.Lock()  # one reader at a time
+        self._raw = bytearray(_CHUNK)  # what the socket gave, before it is decrypted
+        self._raw_view = memoryview(self._raw)
         while True:
             try:
                 self._tls.do_handshake()
@@ -283,28 +286,34 @@ class TLSSocket:
         return sent
 
     def recv_into(self, buffer, nbytes: int = 0) -> int:
+        """Decrypt into ``buffer`` what has arrived, up to ``nbytes``: every whole record
+        received (at least one byte, unless the peer closed), under one hold of the lock."""
         view = memoryview(buffer).cast("B")
         nbytes = nbytes or len(view)
         with self._recv_lock:
             while True:
+                got, ended = 0, False
                 with self._lock:
-                    try:
-                        got: Optional[int] = cast(int, self._tls.read(nbytes, view))
-                    except ssl.SSLWantReadError:
-                        got = None
-                    except ssl.SSLZeroReturnError:  # the peer closed TLS: the end of the stream
-                        got = 0
+                    while got < nbytes:
+                        try:
+                            n = cast(int, self._tls.read(nbytes - got, view[got:]))
+                        except ssl.SSLWantReadError:
+                            break
+                        except ssl.SSLZeroReturnError:  # the peer closed TLS: the stream's end
+                            ended = True
+                            break
+                        got += n
                     made = self._outgoing.pending
                 if made:
                     with self._send_lock:
                         self._flush()
-                if got is not None:
+                if got or ended:
                     return got
-                data = self.sock.recv(1 << 18)
-                if not data:
+                n = self.sock.recv_into(self._raw)
+                if not n:
                     return 0
                 with self._lock:
-                    self._incoming.write(data)
+                    self._incoming.write(self._raw_view[:n])
 
     def recv(self, bufsize: int) -> bytes:
         buffer = bytearray(bufsize)

@@ -40,9 +40,16 @@ def test_train_epochs_balanced_across_workers(backend, engine):
 
 @pytest.mark.also_on("spark-hosts", "dask-hosts")
 def test_a_dataframe_fed_several_epochs_arrives_once_an_epoch_and_leaves_nothing(backend, engine):
+    # with TLS on (every other test of the suite feeds in clear): the driver's rendezvous server
+    # and each node's feed server then take only TLS, so the nodes registering prove that their
+    # agents' control channels were encrypted, and the rows arriving that every feeding
+    # connection was, kept frames sent from their files included (tests/test_tls.py reads the
+    # wire itself)
     df = engine.frame(frames(row_parts(), ["x", "y"]))
     before = kept_frame_folders()
-    with duotf.run(mains.feed_train_main, {"batch": 4}, backend, duotf.ClusterSpec(workers=2)) as cluster:
+    with duotf.run(mains.feed_train_main, {"batch": 4}, backend, duotf.ClusterSpec(workers=2),
+                   tls=True) as cluster:
+        assert cluster.tls is not None
         report = cluster.train(df, epochs=3)
         left = kept_frame_folders() - before  # train has returned: what it kept is gone
         first, second = cluster.wait(timeout=120)
