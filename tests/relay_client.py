@@ -30,11 +30,13 @@ def ids_main(args, ctx):
 
 
 def failing_main(args, ctx):
-    if ctx.task_index == 1:
-        raise ValueError("worker 1 fails on purpose")
+    """Worker 1 fails at its first batch: once the run has started (its ``duotf.run`` has
+    returned), so that the job's settings can be read off its cluster first."""
     feed = ctx.get_data_feed(train=True)
     while not feed.should_stop():
         feed.next_batch(100)
+        if ctx.task_index == 1:
+            raise ValueError("worker 1 fails on purpose")
 
 
 def main(url: str) -> None:
