@@ -72,11 +72,36 @@ class DaskEngine(Engine):
             n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None,
             host="127.0.0.1",
         ) as cluster, Client(cluster) as client:
-            yield cls(duotf.backends.resolve_backend(client)[0], client)
+            engine = cls(duotf.backends.resolve_backend(client)[0], client)
+            engine.cluster = cluster
+            yield engine
 
     @property
     def client(self):
         return self.handle
+
+    def mend(self, wait=60):
+        """A worker killed by a test comes back through its nanny in about a second. Where
+        one did not (a nanny's restart can fail on a loaded machine: distributed logs "Failed to
+        restart worker after its process exited" and keeps the nanny without a worker, which
+        once left the rest of a CI run with 1 worker of 2), that nanny is closed and the
+        cluster starts a new one in its place."""
+        if len(self.client.nthreads()) >= self.executors:
+            return None
+        try:
+            self.client.wait_for_workers(self.executors, timeout=wait)
+            return None
+        except TimeoutError:
+            pass
+        live = set(self.client.run_on_scheduler(
+            lambda dask_scheduler: [ws.name for ws in dask_scheduler.workers.values()]))
+        gone = [name for name in self.cluster.workers if name not in live]
+        for name in gone:
+            self.cluster.sync(self.cluster.workers.pop(name).close, timeout=30)
+        self.cluster.sync(self.cluster._correct_state)  # starts the spec's workers it lacks
+        self.client.wait_for_workers(self.executors, timeout=60)
+        return (f"worker(s) {gone} gone for {wait} s without their nanny's replacement: "
+                "their nannies were closed and new ones started")
 
     def rows(self, parts):
         import dask

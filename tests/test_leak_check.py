@@ -93,3 +93,36 @@ def test_a_cluster_dropped_after_a_failed_wait_leaves_no_directory(backend):
     # its threads hold it until they end (a node's stop): then a collection takes it
     poll_for(lambda: gc.collect() is not None and not os.path.exists(path), 15,
              what=f"{path} removed with its Cluster")
+
+
+
+def test_a_dask_worker_its_nanny_failed_to_restart_is_mended_before_the_next_test():
+    """The suite's own repair (Engine.mend, before every test), on a LocalCluster of its own:
+    a nanny whose restart fails keeps running without a worker, which left a CI run's later
+    Dask tests with 1 worker of 2."""
+    import os
+
+    import psutil
+    from distributed import Client, LocalCluster
+
+    from tests.engines import DaskEngine
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                      host="127.0.0.1") as cluster, Client(cluster) as client:
+        engine = DaskEngine(duotf.backends.resolve_backend(client)[0], client)
+        engine.cluster = cluster
+        assert engine.mend(wait=1) is None  # whole: nothing to do
+        address, pid = next(iter(client.run(os.getpid).items()))
+        [nanny] = [n for n in cluster.workers.values() if n.worker_address == address]
+
+        async def fails(*args, **kwargs):
+            raise OSError("a restart that failed, as one did on a loaded machine")
+
+        nanny.instantiate = fails
+        psutil.Process(pid).kill()
+        poll_for(lambda: len(client.nthreads()) < 2, 30, what="the worker gone")
+        mended = engine.mend(wait=1)
+        assert mended and "nanny" in mended, mended
+        assert len(client.nthreads()) == 2
+        assert nanny not in cluster.workers.values()
+        assert client.submit(sum, [1, 2], pure=False).result(timeout=30) == 3

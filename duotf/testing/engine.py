@@ -163,6 +163,13 @@ class Engine(abc.ABC):
         """The processes the engine's feeding tasks run in (a list, or a callable giving the
         current list where they come and go)."""
 
+    def mend(self, wait: float = 60) -> Optional[str]:
+        """Bring the engine back to its full size where a test killed part of it and the engine
+        did not replace that part itself within ``wait`` seconds (default: nothing to do).
+        Called before every test, so that one engine's failure to replace a process fails one
+        test, not every later one. Returns what was mended, for a warning, or None."""
+        return None
+
     def away_from_nodes(self, data: Any, cluster: Cluster) -> Any:
         """``data`` placed where the engine runs no node of ``cluster`` while it can, so that its
         feeding tasks run in processes that host no node (default: as it is: an engine whose

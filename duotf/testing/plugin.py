@@ -32,6 +32,7 @@ import shutil
 import tempfile
 import threading
 import time
+import warnings
 from typing import Dict, List, Optional, Type
 
 import cloudpickle
@@ -127,6 +128,8 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "xfail_on(*kinds, reason): a known defect of these kinds of the backend "
         "fixture (a strict xfail: it fails once the defect is fixed, to be removed then)")
+    # shown in the warnings summary, never an error, whatever the project's filters say
+    config.addinivalue_line("filterwarnings", "always::duotf.testing.plugin.EngineMended")
     # pytest-xdist registers it too; without xdist the mark the hook below adds is inert
     config.addinivalue_line(
         "markers", "xdist_group(name): pytest-xdist's --dist loadgroup runs a group on one worker")
@@ -156,6 +159,21 @@ def backend(request):
             yield engine.backend
         finally:
             del _running[kind]
+
+
+class EngineMended(UserWarning):
+    """An engine did not replace a process a test killed, and the suite mended it."""
+
+
+@pytest.fixture(autouse=True)
+def _whole_engine(request):
+    """Before a test on a running engine: the engine mended to its full size (a warning says
+    what was mended: the engine did not replace what an earlier test killed)."""
+    kind = getattr(getattr(request.node, "callspec", None), "params", {}).get("backend")
+    if kind in _running:
+        mended = _running[kind].mend()
+        if mended:
+            warnings.warn(f"{kind}: {mended}", EngineMended, stacklevel=1)
 
 
 @pytest.fixture
