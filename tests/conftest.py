@@ -23,7 +23,7 @@ import pytest
 
 from duotf.testing import QUIET_TF, poll_for  # noqa: F401 - tests import them from here
 from tests import hosts
-from tests.engines import ENGINES
+from tests.engines import ENGINES, EXECUTOR_C1
 
 pytest_plugins = ["duotf.testing.plugin", "tests.timings"]
 
@@ -353,7 +353,8 @@ def spark_connect_server(spark_standalone_master):
     """A real Spark Connect server (pyspark's own ``sbin/start-connect-server.sh``, in the
     foreground) whose application runs on ``spark_standalone_master`` with 2 executors of 2
     cores; yields its ``sc://127.0.0.1:PORT`` URL and stops it (and its executors) after the run."""
-    yield from connect_server(spark_standalone_master, {"spark.executor.cores": "2", "spark.cores.max": "4"})
+    yield from connect_server(spark_standalone_master, {"spark.executor.cores": "2", "spark.cores.max": "4",
+                                                        **EXECUTOR_C1})
 
 
 def connect_server(master: str, conf: dict = None):

@@ -223,6 +223,12 @@ class DaskEngine(Engine):
         return type(model).load(folder)
 
 
+#: the executors of the standalone cluster's applications (its engine's, Spark Connect's)
+#: compile with the client compiler only, as the suite's drivers do (tests/spark-conf); not
+#: those of the separate hosts, whose locality test failed with it
+EXECUTOR_C1 = {"spark.executor.defaultJavaOptions": "-XX:TieredStopAtLevel=1"}
+
+
 def _spark_session(master: str, **conf):
     from pyspark.sql import SparkSession
 
@@ -465,7 +471,7 @@ class SparkStandaloneEngine(SparkEngine):
     def _session(cls, request):
         url = request.getfixturevalue("spark_standalone_master")
         return _spark_session(url, **{"spark.executor.cores": "2", "spark.cores.max": "4",
-                                      "spark.executor.memory": "1g"})
+                                      "spark.executor.memory": "1g", **EXECUTOR_C1})
 
 
 class SparkConnectEngine(SparkEngine):
