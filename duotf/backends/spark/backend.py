@@ -15,6 +15,7 @@ addresses become the node's ``CUDA_VISIBLE_DEVICES`` (:mod:`duotf._node.gpus`).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import sys
@@ -224,6 +225,26 @@ class SparkBackend(Backend):
             logger.log(logging.INFO if registered < target else logging.DEBUG,
                        "duotf: %d executors registered for %d nodes after %.1f s: nodes share "
                        "executors", registered, nodes, time.monotonic() - waited)
+        if min(registered, nodes) >= 2 and self._registering_for() > 0:
+            self._await_started(min(registered, nodes), deadline)
+
+    def _await_started(self, executors: int, deadline: Deadline) -> None:
+        """Wait until ``executors`` executors take tasks. One that has registered (and that the
+        status tracker lists) takes none until it has started: Spark offers its cores only then,
+        and a stage submitted in between goes whole to the executors that have, both of a fresh
+        application's nodes to the one that started first. A probe stage of ``executors`` tasks
+        (Spark deals them one to each executor that takes tasks) until they run on that many,
+        for at most the seconds executors still have to register, plus 10 (and ``deadline``)."""
+        left = deadline.remaining
+        limit = Deadline.after(min(math.inf if left is None else left, self._registering_for() + 10))
+        seen: set = set()
+        while not limit.expired:
+            seen = set(self.client.spread(_task_executor, executors))
+            if len(seen) >= executors:
+                return
+            time.sleep(0.25)  # an executor still starting
+        logger.info("duotf: %d of %d executors took tasks after waiting: nodes may share one",
+                    len(seen), executors)
 
     def check_gpus(self, nodes: int, per_node: int) -> int:
         asked = f"ClusterSpec(gpus_per_node={per_node}) asks for GPUs"
@@ -347,3 +368,9 @@ class SparkBackend(Backend):
             return self.client.default_fs()
         except Exception:
             return "file://"
+
+
+def _task_executor() -> str:
+    """The executor a task runs in: its host, and its Python daemon (one an executor), or the
+    executor's JVM where Spark starts Python workers without one."""
+    return f"{socket.gethostname()}/{os.getppid()}"
