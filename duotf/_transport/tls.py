@@ -211,9 +211,8 @@ def encrypted(sock) -> bool:
 
 
 #: plaintext bytes encrypted at once by a send (its records go out before the next are made):
-#: small enough that the ciphertext's buffer comes from the heap and stays in the cache. At
-#: 1 MiB each buffer was a new mapping, and its page faults cost a sender 0.5 s of system CPU a
-#: GB (0.2 s at 64 KiB; 2026-12-07)
+#: small enough that the ciphertext's buffer comes from the heap and stays in the cache, where a
+#: buffer of 1 MiB is a new mapping of memory each time, paid in page faults (docs/benchmarks.md)
 _SEND_CHUNK = 1 << 16
 #: ciphertext bytes read from the socket at once (into one buffer, reused)
 _RECV_CHUNK = 1 << 20
