@@ -63,7 +63,7 @@ FULL_ENGINES = {"spark-standalone", "spark-connect", "spark-hosts", "dask-hosts"
 #: made by .ci/run after the fast tier)
 FULL_FIXTURES = {"spark_standalone_master", "spark_connect_server", "spark_hosts_master",
                  "dask_hosts_scheduler", "spark_gpu_master", "spark_standalone_master_log",
-                 "mlflow_server"}
+                 "mlflow_server", "spark_hosts_private_tmp"}
 TIERS = ("fast", "full", "rest")
 #: the engines of the fast tier, and the modules of the shared suite that run on each of them
 #: there: the same weights on every engine. Every other test of the suite runs, in the fast
@@ -122,7 +122,8 @@ def in_fast_tier(item, fast_engines_of) -> bool:
 #: shared suite (pytest-xdist's loadgroup): a cluster starts in one worker, not in each
 FIXTURE_GROUPS = {"spark_connect_server": "spark-connect",
                   "spark_standalone_master": "spark-standalone",
-                  "spark_hosts_master": "hosts", "dask_hosts_scheduler": "hosts"}
+                  "spark_hosts_master": "hosts", "dask_hosts_scheduler": "hosts",
+                  "spark_hosts_private_tmp": "hosts"}
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook (the dev extra installs it)
@@ -223,7 +224,7 @@ def spark_standalone_master():
     The suite's classic application takes an executor of 2 cores on each worker (2 task slots:
     one for its node, one for the tasks that feed it), the Spark Connect server's application
     (``spark_connect_server``) as many; 1 core a worker is left for a third application (the
-    spark-submit command of docs/getting-started.md).
+    spark-submit commands of tests/test_readme.py and tests/suite/test_example.py).
     """
     yield from standalone_cluster(workers=2, cores=5)
 
@@ -311,6 +312,17 @@ def spark_hosts_master():
     yields ``(network, master URL)``."""
     hosts = _hosts_or_skip()
     with hosts.Network(2) as net, hosts.spark_cluster(net, cores=4) as url:
+        yield net, url
+
+
+@pytest.fixture
+def spark_hosts_private_tmp():
+    """A standalone master on a bridge's address and a worker of 2 cores on each of 2 separate
+    hosts that, as machines do, have a ``/tmp`` of their own (``Network(private_tmp=True)``);
+    yields ``(network, master URL)``. The Getting started test's alone: its JVMs live no longer
+    than that test."""
+    hosts = _hosts_or_skip()
+    with hosts.Network(2, private_tmp=True) as net, hosts.spark_cluster(net, cores=2) as url:
         yield net, url
 
 

@@ -108,6 +108,18 @@ def client_namespace(server_port: int, port_inside: int = 15002) -> Iterator[str
 _HOST_SHELL = ('hostname "$1" && mount --bind "$2" /etc/hosts && '
                'mount -t tmpfs -o size=4g,mode=1777 duotf-shm /dev/shm && '
                'mount -t tmpfs -o size=4g,mode=1777 duotf-local "$3" && shift 3 && exec "$@"')
+#: the same, with a ``/tmp`` of the host's own ($4: the paths under /tmp it still sees, one a
+#: line): the machine's /tmp is mounted aside (in the host's /dev/shm), a tmpfs goes over /tmp,
+#: and each kept path is mounted back where it was, then the host's local disk as above
+_PRIVATE_TMP_SHELL = (
+    'hostname "$1" && mount --bind "$2" /etc/hosts && '
+    'mount -t tmpfs -o size=4g,mode=1777 duotf-shm /dev/shm && '
+    'mkdir /dev/shm/.machine-tmp && mount --bind /tmp /dev/shm/.machine-tmp && '
+    'mount -t tmpfs -o size=4g,mode=1777 duotf-tmp /tmp && '
+    'printf "%s\n" "$4" | while IFS= read -r kept; do [ -z "$kept" ] || { '
+    'mkdir -p "$kept" && mount --bind "/dev/shm/.machine-tmp/${kept#/tmp/}" "$kept"; } || exit 1; '
+    'done && umount -l /dev/shm/.machine-tmp && rmdir /dev/shm/.machine-tmp && '
+    'mkdir -p "$3" && mount -t tmpfs -o size=4g,mode=1777 duotf-local "$3" && shift 4 && exec "$@"')
 
 
 def _free_subnet(start: int) -> int:
@@ -129,8 +141,13 @@ class Network:
     host is killed, and the namespaces and the bridge removed, on the way out.
     """
 
-    def __init__(self, hosts: int = 2):
+    def __init__(self, hosts: int = 2, private_tmp: bool = False):
+        """``private_tmp``: each host has a ``/tmp`` of its own (as machines do), in which it
+        sees nothing of this machine's but the folders Python and duotf run from, where they
+        are under /tmp (a checkout or venv made there); by default /tmp is shared, as the
+        rest of the file system is."""
         tag = uuid.uuid4().hex[:6]
+        self.private_tmp = private_tmp
         self.subnet = _free_subnet(int(tag[:2], 16))  # 10.213.<subnet>.0/24
         self.bridge = f"dtb{tag}"
         self.driver_ip = f"10.213.{self.subnet}.1"
@@ -181,14 +198,39 @@ class Network:
         try:
             proc = subprocess.Popen(
                 in_namespace(self.names[host], ["unshare", "-m", "-u", "--propagation", "private",
-                                                "sh", "-c", _HOST_SHELL, "host",
+                                                "sh", "-c", self._shell(), "host",
                                                 self.hostnames[host], self.hosts_file,
-                                                self.local_dirs[host], *argv]),
+                                                self.local_dirs[host], *self._kept(), *argv]),
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         finally:
             out.close()
         self._procs.append(proc)
         return proc
+
+    def _shell(self) -> str:
+        return _PRIVATE_TMP_SHELL if self.private_tmp else _HOST_SHELL
+
+    def _kept(self) -> List[str]:
+        """The private /tmp's argument: the folders under /tmp that Python and duotf run from
+        (this interpreter's prefix, duotf's checkout or install, a pyspark), one a line."""
+        if not self.private_tmp:
+            return []
+        import duotf
+        import pyspark
+
+        roots = {sys.prefix, os.path.dirname(os.path.dirname(os.path.abspath(duotf.__file__))),
+                 os.path.dirname(os.path.abspath(pyspark.__file__))}
+        # the duotf that a Python started elsewhere imports (an executor's): an installed
+        # checkout may be another than the one this process imported from its working folder
+        found = subprocess.run([sys.executable, "-c", "import importlib.util as u; "
+                                "print(u.find_spec('duotf').origin)"], cwd="/",
+                               capture_output=True, text=True, timeout=60).stdout.strip()
+        if found:
+            roots.add(os.path.dirname(os.path.dirname(found)))
+        kept = sorted(r for r in map(os.path.realpath, roots) if r.startswith("/tmp/"))
+        # a folder inside another kept one comes with it
+        kept = [r for r in kept if not any(r.startswith(o + "/") for o in kept)]
+        return ["\n".join(kept)]
 
     def pids(self, host: int) -> List[int]:
         """Every process on host ``host`` now."""

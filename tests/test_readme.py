@@ -47,7 +47,8 @@ RUN_BY = {
     "def report_main(args, ctx):": "test_the_metrics_block_reports_and_shows_progress",
     "from duotf.spark import feed_cache, pack_tensors": "test_the_feed_cache_block_feeds_every_epoch",
     "from duotf.io.tfrecord import": "test_the_io_block_round_trips_the_rows",
-    "examples/digits/train.py --backend spark": "test_the_spark_submit_command_runs_on_the_standalone_master",
+    "estimator = TFEstimator(modelFn=make_model": "test_getting_started_trains_on_separate_hosts_that_share_no_tmp",
+    "train_on_spark.py /mnt/shared/duotf-models": "test_getting_started_trains_on_separate_hosts_that_share_no_tmp",
     "$DUOTF_MAIN run": "test_the_run_command_runs_under_spark_submit",
     'client = Client("tcp://scheduler:8786")': "test_the_dask_block_runs_the_program_above",
     "runs = duotf.run_parallel(": "test_the_parallel_block_reports_every_run_in_its_slot",
@@ -201,14 +202,6 @@ def test_the_readme_example_trains_on_the_embedded_backend(backend, capsys):
 
 
 # -- the Spark blocks, on Spark local[3] ------------------------------------------------------
-def _digits_like(path: pathlib.Path) -> str:
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(512, 8)).astype("float32")
-    y = (x @ np.arange(1, 9, dtype="float32") / 10).astype("float32")
-    np.savez(path, x=x, y=y)
-    return str(path)
-
-
 def _frame(spark, rows: int = 400, width: int = 6, parts: int = 4):
     data = [(i, [float(i % 7 + j) for j in range(width)], float(i % 2)) for i in range(rows)]
     return spark.createDataFrame(data, "id long, features array<float>, label double").repartition(parts)
@@ -216,14 +209,16 @@ def _frame(spark, rows: int = 400, width: int = 6, parts: int = 4):
 
 @pytest.mark.engines("spark-local")
 def test_your_program_trains_and_saves(backend, engine, tmp_path):
+    # the block takes the session the engine made (getOrCreate), as a notebook's would
     code = block("def main(args, ctx):                       # runs once per node", {
-        '"/data/digits.npz"': repr(_digits_like(tmp_path / "digits.npz")),
-        '"/models/digits.keras"': repr(str(tmp_path / "digits.keras")),
+        '"/mnt/shared/duotf-models/regression.keras"': repr(str(tmp_path / "regression.keras")),
     })
-    ns = run_block(code, spark=engine.session)
+    ns = run_block(code)
+    assert ns["spark"] is engine.session
     losses = ns["results"]
     assert len(losses) == 2 and all(isinstance(v, float) and math.isfinite(v) for v in losses)
-    assert (tmp_path / "digits.keras").stat().st_size > 0
+    assert max(losses) < 0.05  # y = x @ [0.1 .. 0.8] is learnt
+    assert (tmp_path / "regression.keras").stat().st_size > 0
 
 
 @pytest.mark.engines("spark-local")
@@ -353,35 +348,58 @@ def test_the_tls_block_feeds_every_row(capsys):
 @pytest.mark.engines("dask")
 def test_the_dask_block_runs_the_program_above(backend, engine, tmp_path):
     program = block("def main(args, ctx):                       # runs once per node", {
-        '"/data/digits.npz"': repr(_digits_like(tmp_path / "digits.npz")),
-        '"/models/digits.keras"': repr(str(tmp_path / "digits.keras")),
+        '"/mnt/shared/duotf-models/regression.keras"': repr(str(tmp_path / "regression.keras")),
     })
+    # the program's definitions (main, args), without its session: a Dask user has none
     definitions = program[:program.index("spec = duotf.ClusterSpec")]
+    definitions = definitions.replace("spark = SparkSession.builder.getOrCreate()\n", "")
     ns = run_block(definitions)
     code = block('client = Client("tcp://scheduler:8786")',
                  {"tcp://scheduler:8786": engine.handle.scheduler.address})
     ns = run_block(code, **{k: ns[k] for k in ("main", "args", "duotf")})
     try:
-        assert (tmp_path / "digits.keras").stat().st_size > 0
+        assert (tmp_path / "regression.keras").stat().st_size > 0
     finally:
         ns["client"].close()
 
 
-def test_the_spark_submit_command_runs_on_the_standalone_master(spark_standalone_master,
-                                                                 spark_standalone_master_log, tmp_path):
-    command = block("examples/digits/train.py --backend spark",
-                    {"spark://master:7077": spark_standalone_master}).replace("\\\n", " ")
-    # the example's data and model folder (a new temp folder) in the test's
+def test_getting_started_trains_on_separate_hosts_that_share_no_tmp(spark_hosts_private_tmp,
+                                                                      tmp_path):
+    """Getting started's Spark tutorial as a user runs it: the program saved as its page says,
+    the spark-submit command (with the master's URL and a shared folder for the models) run on
+    a standalone cluster of 2 separate hosts, each with a /tmp of its own."""
+    import shutil
+    import tempfile
+
+    net, master = spark_hosts_private_tmp
+    # the premise: what the driver writes in /tmp, a host does not see
+    marker = tmp_path / "the-drivers-own"
+    marker.write_text("")
+    assert net.start(0, ["test", "!", "-e", str(marker)]).wait(60) == 0
+    shared = tempfile.mkdtemp(prefix="duotf-shared-", dir="/var/tmp")  # a shared mount's stand-in
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-               TMPDIR=str(tmp_path))
-    out = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True,
-                         env=env, timeout=300)
-    problems = [line for line in out.stderr.splitlines() if " INFO " not in line]
-    assert out.returncode == 0, "\n".join(problems[-60:] + out.stdout.splitlines()[-60:])
-    assert "backend=spark workers=2" in out.stdout, out.stdout
-    assert float(re.search(r"test accuracy=([\d.]+)", out.stdout).group(1)) > 0.9
-    with open(spark_standalone_master_log) as f:
-        assert "Registering app duotf-digits" in f.read()
+               SPARK_LOCAL_IP=net.driver_ip)  # the driver machine's address on the hosts' network
+    try:
+        (pathlib.Path(shared) / "train_on_spark.py").write_text(
+            block("estimator = TFEstimator(modelFn=make_model"))
+        command = block("train_on_spark.py /mnt/shared/duotf-models", {
+            "spark://master:7077": master, "/mnt/shared/duotf-models": shared + "/models",
+        }).replace("\\\n", " ")
+        out = subprocess.run(["bash", "-c", command], cwd=shared, capture_output=True, text=True,
+                             env=env, timeout=300)
+        problems = [line for line in out.stderr.splitlines() if " INFO " not in line]
+        assert out.returncode == 0, "\n".join(problems[-60:] + out.stdout.splitlines()[-60:])
+        said = re.search(r"test accuracy ([\d.]+); model saved at (\S+)", out.stdout)
+        assert said and float(said.group(1)) > 0.9, out.stdout[-3000:]
+        assert said.group(2).startswith(shared + "/models/fit-") and os.path.exists(said.group(2))
+        # its executors ran on both hosts
+        logs = [pathlib.Path(net.folder, name).read_text()
+                for name in os.listdir(net.folder) if name.startswith("spark-worker")]
+        assert len(logs) == 2 and all(
+            any("Asked to launch executor" in line and "duotf-getting-started" in line
+                for line in log.splitlines()) for log in logs), logs
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 def test_the_run_command_runs_under_spark_submit(spark_standalone_master, spark_standalone_master_log):

@@ -9,7 +9,12 @@ weights.
     python examples/digits/train.py --backend dask        # a Dask LocalCluster
     python examples/digits/train.py --backend spark       # Spark local[N+1]
     python examples/digits/train.py --input engine        # the engine pushes the rows instead
-    spark-submit --master spark://host:7077 examples/digits/train.py --backend spark
+    spark-submit --master spark://host:7077 examples/digits/train.py --backend spark --data-dir DIR
+
+On a cluster of several machines the nodes read digits.npz, and the chief saves its weights,
+in --data-dir (DIR above): give a folder that the driver and every executor see (a shared
+mount). Without one the example refuses to start there: the driver's temp folder is on the
+driver alone.
 """
 
 from __future__ import annotations
@@ -149,6 +154,12 @@ def make_backend(name: str, workers: int, gpus_per_node: int = 0):
     return None  # the embedded local backend
 
 
+def on_this_machine(backend) -> bool:
+    """Whether the nodes run on this machine: the embedded backend, the example's Dask
+    LocalCluster, Spark ``local[N]`` (not a cluster master that spark-submit named)."""
+    return not hasattr(backend, "sparkContext") or backend.sparkContext.master.startswith("local")
+
+
 def cli(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=["local", "dask", "spark"], default="local",
@@ -161,7 +172,9 @@ def cli(argv=None):
     parser.add_argument("--lr", type=float, default=0.5, help="SGD learning rate (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=1, help="weight initialisation seed (default: %(default)s)")
     parser.add_argument("--data-dir", default=None,
-                        help="where digits.npz is written (default: a new temporary directory)")
+                        help="where digits.npz is written, which every node reads: on a cluster of "
+                        "several machines a folder they all see (default: a new temporary "
+                        "directory, where the engine runs on this machine)")
     parser.add_argument("--model-dir", default=None,
                         help="where the chief saves weights.npz (default: <data-dir>/model)")
     parser.add_argument("--gpus-per-node", type=int, default=0,
@@ -176,6 +189,11 @@ def cli(argv=None):
         logging.basicConfig(format="%(message)s")
         logging.getLogger("duotf.node").setLevel(logging.INFO)
 
+    backend = make_backend(opts.backend, opts.workers, opts.gpus_per_node)
+    if opts.data_dir is None and not on_this_machine(backend):
+        parser.error(f"--backend spark on {backend.sparkContext.master}: the nodes read digits.npz "
+                     "on the executors, which do not see this driver's temp folder: give "
+                     "--data-dir, a folder the driver and every executor see (a shared mount)")
     data_dir = opts.data_dir or tempfile.mkdtemp(prefix="duotf-digits-")
     args = {
         "data": prepare_data(os.path.join(data_dir, "digits.npz")),
@@ -185,7 +203,6 @@ def cli(argv=None):
         "seed": opts.seed,
         "model_dir": opts.model_dir or os.path.join(data_dir, "model"),
     }
-    backend = make_backend(opts.backend, opts.workers, opts.gpus_per_node)
     t0 = time.monotonic()
     spec = duotf.ClusterSpec(workers=opts.workers, gpus_per_node=opts.gpus_per_node)
     if opts.input == "engine":

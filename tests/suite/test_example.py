@@ -99,3 +99,16 @@ def test_the_streaming_script_runs_on_a_standalone_cluster(spark_standalone_mast
                       tmp_path)
     assert "backend=spark workers=1 test accuracy=" in out, out
     assert (data_dir / "digits.npz").exists()
+
+
+@pytest.mark.engines("spark-standalone")
+def test_the_digits_example_on_a_cluster_asks_for_a_folder_every_executor_sees(backend, engine, capsys):
+    """Its nodes read digits.npz, which the driver writes: on a master of separate machines (here
+    spark-submit's, the session that exists) the driver's temp folder is its own, and the
+    example refuses to start without --data-dir rather than fail in every node."""
+    with pytest.raises(SystemExit) as exit_info:
+        train.cli(["--backend", "spark", "--quiet"])
+    assert exit_info.value.code == 2
+    said = capsys.readouterr().err
+    assert f"--backend spark on {engine.session.sparkContext.master}" in said
+    assert "give --data-dir, a folder the driver and every executor see" in said
