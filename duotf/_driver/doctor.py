@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
 from duotf._deadline import Deadline
 from duotf.backends.base import CheckStatus
-from duotf.errors import ConfigError, DuotfError
+from duotf.errors import ConfigError, DuotfError, PortRangeError
 from duotf.spec import ClusterSpec, parse_address, seconds
 
 if TYPE_CHECKING:  # (imported by ``import duotf``: the transport only where it runs)
@@ -349,7 +349,15 @@ class _Doctor:
 
         job_id = "doctor-" + uuid.uuid4().hex[:8]
         secret = rendezvous.new_secret()
-        exchange = _Exchange(secret, self.driver_host, self.ports)
+        try:
+            exchange = _Exchange(secret, self.driver_host, self.ports)
+        except ConfigError as exc:  # a driver_host that is not this machine's, a full range
+            full = isinstance(exc, PortRangeError)
+            self.add("driver port", CheckStatus.FAIL, str(exc),
+                     "widen the range (DUOTF_PORTS), or run fewer jobs on this host at once"
+                     if full else "set driver_host (--driver-host; Spark: spark.driver.host) to "
+                     "an address of this machine the executors can reach")
+            return []
         try:  # directly, or through a relay where the executors cannot reach this process
             route = self.backend.route(exchange.server.address, lambda why: exchange.notify(), 60.0)
         except Exception as exc:

@@ -173,7 +173,10 @@ def create_server(host: str = "0.0.0.0", *, backlog: int = 128, what: str = "a d
         host = bind_address(env) or "0.0.0.0"
     ports = ports if ports is not None else configured(env)
     if ports is None:
-        return socket.create_server((host, 0), backlog=backlog)
+        try:
+            return socket.create_server((host, 0), backlog=backlog)
+        except OSError as exc:
+            raise _not_here(host, what, exc) if exc.errno == errno.EADDRNOTAVAIL else exc
     for port in ports.scan():
         # Without SO_REUSEADDR (which socket.create_server sets): with it, Linux lets a socket
         # bind and listen on a port that a reservation (:func:`reserve`, SO_REUSEADDR, not
@@ -186,9 +189,23 @@ def create_server(host: str = "0.0.0.0", *, backlog: int = 128, what: str = "a d
             return sock
         except OSError as exc:
             sock.close()
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise _not_here(host, what, exc) from None
             if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
                 raise
     raise _exhausted(ports, what)
+
+
+def _not_here(host: str, what: str, exc: OSError) -> ConfigError:
+    """The error of a server asked to listen on ``host``, which is no address of this machine
+    (a ``driver_host`` the executors reach through a forwarded or translated address, or a
+    mistyped one)."""
+    here = ", ".join(f"{name} {address}" for name, address in sorted(_interfaces().items()))
+    return ConfigError(
+        f"{what} cannot listen on {host}: it is not an address of {socket.gethostname()} "
+        f"({os.strerror(exc.errno)}; its addresses: {here or 'unknown'}). Give driver_host (Spark: "
+        "spark.driver.host) an address of this machine that the executors can reach",
+        param="driver_host", host=host)
 
 
 @contextlib.contextmanager
