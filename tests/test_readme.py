@@ -90,6 +90,20 @@ NOT_RUN = {
     ".ci/wheel-check": ".ci/run runs it on every CI run",
     'pip install -e ".[spark,dask,tensorflow-cpu,dev]"\n': "the install line of .ci/run, which "
                                                         "runs it before the tests run",
+    # docs/platforms/: the cluster managers and services that no test here runs (each page
+    # says so); the settings they pass are the ones the tests' standalone clusters need
+    "--master yarn --deploy-mode cluster \\\n  --archives": "YARN (EMR): no YARN cluster runs here",
+    "spark.yarn.appMasterEnv.DUOTF_PORTS=41000-41300": "YARN (EMR): no YARN cluster runs here",
+    "$DUOTF_MAIN doctor --backend spark --workers 2": "YARN (EMR): no YARN cluster runs here",
+    "FROM apache/spark:": "builds and pushes a container image: no Docker daemon or registry "
+                          "here",
+    "--master k8s://": "Kubernetes: no Kubernetes cluster runs here",
+    'modelDir="/Volumes/main/default/models"': "a Databricks notebook's spark and Unity Catalog "
+                                               "volume: no Databricks workspace here",
+    "gcloud dataproc clusters create": "Google Cloud Dataproc: no cloud project here",
+    "gcloud dataproc jobs submit pyspark train_on_spark.py": "Google Cloud Dataproc: no cloud "
+                                                            "project here",
+    "-- doctor --backend spark --workers 2": "Google Cloud Dataproc: no cloud project here",
     # docs/guides/petastorm.md's "before": tests/test_petastorm_bench.py checks its calls
     "converter = make_spark_converter(df)": "petastorm 0.13.1 imports only with pyarrow 14 and "
                                             "numpy < 2, not in this environment (pyarrow 26): "
