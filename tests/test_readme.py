@@ -47,8 +47,8 @@ RUN_BY = {
     "def report_main(args, ctx):": "test_the_metrics_block_reports_and_shows_progress",
     "from duotf.spark import feed_cache, pack_tensors": "test_the_feed_cache_block_feeds_every_epoch",
     "from duotf.io.tfrecord import": "test_the_io_block_round_trips_the_rows",
-    "estimator = TFEstimator(modelFn=make_model": "test_getting_started_trains_on_separate_hosts_that_share_no_tmp",
-    "train_on_spark.py /mnt/shared/duotf-models": "test_getting_started_trains_on_separate_hosts_that_share_no_tmp",
+    "estimator = TFEstimator(modelFn=make_model": "test_getting_started_trains_on_two_machines_that_share_no_tmp",
+    "train_on_spark.py /mnt/shared/duotf-models": "test_getting_started_trains_on_two_machines_that_share_no_tmp",
     "$DUOTF_MAIN run": "test_the_run_command_runs_under_spark_submit",
     'client = Client("tcp://scheduler:8786")': "test_the_dask_block_runs_the_program_above",
     "runs = duotf.run_parallel(": "test_the_parallel_block_reports_every_run_in_its_slot",
@@ -377,7 +377,7 @@ def test_the_dask_block_runs_the_program_above(backend, engine, tmp_path):
         ns["client"].close()
 
 
-def test_getting_started_trains_on_separate_hosts_that_share_no_tmp(spark_hosts_private_tmp,
+def test_getting_started_trains_on_two_machines_that_share_no_tmp(spark_hosts_private_tmp,
                                                                       tmp_path):
     """Getting started's Spark tutorial as a user runs it: the program saved as its page says,
     the spark-submit command (with the master's URL and a shared folder for the models) run on
