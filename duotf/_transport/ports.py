@@ -176,7 +176,7 @@ def create_server(host: str = "0.0.0.0", *, backlog: int = 128, what: str = "a d
         try:
             return socket.create_server((host, 0), backlog=backlog)
         except OSError as exc:
-            raise _not_here(host, what, exc) if exc.errno == errno.EADDRNOTAVAIL else exc
+            raise _not_here(host, what) if exc.errno == errno.EADDRNOTAVAIL else exc
     for port in ports.scan():
         # Without SO_REUSEADDR (which socket.create_server sets): with it, Linux lets a socket
         # bind and listen on a port that a reservation (:func:`reserve`, SO_REUSEADDR, not
@@ -190,21 +190,22 @@ def create_server(host: str = "0.0.0.0", *, backlog: int = 128, what: str = "a d
         except OSError as exc:
             sock.close()
             if exc.errno == errno.EADDRNOTAVAIL:
-                raise _not_here(host, what, exc) from None
+                raise _not_here(host, what) from None
             if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
                 raise
     raise _exhausted(ports, what)
 
 
-def _not_here(host: str, what: str, exc: OSError) -> ConfigError:
+def _not_here(host: str, what: str) -> ConfigError:
     """The error of a server asked to listen on ``host``, which is no address of this machine
     (a ``driver_host`` the executors reach through a forwarded or translated address, or a
     mistyped one)."""
     here = ", ".join(f"{name} {address}" for name, address in sorted(_interfaces().items()))
     return ConfigError(
         f"{what} cannot listen on {host}: it is not an address of {socket.gethostname()} "
-        f"({os.strerror(exc.errno)}; its addresses: {here or 'unknown'}). Give driver_host (Spark: "
-        "spark.driver.host) an address of this machine that the executors can reach",
+        f"({os.strerror(errno.EADDRNOTAVAIL)}; its addresses: {here or 'unknown'}). Give "
+        "driver_host (Spark: spark.driver.host) an address of this machine that the executors "
+        "can reach",
         param="driver_host", host=host)
 
 
