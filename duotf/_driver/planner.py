@@ -109,8 +109,10 @@ def _run(sup: Supervisor, job, what: str, stoppable: bool, targets: List[FeedTar
         if failure is not None and not sup.feed_terminated():
             _end_feeds(sup, targets, _failure_error(what, failure).message)
             # Refused, the other tasks end within milliseconds, and so does the job: the error
-            # of the task whose range broke (a failed data source) is then known, not cancelled.
-            job.join(1.0)
+            # of the task whose range broke (a failed data source) is then known, not cancelled
+            # (on a busy machine that task took more than 1 s to return it: a job cancelled
+            # then failed with its killed Python worker's error, named as the cause).
+            job.join(_GRACE)
 
     try:
         # no grace here: _failed waits once, for a node's error or its report, whichever comes
