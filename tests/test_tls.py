@@ -270,3 +270,151 @@ def test_a_tls_connection_is_read_and_written_from_several_threads_at_once():
         assert seen == {1: list(range(n)), 2: list(range(n))}
     for sock in ends.values():
         sock.close()
+
+
+def _secured_pair(material, server_thread_name="tls-server"):
+    """Both ends of a socket pair with TLS on them (the server's made on a thread of its own,
+    named ``server_thread_name``): ``(client, server)``."""
+    left, right = socket.socketpair()
+    ends = {}
+    server = threading.Thread(target=lambda: ends.update(right=tls.secure(right, material, True)),
+                              name=server_thread_name)
+    server.start()
+    ends["left"] = tls.secure(left, material, False)
+    server.join(30)
+    return ends["left"], ends["right"]
+
+
+def _sending(sock, data):
+    """A thread that sends ``data`` on ``sock``, started."""
+    thread = threading.Thread(target=sock.sendall, args=(data,), daemon=True)
+    thread.start()
+    return thread
+
+
+def _read_exactly(sock, size, chunk=1 << 16):
+    buf = bytearray()
+    while len(buf) < size:
+        got = sock.recv(min(chunk, size - len(buf)))
+        assert got, "closed early"
+        buf += got
+    return bytes(buf)
+
+
+def test_a_frame_goes_in_bulk_records_opened_straight_into_the_readers_buffer():
+    """Where both ends have cryptography's AESGCM.encrypt_into, the bytes after the handshake
+    go in records of up to BULK_RECORD bytes: a reader who asks for a whole record gets it in
+    one call, and one who asks for less gets the rest of it in order."""
+    client, server = _secured_pair(tls.make())
+    try:
+        assert client._bulk is not None and server._bulk is not None
+        data = np.random.default_rng(0).integers(0, 256, 3 * tls.BULK_RECORD + 77, np.uint8).tobytes()
+        writer = _sending(client, data)
+        whole = bytearray(tls.BULK_RECORD)
+        assert server.recv_into(whole) == tls.BULK_RECORD  # one record, one call
+        assert bytes(whole) == data[:tls.BULK_RECORD]
+        assert _read_exactly(server, len(data) - tls.BULK_RECORD, chunk=1000) == data[tls.BULK_RECORD:]
+        writer.join(10)
+    finally:
+        client.close()
+        server.close()
+
+
+def test_an_end_without_bulk_records_keeps_tls_records_and_the_bytes_still_arrive(monkeypatch):
+    """cryptography before encrypt_into, or none on an executor: that end offers no bulk
+    records, and both ends keep TLS's own."""
+    real = tls._aead
+    monkeypatch.setattr(tls, "_aead", lambda: None if threading.current_thread().name == "old"
+                        else real())
+    client, server = _secured_pair(tls.make(), server_thread_name="old")
+    try:
+        assert client._bulk is None and server._bulk is None
+        data = bytes(range(256)) * 2000
+        writer = _sending(client, data)  # more than the socket holds: read while it is sent
+        server.sendall(data[:1000])
+        assert _read_exactly(server, len(data)) == data
+        assert _read_exactly(client, 1000) == data[:1000]
+        writer.join(10)
+    finally:
+        client.close()
+        server.close()
+
+
+class _Tamper:
+    """A socket that hands what is sent to ``change`` first (a network on the way)."""
+
+    def __init__(self, sock, change):
+        self.sock, self.change = sock, change
+
+    def sendall(self, data):
+        self.sock.sendall(self.change(bytearray(data)))
+
+
+def test_a_record_changed_on_the_way_fails_its_check():
+    client, server = _secured_pair(tls.make())
+
+    def flip(record):
+        record[100] ^= 1  # one bit of the ciphertext
+        return record
+
+    client._bulk.sock = _Tamper(client._bulk.sock, flip)
+    try:
+        client.sendall(b"x" * 1000)
+        with pytest.raises(ssl.SSLError, match="failed its check"):
+            server.recv(1000)
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_read_cut_by_the_sockets_timeout_resumes_inside_the_record():
+    """A connection read with a timeout (a reader that checks for a stop between reads) may
+    time out with half a record in: the next read goes on from there."""
+    client, server = _secured_pair(tls.make())
+    halves = threading.Event()
+
+    class Halves:
+        def __init__(self, sock):
+            self.sock = sock
+
+        def sendall(self, data):
+            half = len(data) // 2
+            self.sock.sendall(data[:half])
+            halves.wait(10)  # until the reader has timed out once
+            self.sock.sendall(data[half:])
+
+    client._bulk.sock = Halves(client._bulk.sock)
+    data = bytes(range(256)) * 100
+    writer = threading.Thread(target=client.sendall, args=(data,))
+    writer.start()
+    try:
+        server.settimeout(0.3)
+        with pytest.raises(socket.timeout):
+            server.recv(len(data))
+        halves.set()
+        server.settimeout(10)
+        assert _read_exactly(server, len(data)) == data
+    finally:
+        writer.join(10)
+        client.close()
+        server.close()
+
+
+def test_both_ends_move_to_the_next_key_at_the_same_record(monkeypatch):
+    """Every _REKEY records each end derives its next key: the bytes still arrive, and a record
+    sealed under the old key after the move fails."""
+    monkeypatch.setattr(tls, "_REKEY", 3)
+    client, server = _secured_pair(tls.make())
+    try:
+        data = bytes(range(256)) * 40
+        for i in range(10):  # 10 records: three moves
+            client.sendall(data[i:])
+            assert _read_exactly(server, len(data) - i) == data[i:]
+        stale = tls._Key(tls._aead(), client._bulk._tx._key)  # the key in use, as at the start
+        client._bulk._tx = stale  # its count restarts: nonce 0 under the current key
+        client.sendall(b"late")
+        with pytest.raises(ssl.SSLError, match="failed its check"):
+            server.recv(4)
+    finally:
+        client.close()
+        server.close()
