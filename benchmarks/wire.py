@@ -368,7 +368,8 @@ def run(opts, record) -> None:
     # worker that holds its data
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [ROOT, os.environ.get("PYTHONPATH")] if p)
     os.environ["DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING"] = "False"
-    with hosts.Network(2) as net, hosts.dask_cluster(net, threads=2, workers=2) as address, \
+    with hosts.Network(2, cpus=[0, 1] if opts.pin else None) as net, \
+            hosts.dask_cluster(net, threads=2, workers=2) as address, \
             Client(address) as client:
         client.wait_for_workers(4, timeout=120)
         host_of = {w: net.ips.index(w.split("://")[1].rsplit(":", 1)[0]) for w in client.nthreads()}
@@ -378,7 +379,8 @@ def run(opts, record) -> None:
                 for seed, (path, worker) in enumerate(holder.items())}
         print(f"Across hosts: {net.hostnames[NODE_HOST]} ({net.ips[NODE_HOST]}: the nodes) and "
               f"{net.hostnames[FEEDING_HOST]} ({net.ips[FEEDING_HOST]}: the cross-host feed's "
-              f"tasks), Dask (2 workers of 2 threads a host, work stealing off), 2 nodes taking "
+              f"tasks){', each on a core of its own (CPU 0, CPU 1)' if opts.pin else ''}, Dask (2 "
+              f"workers of 2 threads a host, work stealing off), 2 nodes taking "
               f"batches of 100 ({', '.join(DRAIN_LABELS[d] for d in opts.drains)}); {opts.rows} "
               f"MNIST-like rows x {opts.epochs} epochs ({opts.rows * opts.epochs * ROW_BYTES / 1e9:.2f}"
               f" GB) a run, {opts.rounds} rounds", flush=True)
@@ -504,6 +506,10 @@ def cli(argv=None) -> None:
                         help="how the nodes take batches of 100 rows, each a case of its own: "
                              "next_batch(100) as numpy arrays (arrays: the feed's own cost), a "
                              "Python loop over feed.dataset(100) (dataset: TF's per-batch cost too)")
+    parser.add_argument("--pin", action="store_true",
+                        help="each host on a core of its own (the nodes' host on CPU 0, the "
+                             "feeding host on CPU 1), as two machines of one core; by default "
+                             "both share every core")
     parser.add_argument("--streams", type=int, default=2,
                         help="connections of the plain copy (default: as many as the nodes)")
     parser.add_argument("--json", metavar="PATH",

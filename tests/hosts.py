@@ -141,13 +141,16 @@ class Network:
     host is killed, and the namespaces and the bridge removed, on the way out.
     """
 
-    def __init__(self, hosts: int = 2, private_tmp: bool = False):
+    def __init__(self, hosts: int = 2, private_tmp: bool = False,
+                 cpus: Optional[List[int]] = None):
         """``private_tmp``: each host has a ``/tmp`` of its own (as machines do), in which it
         sees nothing of this machine's but the folders Python and duotf run from, where they
         are under /tmp (a checkout or venv made there); by default /tmp is shared, as the
-        rest of the file system is."""
+        rest of the file system is. ``cpus``: host ``i`` runs on this machine's CPU
+        ``cpus[i]`` alone (as a machine of one core); by default every host runs on all."""
         tag = uuid.uuid4().hex[:6]
         self.private_tmp = private_tmp
+        self.cpus = cpus
         self.subnet = _free_subnet(int(tag[:2], 16))  # 10.213.<subnet>.0/24
         self.bridge = f"dtb{tag}"
         self.driver_ip = f"10.213.{self.subnet}.1"
@@ -195,9 +198,10 @@ class Network:
         Each call makes the host's ``/dev/shm`` and local disk anew: start one process tree a
         host (a Spark or Dask worker, whose children share them)."""
         out = open(log or os.devnull, "ab")
+        pinned = ["taskset", "-c", str(self.cpus[host])] if self.cpus else []
         try:
             proc = subprocess.Popen(
-                in_namespace(self.names[host], ["unshare", "-m", "-u", "--propagation", "private",
+                in_namespace(self.names[host], [*pinned, "unshare", "-m", "-u", "--propagation", "private",
                                                 "sh", "-c", self._shell(), "host",
                                                 self.hostnames[host], self.hosts_file,
                                                 self.local_dirs[host], *self._kept(), *argv]),
