@@ -62,7 +62,10 @@ __all__ = ["enable_multi_worker_fit", "ENV_VAR", "TESTED_KERAS"]
 logger = logging.getLogger(__name__)
 
 ENV_VAR = "DUOTF_KERAS_FIX"
+"""The environment variable that turns the multi-worker fit fix off (``0``) in the nodes."""
 TESTED_KERAS = "3.15"
+"""The Keras minor version the fix is tested with; on another within the supported range it is
+applied with a warning."""
 _TRAINER = "keras.src.backend.tensorflow.trainer"
 _MARK = "__duotf_multi_worker_fix__"
 

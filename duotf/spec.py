@@ -10,9 +10,9 @@ from duotf.errors import ConfigError
 
 __all__ = ["ClusterSpec", "Job", "KNOWN_PROTOCOLS", "Role"]
 
-#: Protocols a ClusterSpec accepts. Whether the installed TensorFlow can serve one is checked on
-#: the nodes before any user code runs (stock TensorFlow 2.x serves only "grpc").
 KNOWN_PROTOCOLS = ("grpc", "grpc+verbs", "grpc+gdr", "grpc+mpi")
+"""Protocols a ClusterSpec accepts. Whether the installed TensorFlow can serve one is checked on
+the nodes before any user code runs (stock TensorFlow 2.x serves only "grpc")."""
 
 
 class Job(StrEnum):

@@ -76,7 +76,7 @@ ON_EVERY_FAST_ENGINE = {"test_determinism"}
 #: modules of the full tier alone: they prove the docs, not a behaviour (every code block of the
 #: README and the docs site run as a user copies it; the notebook guide), and each behaviour
 #: they show has a case of its own in the fast tier
-FULL_MODULES = {"test_readme", "test_notebook", "test_troubleshooting"}
+FULL_MODULES = {"test_readme", "test_notebook", "test_troubleshooting", "test_reference"}
 
 
 def pytest_addoption(parser):

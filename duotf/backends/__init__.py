@@ -31,13 +31,14 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "duotf.backends"
+"""The entry point group in which other packages name their backends (see above)."""
 
-#: name -> (the class, or the dotted path of the class; how to install what it needs)
 known_backends: Dict[str, Tuple[Union[str, Type[Backend]], Optional[str]]] = {
     "local": ("duotf.backends.local.LocalBackend", None),
     "spark": ("duotf.backends.spark.backend.SparkBackend", "pip install 'duotf[spark]'"),
     "dask": ("duotf.backends.dask.backend.DaskBackend", "pip install 'duotf[dask]'"),
 }
+"""Name -> (the class, or the dotted path of the class; how to install what it needs)."""
 _BUILTIN = tuple(known_backends)
 _entry_points_loaded = False
 

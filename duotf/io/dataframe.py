@@ -81,6 +81,8 @@ def iter_rows(url: str, schema: Schema, compression: Optional[str] = "infer",
 
 def read_rows(url: str, schema: Schema, compression: Optional[str] = "infer",
               skip_corrupt: bool = False, storage_options: Optional[dict] = None) -> List[dict]:
+    """Every row of the TFRecord file(s) at ``url`` as a list: :func:`iter_rows` read whole,
+    for data that fits in memory."""
     return list(iter_rows(url, schema, compression, skip_corrupt, storage_options))
 
 

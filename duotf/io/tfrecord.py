@@ -54,6 +54,8 @@ COMPRESSIONS = ("NONE", "GZIP", "ZLIB")
 
 
 def masked_crc(data: Union[bytes, bytearray, memoryview]) -> int:
+    """The masked CRC-32C of ``data``, as a TFRecord file stores it beside each length and
+    record (TensorFlow's ``crc32c::Mask``): a reader compares it to find a corrupt record."""
     crc = _crc32c.crc32c(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 

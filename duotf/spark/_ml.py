@@ -87,6 +87,9 @@ class _SharedParams(Params):
 class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
     """A Spark ML ``Estimator`` training a TensorFlow model on a duotf cluster.
 
+    Each parameter ``x`` below has Spark ML's accessors ``setX``/``getX``: ``setEpochs(3)`` sets
+    ``epochs`` and returns the estimator, ``getEpochs()`` reads it.
+
     Give either ``modelFn``, a function of no arguments returning a compiled Keras model (duotf
     writes the node program: the model built in a ``MultiWorkerMirroredStrategy`` scope, ``fit``
     on the rows Spark feeds each worker, the chief saves ``model.keras``), or ``trainFn(args,
@@ -328,7 +331,10 @@ class _DataChecks:
 
 
 class TFModel(Model, _SharedParams, MLReadable, MLWritable):
-    """The fitted model of :class:`TFEstimator`: ``transform(df)`` adds ``predictionCol`` (the
+    """The fitted model of :class:`TFEstimator`. Each parameter ``x`` below has Spark ML's
+    accessors ``setX``/``getX`` (``setBatchSize(256)``, ``getBatchSize()``).
+
+    ``transform(df)`` adds ``predictionCol`` (the
     model's output: a double for one value a row, ``array<float>`` for several), or one column
     per model output named by ``outputCols`` (``{column: output name}``), and ``argmaxCol`` when
     set (the index of the largest value of the output, a double, for Spark ML's
@@ -349,6 +355,8 @@ class TFModel(Model, _SharedParams, MLReadable, MLWritable):
     ``outputMapping``/``outputCols``) give ``rawPredictionCol`` (the scores), ``probabilityCol``
     (a row already in [0, 1] summing to 1 as it is, any other row's softmax) as ML vectors, and
     ``predictionCol`` becomes the class, the index of the largest score (a double).
+
+    ``batchSize`` is the rows one call of the model takes when scoring.
 
     ``history`` is the chief's Keras history (``{metric: [value per epoch]}``), ``modelPath``
     the saved model (``to_local()`` loads it as a Keras model), ``initialEpoch`` the epoch a

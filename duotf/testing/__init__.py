@@ -53,17 +53,17 @@ _T = TypeVar("_T")
 __all__ = ["Engine", "LocalEngine", "Processes", "QUIET_TF", "SESSION_TAG", "TaskFailure",
            "node_processes", "pandas_frames", "poll_for", "shutdown_quietly"]
 
-#: the environment of the suite's nodes: TensorFlow's C++ INFO notes hidden, as a run that sets
-#: nothing has them (duotf's default), so that its runs and those that set no environment import
-#: TensorFlow alike and share one warm node server per engine worker (another level, or
-#: ``CUDA_VISIBLE_DEVICES``, would start a second server in each, and nodes that import
-#: TensorFlow themselves until it serves)
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "1"}
+"""The environment of the suite's nodes: TensorFlow's C++ INFO notes hidden, as a run that sets
+nothing has them (duotf's default), so that its runs and those that set no environment import
+TensorFlow alike and share one warm node server per engine worker (another level, or
+``CUDA_VISIBLE_DEVICES``, would start a second server in each, and nodes that import
+TensorFlow themselves until it serves)."""
 
-#: the environment variable that tags every process of one test session (the plugin sets it):
-#: node processes inherit it on every engine, so the leak check counts only this session's nodes
-#: while other test sessions run on the machine
 SESSION_TAG = "DUOTF_TEST_SESSION"
+"""The environment variable that tags every process of one test session (the plugin sets it):
+node processes inherit it on every engine, so the leak check counts only this session's nodes
+while other test sessions run on the machine."""
 
 
 def poll_for(predicate: Callable[[], _T], timeout: float, interval: float = 0.05,

@@ -45,6 +45,8 @@ __all__ = ["Engine", "LocalEngine", "PANDAS_DTYPES", "Processes", "TaskFailure",
 
 #: what ``Engine.feeding_processes`` returns: a list, or a callable giving the current list
 Processes = Union[List["psutil.Process"], Callable[[], List["psutil.Process"]]]
+"""What :meth:`Engine.feeding_processes` gives: the processes that run feeding tasks, or a
+function that lists them when called (for engines whose workers come and go)."""
 
 
 class Engine(abc.ABC):

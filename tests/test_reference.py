@@ -1,0 +1,83 @@
+"""The reference covers every public name: the docs site is built as CI builds it, and every
+name of each public module's ``__all__`` (with ``duotf.spark``'s lazy ``TFEstimator`` and
+``TFModel``, and the ``DataFeed`` that ``ctx.get_data_feed`` returns), and every public method
+a duotf class defines, has an entry in the site's inventory (``objects.inv``, what
+mkdocstrings renders and cross-references resolve to)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import pathlib
+import subprocess
+import sys
+import zlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+#: the modules users import names from (docs/reference/)
+PUBLIC = ["duotf", "duotf.errors", "duotf.spec", "duotf.reports", "duotf.context", "duotf.keras",
+          "duotf.averaging", "duotf.spark", "duotf.dask", "duotf.io", "duotf.io.tfrecord",
+          "duotf.io.tfdata", "duotf.io.dataframe", "duotf.io.example", "duotf.backends",
+          "duotf.testing"]
+#: names users reach that no ``__all__`` lists: module -> names
+REACHED = {"duotf.spark": ["TFEstimator", "TFModel"],  # lazy: import * would import pyspark
+           "duotf._transport.datafeed": ["DataFeed"]}  # what ctx.get_data_feed returns
+
+
+@pytest.fixture(scope="module")
+def inventory(tmp_path_factory) -> set:
+    site = tmp_path_factory.mktemp("site")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)],
+                          cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
+    assert done.returncode == 0, f"mkdocs build failed (pip install -e '.[docs]'):\n{done.stderr[-3000:]}"
+    data = (site / "objects.inv").read_bytes()
+    body = data.split(b"zlib.\n", 1)[1]
+    return {line.split()[0] for line in zlib.decompress(body).decode().splitlines() if line.strip()}
+
+
+def public_names():
+    """``(module, name, object)`` of every public name."""
+    for module in PUBLIC + list(REACHED):
+        mod = importlib.import_module(module)
+        names = (list(getattr(mod, "__all__", [])) if module in PUBLIC else []) + REACHED.get(module, [])
+        for name in names:
+            yield module, name, getattr(mod, name)
+
+
+def documented(inventory: set, module: str, name: str, obj) -> bool:
+    """Whether ``obj``, reached as ``module.name``, has an entry: under that path or where it is
+    defined."""
+    paths = {f"{module}.{name}"}
+    if getattr(obj, "__module__", None) and getattr(obj, "__qualname__", None):
+        paths.add(f"{obj.__module__}.{obj.__qualname__}")
+    return bool(paths & inventory)
+
+
+def test_every_public_name_is_in_the_reference(inventory):
+    missing = [f"{module}.{name}" for module, name, obj in public_names()
+               if not documented(inventory, module, name, obj)]
+    assert not missing, f"not in the reference (docs/reference/): {missing}"
+
+
+def test_every_public_method_of_a_duotf_class_is_in_the_reference(inventory):
+    missing = []
+    for module, name, obj in public_names():
+        if not inspect.isclass(obj) or not obj.__module__.startswith("duotf"):
+            continue
+        heads = {p for p in (f"{module}.{name}", f"{obj.__module__}.{obj.__qualname__}") if p in inventory}
+        for attr, value in vars(obj).items():
+            if attr.startswith("_") or not (inspect.isfunction(value) or isinstance(value, property)):
+                continue
+            if getattr(value, "__qualname__", "").startswith("_accessors."):
+                # Spark ML's setX/getX of a parameter: the class's text names the parameter
+                doc, param = inspect.getdoc(obj), attr[3].lower() + attr[4:]
+                if f"``{param}``" in doc and "``setX``/``getX``" in doc:
+                    continue
+            if not any(f"{head}.{attr}" in inventory for head in heads):
+                missing.append(f"{module}.{name}.{attr}")
+    assert not missing, f"not in the reference (docs/reference/): {sorted(set(missing))}"
