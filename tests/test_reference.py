@@ -10,6 +10,7 @@ import importlib
 import inspect
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import zlib
@@ -29,12 +30,17 @@ REACHED = {"duotf.spark": ["TFEstimator", "TFModel"],  # lazy: import * would im
 
 
 @pytest.fixture(scope="module")
-def inventory(tmp_path_factory) -> set:
+def site(tmp_path_factory) -> pathlib.Path:
     site = tmp_path_factory.mktemp("site")
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)],
                           cwd=ROOT, capture_output=True, text=True,
                           env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
     assert done.returncode == 0, f"mkdocs build failed (pip install -e '.[docs]'):\n{done.stderr[-3000:]}"
+    return site
+
+
+@pytest.fixture(scope="module")
+def inventory(site) -> set:
     data = (site / "objects.inv").read_bytes()
     body = data.split(b"zlib.\n", 1)[1]
     return {line.split()[0] for line in zlib.decompress(body).decode().splitlines() if line.strip()}
@@ -81,3 +87,22 @@ def test_every_public_method_of_a_duotf_class_is_in_the_reference(inventory):
             if not any(f"{head}.{attr}" in inventory for head in heads):
                 missing.append(f"{module}.{name}.{attr}")
     assert not missing, f"not in the reference (docs/reference/): {sorted(set(missing))}"
+
+
+def test_no_sphinx_role_shows_as_raw_text(site):
+    """The docstrings' Sphinx roles (:class:`Cluster`) become links or code on the site
+    (docs/ext/sphinx_roles.py): none is left as the text a reader would see raw."""
+    raw = {}
+    for page in sorted(site.rglob("*.html")):
+        found = re.findall(r":(?:class|func|meth|mod|data|attr|exc|obj|const):(?:`|<code>)", page.read_text())
+        if found:
+            raw[str(page.relative_to(site))] = len(found)
+    assert not raw, f"raw Sphinx roles on the site (page: count): {raw}"
+
+
+def test_a_role_becomes_a_link_to_the_object_it_names(site):
+    """One role of each kind, resolved in its docstring's scope: ``:meth:`train``` in
+    Cluster's docstring links to ``Cluster.train``."""
+    page = (site / "reference" / "duotf" / "index.html").read_text()
+    links = re.findall(r'<a class="autorefs autorefs-internal"[^>]*href="([^"]+)"', page)
+    assert "#duotf.Cluster.train" in links or "#duotf._driver.cluster.Cluster.train" in links, links[:50]
