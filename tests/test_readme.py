@@ -42,7 +42,9 @@ RUN_BY = {
     'rows = [{"x": [i / 100, 1 - i / 100]': "test_the_readme_example_trains_on_the_embedded_backend",
     QUICKSTART: "test_quickstart_commands_are_what_ci_runs_and_the_example_trains",
     "def main(args, ctx):                       # runs once per node": "test_your_program_trains_and_saves",
+    "# the rows this page feeds: 400, in 4 partitions": "test_the_feeding_block_trains_and_scores_every_row",
     "def train_main(args, ctx):": "test_the_feeding_block_trains_and_scores_every_row",
+    "# the rows this page fits on: 400, in 4 partitions": "test_the_keras_fit_block_trains_on_the_feed",
     "def fit_main(args, ctx):": "test_the_keras_fit_block_trains_on_the_feed",
     "def report_main(args, ctx):": "test_the_metrics_block_reports_and_shows_progress",
     "from duotf.spark import feed_cache, pack_tensors": "test_the_feed_cache_block_feeds_every_epoch",
@@ -146,8 +148,20 @@ def block(line: str, data: dict = None) -> str:
     return code
 
 
-def run_block(code: str, **names) -> dict:
+def page_code(line: str) -> str:
+    """The block containing ``line`` with every python block of its page before it, in the
+    page's order: what a user runs who copies the page's examples one after the other."""
+    found = [(place, language, code) for place, language, code in code_blocks()]
+    (place,) = [place for place, _, code in found if line in code]
+    page, at = place.rsplit(":", 1)
+    return "\n".join(code for where, language, code in found
+                     if language == "python" and where.rsplit(":", 1)[0] == page
+                     and int(where.rsplit(":", 1)[1]) <= int(at))
+
+
+def run_block(code: str, as_written: bool = False, **names) -> dict:
     """Run ``code`` as a script with ``names`` defined; its globals after the run.
+    ``as_written``: nothing is defined for it, not even ``duotf`` (a page's own blocks).
 
     The code is compiled from a file of its own, so that TensorFlow (AutoGraph) can read its
     functions' source, under a module name no one can import, so that its functions travel to
@@ -158,7 +172,8 @@ def run_block(code: str, **names) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix="_readme_block.py", delete=False) as f:
         f.write(code)
     namespace = dict(names, __name__="readme_block", __file__=f.name)
-    namespace.setdefault("duotf", duotf)  # the README's first block imports it for the others
+    if not as_written:
+        namespace.setdefault("duotf", duotf)  # the README's first block imports it for the others
     try:
         exec(compile(code, f.name, "exec"), namespace)
         return namespace
@@ -236,8 +251,12 @@ def test_your_program_trains_and_saves(backend, engine, tmp_path):
 
 
 @pytest.mark.engines("spark-local")
-def test_the_restart_block_trains_and_reports_its_restarts(backend, engine):
-    ns = run_block(block("def resumable_main(args, ctx):"), spark=engine.session)
+def test_the_restart_block_trains_and_reports_its_restarts(backend, engine, tmp_path):
+    ns = run_block(block("def resumable_main(args, ctx):", {
+        '"/mnt/shared/duotf-checkpoints"': repr(str(tmp_path / "checkpoints"))}), as_written=True)
+    assert ns["spark"] is engine.session
+    saved = list((tmp_path / "checkpoints").rglob("*.npz"))
+    assert len(saved) == 2 * 10, saved  # every node's every epoch, in the folder given
     assert ns["cluster"].restarts == []  # nothing failed
     for w in ns["weights"]:
         np.testing.assert_allclose(w, [1.0, -2.0, 0.5], atol=0.05)
@@ -255,8 +274,9 @@ def test_the_tensorboard_block_serves_and_keeps_the_events(backend, engine, tmp_
 
 @pytest.mark.engines("spark-local")
 def test_the_feeding_block_trains_and_scores_every_row(backend, engine):
-    df = _frame(engine.session)
-    ns = run_block(block("def train_main(args, ctx):"), spark=engine.session, df=df)
+    # the page's own session (getOrCreate: the engine's) and DataFrame; no name is given
+    ns = run_block(page_code("def train_main(args, ctx):"), as_written=True)
+    assert ns["spark"] is engine.session
     assert sum(ns["rows"]) == 3 * 400 and ns["rows"][0] == ns["rows"][1]
     out = ns["out"].toPandas()
     assert sorted(out["id"]) == list(range(400))
@@ -266,7 +286,8 @@ def test_the_feeding_block_trains_and_scores_every_row(backend, engine):
 
 @pytest.mark.engines("spark-local")
 def test_the_keras_fit_block_trains_on_the_feed(backend, engine):
-    ns = run_block(block("def fit_main(args, ctx):"), spark=engine.session, df=_frame(engine.session))
+    ns = run_block(page_code("def fit_main(args, ctx):"), as_written=True)
+    assert ns["spark"] is engine.session
     first, second = ns["losses"]
     assert first == second and len(first) == 3 and all(map(math.isfinite, first))
     assert first[-1] < first[0]
@@ -310,8 +331,7 @@ def test_the_metrics_block_reports_and_shows_progress(backend, capsys):
 
 @pytest.mark.engines("spark-local")
 def test_the_feed_cache_block_feeds_every_epoch(backend, engine):
-    df = _frame(engine.session)
-    ns = run_block(block("from duotf.spark import feed_cache, pack_tensors"), spark=engine.session, df=df)
+    ns = run_block(page_code("from duotf.spark import feed_cache, pack_tensors"), as_written=True)  # the page's blocks
     cached, packed = (sum(per_node) for per_node in zip(*ns["rows"]))
     assert cached == packed == 10 * 400
 
@@ -336,7 +356,8 @@ def test_the_io_block_round_trips_the_rows(backend, engine, tmp_path):
 
 @pytest.mark.engines("spark-local")
 def test_the_parallel_block_reports_every_run_in_its_slot(backend, engine, capsys):
-    ns = run_block(block("runs = duotf.run_parallel("), spark=engine.session)
+    ns = run_block(block("runs = duotf.run_parallel("), as_written=True)
+    assert ns["spark"] is engine.session
     runs = ns["runs"]
     assert [run.args["lr"] for run in runs] == [0.3, 0.03, 3.0]
     assert [run.ok for run in runs] == [True, True, False]
