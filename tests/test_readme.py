@@ -46,6 +46,7 @@ RUN_BY = {
     "def train_main(args, ctx):": "test_the_feeding_block_trains_and_scores_every_row",
     "# the rows this page fits on: 400, in 4 partitions": "test_the_keras_fit_block_trains_on_the_feed",
     "def fit_main(args, ctx):": "test_the_keras_fit_block_trains_on_the_feed",
+    "# the rows this page scores: 400, in 4 partitions": "test_the_spark_scoring_block_scores_every_row",
     "def report_main(args, ctx):": "test_the_metrics_block_reports_and_shows_progress",
     "from duotf.spark import feed_cache, pack_tensors": "test_the_feed_cache_block_feeds_every_epoch",
     "from duotf.io.tfrecord import": "test_the_io_block_round_trips_the_rows",
@@ -265,7 +266,8 @@ def test_the_restart_block_trains_and_reports_its_restarts(backend, engine, tmp_
 @pytest.mark.engines("spark-local")
 def test_the_tensorboard_block_serves_and_keeps_the_events(backend, engine, tmp_path):
     ns = run_block(block("def summaries_main(args, ctx):", {
-        '"/shared/tensorboard"': repr(str(tmp_path / "tb"))}), spark=engine.session)
+        '"/shared/tensorboard"': repr(str(tmp_path / "tb"))}), as_written=True)
+    assert ns["spark"] is engine.session
     cluster = ns["cluster"]
     assert ns["url"].startswith(f"http://{cluster.nodes[0].host}:") and ns["steps"] == [100, 100]
     kept = list((tmp_path / "tb" / cluster.job_id).iterdir())  # the chief's events, kept
@@ -315,7 +317,7 @@ def test_the_petastorm_guide_block_trains_from_parquet(backend, engine, tmp_path
 
 @pytest.mark.engines("local")
 def test_the_metrics_block_reports_and_shows_progress(backend, capsys):
-    ns = run_block(block("def report_main(args, ctx):"))
+    ns = run_block(block("def report_main(args, ctx):"), as_written=True)
     df = ns["cluster"].metrics
     for node in ("worker:0", "worker:1"):
         rows = df[df["node"] == node]
@@ -481,9 +483,9 @@ def test_the_spark_connect_block_feeds_every_row_once_an_epoch(backend, spark_co
 @pytest.mark.engines("spark-local")
 def test_the_spark_scoring_block_scores_every_row(backend, engine, tmp_path):
     path, model = _scoring_model(tmp_path)
-    df = _frame(engine.session)
-    ns = run_block(block("score = duotf.predict_udf(", {"s3://bucket/models/model.keras": path}),
-                   spark=engine.session, df=df)
+    code = page_code("score = duotf.predict_udf(")  # the page's DataFrame, then the block
+    ns = run_block(code.replace('"s3://bucket/models/model.keras"', repr(path)), as_written=True)
+    assert ns["spark"] is engine.session
     scored = ns["scored"].toPandas().sort_values("id")
     same = ns["same"].toPandas().sort_values("id")
     x = np.stack([np.asarray(v, dtype="float32") for v in scored["features"]])
@@ -589,7 +591,7 @@ def test_the_gpu_block_gives_each_node_its_own_gpu(spark_gpu_master):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                PYSPARK_SUBMIT_ARGS=" ".join(f"--conf {k}={v}" for k, v in conf.items())
                + " pyspark-shell")
-    program = "import duotf\n" + code + _GPU_CHECKS
+    program = code + _GPU_CHECKS  # the block as written, then the checks
     out = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
                          text=True, env=env, timeout=240)
     problems = [line for line in out.stderr.splitlines() if " INFO " not in line]
