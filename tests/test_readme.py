@@ -50,6 +50,7 @@ RUN_BY = {
     "def report_main(args, ctx):": "test_the_metrics_block_reports_and_shows_progress",
     "from duotf.spark import feed_cache, pack_tensors": "test_the_feed_cache_block_feeds_every_epoch",
     "from duotf.io.tfrecord import": "test_the_io_block_round_trips_the_rows",
+    "# the rows this page writes: 400, in 4 partitions": "test_the_io_block_round_trips_the_rows",
     "estimator = TFEstimator(modelFn=make_model": "test_getting_started_trains_on_two_machines_that_share_no_tmp",
     "train_on_spark.py /mnt/shared/duotf-models": "test_getting_started_trains_on_two_machines_that_share_no_tmp",
     "$DUOTF_MAIN run": "test_the_run_command_runs_under_spark_submit",
@@ -341,15 +342,14 @@ def test_the_feed_cache_block_feeds_every_epoch(backend, engine):
 @pytest.mark.engines("spark-local")
 def test_the_io_block_round_trips_the_rows(backend, engine, tmp_path):
     import dask
-    from pyspark.sql import functions as F
 
     bucket = f"file://{tmp_path}/bucket"
-    df = _frame(engine.session).withColumn("name", F.lit(b"n"))
-    records = [b"record %d" % i for i in range(5)]
+    code = page_code("from duotf.io.tfrecord import").replace('"s3://bucket', f'"{bucket}')
     with dask.config.set(scheduler="synchronous"):  # no thread pool left behind by Dask
-        ns = run_block(block("from duotf.io.tfrecord import", {"s3://bucket": bucket}),
-                       spark=engine.session, df=df, records=records, options={})
+        ns = run_block(code, as_written=True)
         assert len(ns["ddf"].compute()) == 400
+    assert ns["spark"] is engine.session
+    records, df = ns["records"], ns["df"]
     assert list(duotf.io.tfrecord.read_records(f"{bucket}/x.tfrecord.gz", "infer")) == records
     assert len(ns["files"]) == df.rdd.getNumPartitions()
     assert ns["df2"].count() == 400 and dict(ns["df2"].dtypes)["name"] == "string"
