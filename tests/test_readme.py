@@ -61,6 +61,7 @@ RUN_BY = {
     "score = duotf.predict_udf(": "test_the_spark_scoring_block_scores_every_row",
     "scored = duotf.dask.predict(": "test_the_dask_scoring_block_scores_every_row",
     "from duotf.spark import TFEstimator, TFModel": "test_the_ml_block_fits_transforms_and_saves",
+    "# the rows the stages fit and score: 400, in 4 partitions": "test_the_ml_block_fits_transforms_and_saves",
     "est = duotf.dask.TFEstimator(": "test_the_dask_ml_block_fits_and_predicts",
     "spec = duotf.ClusterSpec(workers=2, gpus_per_node=1)": "test_the_gpu_block_gives_each_node_its_own_gpu",
     "python3 -m duotf doctor": "test_the_doctor_command_names_the_faults_and_exits_1",
@@ -515,15 +516,21 @@ def test_the_dask_scoring_block_scores_every_row(backend, engine, tmp_path):
 _ML_PATHS = {"/shared/models": "models", "/shared/tfmodel": "tfmodel"}
 
 
-def _ml_block(tmp_path):
-    return block("from duotf.spark import TFEstimator, TFModel",
-                 {k: str(tmp_path / v) for k, v in _ML_PATHS.items()})
+def _ml_block(tmp_path, page: bool = False):
+    """The Spark ML block (``page``: with its page's setup before it), its folders in
+    ``tmp_path``."""
+    code = (page_code if page else block)("from duotf.spark import TFEstimator, TFModel")
+    for old, new in _ML_PATHS.items():
+        assert old in code
+        code = code.replace(old, str(tmp_path / new))
+    return code
 
 
 @pytest.mark.engines("spark-local")
 def test_the_ml_block_fits_transforms_and_saves(backend, engine, tmp_path):
-    df = _frame(engine.session)
-    ns = run_block(_ml_block(tmp_path), df=df)
+    ns = run_block(_ml_block(tmp_path, page=True), as_written=True)
+    df = ns["df"]
+    assert ns["spark"] is engine.session
     loss = ns["model"].history["loss"]
     assert len(loss) == 2 and all(map(math.isfinite, loss))
     scored = ns["scored"].orderBy("id").toPandas()
