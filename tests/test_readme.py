@@ -1,9 +1,12 @@
 """The README and the docs run as written: every ```python and ```bash block of README.md and
 docs/**/*.md is run here, or listed in ``NOT_RUN`` with the reason it cannot be.
 
-A test fills in only data: the names a block reads but does not define (``spark``, ``df``,
-``records``, ``options``) and the data locations it names (``digits.npz``, ``s3://bucket``, a
-scheduler or master address), replaced as text. ``RUN_BY`` names, for every block, the test
+A block runs as a user copies it: with the python blocks of its page before it
+(:func:`page_code`), where the page's setup block makes the session and data, and with no name
+given (``run_block(..., as_written=True)``); a test replaces only data locations as text
+(``s3://bucket``, a shared folder, a scheduler or master address). Blocks that still get names
+from their test: the Dask twin of the ML pipelines guide (``client``, ``ddf``, ``make_model``),
+the Dask scoring block (``ddf``), and Getting started's Dask block (the program above it). ``RUN_BY`` names, for every block, the test
 that runs it (by a line the block contains); a block that no test runs and ``NOT_RUN`` does not
 list fails the first test. Blocks are found by that line in whichever page holds them, so a block
 moved between pages is still run.
@@ -311,7 +314,8 @@ def test_the_petastorm_guide_block_trains_from_parquet(backend, engine, tmp_path
     engine.session.createDataFrame(rows, "features array<float>, label long").repartition(4) \
         .write.parquet(path)
     ns = run_block(block('df = spark.read.parquet("hdfs:///data/mnist.parquet")',
-                         {"hdfs:///data/mnist.parquet": path}), spark=engine.session)
+                         {"hdfs:///data/mnist.parquet": path}), as_written=True)
+    assert ns["spark"] is engine.session
     first, second = ns["losses"]
     assert first == second and len(first) == 10 and all(map(math.isfinite, first))
     assert first[-1] < first[0]
