@@ -1,16 +1,15 @@
 """duotf's Spark-facing names: feed acceleration for Spark DataFrames, and scoring them with a
 saved model in Spark's own tasks; the Spark ML stages :class:`TFEstimator` and :class:`TFModel`.
 
-``import duotf.spark`` does not import pyspark; the functions do when called.
+``import duotf.spark`` does not import pyspark, nor changes any warnings filter; the functions
+import pyspark when called, and filter pyspark's notice about pandas 3 unless verbose
+(:func:`duotf.set_verbose`).
 """
 
 from duotf.backends.spark.frames import CachedPartition, FeedCache, feed_cache, pack_tensors
 from duotf.spark._scoring import PredictUDF, predict, predict_udf
 from duotf.spark._stream import SparkStream, feed_stream
-from duotf._verbosity import quiet_known_notices
 from duotf.reports import SparkStreamReport
-
-quiet_known_notices()  # pyspark's pandas notice, raised by every pandas/Arrow function it runs
 
 
 def __getattr__(name):

@@ -13,6 +13,7 @@ import gc
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Union
 
 from duotf.errors import ConfigError
+from duotf._verbosity import quiet_known_notices
 from duotf._ml import scoring
 
 if TYPE_CHECKING:  # pyspark is imported where it is used
@@ -135,6 +136,7 @@ def predict_udf(model: scoring.ModelRef, return_type: Union[str, DataType] = "do
     know: a column expression for ``withColumn``/``select``. Its output is one column (a struct
     for several outputs); :func:`predict` adds one top-level column per output.
     """
+    quiet_known_notices()  # pyspark's pandas notice (duotf._verbosity)
     from pyspark.sql import functions
 
     if not hasattr(functions, "arrow_udf"):  # PySpark < 4.1
@@ -255,6 +257,7 @@ def predict(df: DataFrame, model: scoring.ModelRef, *, columns: Optional[Sequenc
     model path that does not exist, output columns or types that do not fit the model's
     outputs, an output column that exists already.
     """
+    quiet_known_notices()  # pyspark's pandas notice (duotf._verbosity)
     source = scoring.model_source(model)
     loaded = scoring.get_model(source)
     cols = scoring.input_columns(loaded, columns)

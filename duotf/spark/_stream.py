@@ -15,6 +15,7 @@ import posixpath
 import threading
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from duotf._verbosity import quiet_known_notices
 from duotf.errors import ConfigError, FeedError
 from duotf.reports import SparkStreamReport
 
@@ -211,6 +212,7 @@ def feed_stream(cluster: Cluster, streaming_df: DataFrame, *, checkpoint_locatio
     :meth:`SparkStream.stop` (or wait for one that ends by itself with :meth:`SparkStream.wait`):
     either ends the nodes' feed after the rows fed.
     """
+    quiet_known_notices()  # pyspark's pandas notice (duotf._verbosity)
     from duotf.backends.spark.client import is_connect
 
     if is_connect(streaming_df):

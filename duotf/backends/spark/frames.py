@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, BinaryIO, Dict, List, Optional, Sequence, Tuple, Union
 
+from duotf._verbosity import quiet_known_notices
 from duotf.errors import ConfigError
 from duotf.backends.spark.tasks import ERROR_COLUMN, arrow_batches, error_json, guarded, raise_first
 
@@ -66,6 +67,7 @@ def pack_tensors(df: DataFrame, columns: Union[str, Sequence[str]], dtype: str =
     memory speed: pack once, ``cache()`` the result, and feed it for every epoch. Every row of a
     column must hold the same number of values (the first row's); nulls are refused.
     """
+    quiet_known_notices()  # pyspark's pandas notice (duotf._verbosity)
     import numpy as np
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
@@ -514,6 +516,7 @@ def feed_cache(df: DataFrame, *, block_bytes: int = 4 << 20, ragged: Sequence[st
     in length and is not in ``ragged``, raises a :class:`~duotf.errors.FeedSchemaError` here
     (and no file is kept); columns in ``ragged`` are cached as ragged columns.
     """
+    quiet_known_notices()  # pyspark's pandas notice (duotf._verbosity)
     import uuid
 
     from pyspark import StorageLevel
