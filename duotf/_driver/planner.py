@@ -304,7 +304,7 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
             adapter.close()
             raise
         # A node failed: its error first, what the feed kept freed behind it (deleting Spark's
-        # kept frames is an engine job, seconds on a loaded cluster; issue 32, item 10); the
+        # kept frames is an engine job, which can take seconds on a loaded cluster); the
         # cluster's shutdown or restart waits for that.
         sup.behind(adapter.close, "duotf-feed-close")
         raise

@@ -177,8 +177,8 @@ def _settle_heap() -> None:
 
     A reused Spark Python worker runs a full ``gc.collect()`` after every task (pyspark's
     ``daemon.py``). With TensorFlow, Keras and a model in the heap (~400,000 objects) that
-    collection takes ~0.2 s, which on a DataFrame of short tasks was the largest single cost of
-    scoring (py-spy: 80% of the workers' samples). After each new model load this collects once
+    collection takes a good fraction of a second, which on a DataFrame of short tasks is the
+    largest single cost of scoring. After each new model load this collects once
     and then moves every object into the permanent generation (``gc.freeze()``), which later
     collections skip: they then take microseconds. Objects frozen are still freed by reference
     counting; a model dropped from the cache since the last freeze is collected by the
