@@ -34,7 +34,7 @@ LAYERS: List[Tuple[str, List[str]]] = [
     ("transport", ["duotf._transport", "duotf._transport.*"]),
     ("io", ["duotf.io", "duotf.io.*"]),
     ("shared by every layer", ["duotf.errors", "duotf.spec", "duotf.reports", "duotf._version",
-                               "duotf._verbosity", "duotf._deadline", "duotf._enum"]),
+                               "duotf._verbosity", "duotf._deadline", "duotf._enum", "duotf._names"]),
 ]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Union
 
+from duotf._names import public
 from duotf.errors import ConfigError
 from duotf._verbosity import quiet_known_notices
 from duotf._ml import scoring
@@ -54,6 +55,7 @@ def _arrow_type(type_name: str):
     return pa.list_(arrow) if type_name in scoring.VECTOR_TYPES else arrow
 
 
+@public("duotf.spark")
 class PredictUDF:
     """What :func:`predict_udf` returns: call it with the input columns, as a Spark UDF
     (``udf("features")``, ``udf(*cols)``) to get the prediction column. The number of columns is

@@ -15,6 +15,7 @@ import posixpath
 import threading
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from duotf._names import public
 from duotf._verbosity import quiet_known_notices
 from duotf.errors import ConfigError, FeedError
 from duotf.reports import SparkStreamReport
@@ -102,6 +103,7 @@ def _copy_error(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
+@public("duotf.spark")
 class SparkStream:
     """A streaming query feeding a cluster (:func:`feed_stream`): :attr:`query` is the
     ``StreamingQuery``; :meth:`stop` stops it and ends the nodes' feed, :meth:`wait` waits for
