@@ -16,10 +16,10 @@ from duotf.backends.base import EngineJob, FeedAdapter, JobError, ThreadJob, wor
 from duotf.backends.spark.errors import job_error, one_line
 from duotf.backends.spark.frames import (INDEX_SCHEMA, MIN_FREE_BYTES, MIN_FREE_FRACTION,
                                         CachedPartition, DataFrameKept, FeedCache, JvmKept,
-                                        arrow_source,
+                                        arrow_cached_files, arrow_source,
                                         cached_partition, rdd_spiller, spiller, sweep_here, sweeper,
                                         teed_partition)
-from duotf.backends.spark.tasks import (ERROR_COLUMN, arrow_batches, arrow_cached_files,
+from duotf.backends.spark.tasks import (ERROR_COLUMN, arrow_batches,
                                        arrow_counts, arrow_infer, arrow_some, arrow_train,
                                        cached_files, infer_rdd, is_error,
                                        raise_first, rdd_counts, train_rdd)
@@ -509,5 +509,5 @@ class SparkFeed(FeedAdapter):
         return run
 
 
-#: what :func:`~duotf.backends.spark.tasks.arrow_cached_files` yields
+#: what :func:`~duotf.backends.spark.frames.arrow_cached_files` yields
 _CACHED_SCHEMA = f"pid long, rows long, {ERROR_COLUMN} string"
