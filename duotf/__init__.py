@@ -5,13 +5,12 @@ the names below come from their modules when first used. Every node process impo
 package first (``python -m duotf._node.child``), so what it imports here each node start pays for.
 """
 
-import importlib
-
 from duotf._driver.doctor import DoctorReport, doctor  # light; and a function named as its module
 from duotf.errors import (BackendError, ClusterClosedError, ConfigError, DuotfError, FeedError, FeedSchemaError, InsufficientSlotsError, NodeError, NodeFailedError, NodesStoppedError, NodeUnresponsiveError, PortRangeError, ReservationTimeoutError, SchemaMismatchError, TensorBoardError, TFRecordCorruptError, UnsupportedProtocolError)
 from duotf.reports import StreamReport, TrainReport
 from duotf.spec import ClusterSpec, Job, Role
 from duotf._verbosity import set_verbose
+from duotf._names import lazy
 
 from duotf._version import __version__ as _package_version
 
@@ -72,20 +71,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # once
-        return value
-    if name.startswith("__"):  # a probe for a dunder (copy, inspect, pickle): none here
-        raise AttributeError(f"module 'duotf' has no attribute {name!r}")
-    try:  # a submodule, as an eager package would have it imported: duotf._driver.supervisor
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.{name}":
-            raise
-    raise AttributeError(f"module 'duotf' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy(__name__, _LAZY, submodules=True)

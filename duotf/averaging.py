@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
 
+from duotf._names import lazy
 from duotf.errors import ConfigError
 
 if TYPE_CHECKING:  # TensorFlow is imported where it is used
@@ -244,7 +245,4 @@ def _callback_class():
     return _CALLBACK
 
 
-def __getattr__(name):
-    if name == "AveragingCallback":
-        return _callback_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy(__name__, {"AveragingCallback": _callback_class})

@@ -49,6 +49,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Dict, Literal, Optional, Union
 
+from duotf._names import lazy
 from duotf.errors import ConfigError
 
 if TYPE_CHECKING:  # Keras is imported where a callback class is made
@@ -482,9 +483,5 @@ def _checkpoint_callback_class():
     return CheckpointCallback
 
 
-def __getattr__(name):
-    if name == "ReportCallback":
-        return _report_callback_class()
-    if name == "CheckpointCallback":
-        return _checkpoint_callback_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy(__name__, {"ReportCallback": _report_callback_class,
+                                       "CheckpointCallback": _checkpoint_callback_class})

@@ -1,41 +1,30 @@
-"""The tree states the layers: no duotf module imports from a layer above its own (a rule on
-package prefixes), and none touches a private name (``_x``) that another duotf module defines.
+"""The tree states the layers, and the tools hold it so.
 
-Read from the source with ``ast`` (nothing is imported), so the test is quick and cannot be
-flaky. The private-name check is a heuristic: a module may use a private name it defines itself
-(on any object of its own classes), and a name defined by no duotf module (``os._exit``,
-``sys._getframe``) is not duotf's to judge.
+- Imports: ``.importlinter``'s contracts, checked by import-linter (``lint-imports``) on every
+  import, lazy ones (inside functions) included: no module imports from a layer above its own,
+  and no package's modules import each other in a circle.
+- Every module is placed: each child of ``duotf`` is named in the layers contract (import-linter
+  leaves a module it is not told of unchecked).
+- Private names: none of a module's private names (``_x``) is touched by another duotf module.
+  Read from the source with ``ast``, a heuristic: a module may use a private name it defines
+  itself (on any object of its own classes), and a name defined by no duotf module
+  (``os._exit``, ``sys._getframe``) is not duotf's to judge.
 """
 
 from __future__ import annotations
 
 import ast
-import fnmatch
+import configparser
 import os
-from typing import Dict, List, Set, Tuple
+import shutil
+import subprocess
+import sys
+from typing import Dict, Set
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-#: The layers, top first, as package prefixes: a module imports from its own layer or those below.
-#: The tree states them (docs/internals/architecture.md draws it): a user package sits on the ML stages, those on
-#: the driver, the driver on the backends, the backends on the node side, the node side on the
-#: transport, and everything on io and the shared modules. A new module needs no entry here: its
-#: package places it.
-LAYERS: List[Tuple[str, List[str]]] = [
-    ("the package's names", ["duotf", "duotf.__main__", "duotf.testing", "duotf.testing.*"]),
-    ("user packages", ["duotf.spark", "duotf.spark.*", "duotf.dask", "duotf.dask.*"]),
-    ("ML stages", ["duotf._ml", "duotf._ml.*"]),
-    ("driver", ["duotf._driver", "duotf._driver.*"]),
-    ("backends", ["duotf.backends", "duotf.backends.*"]),
-    ("node side", ["duotf._node", "duotf._node.*", "duotf.context", "duotf.keras",
-                   "duotf.averaging"]),
-    ("transport", ["duotf._transport", "duotf._transport.*"]),
-    ("io", ["duotf.io", "duotf.io.*"]),
-    ("shared by every layer", ["duotf.errors", "duotf.spec", "duotf.reports", "duotf._version",
-                               "duotf._verbosity", "duotf._deadline", "duotf._enum"]),
-]
+CONTRACTS = os.path.join(ROOT, ".importlinter")
 
 
 def _modules() -> Dict[str, str]:
@@ -52,14 +41,6 @@ def _modules() -> Dict[str, str]:
 
 MODULES = _modules()
 TREES = {name: ast.parse(open(path, encoding="utf-8").read(), path) for name, path in MODULES.items()}
-
-
-def _layer(module: str) -> int:
-    for rank, (_, patterns) in enumerate(LAYERS):
-        if any(fnmatch.fnmatchcase(module, p) for p in patterns):
-            return rank
-    raise AssertionError(f"{module} is in no layer of tests/test_layers.py (and docs/internals/architecture.md): "
-                         "place it there")
 
 
 def _source(module: str, node: ast.ImportFrom) -> str:
@@ -114,17 +95,29 @@ def _defined(module: str) -> Set[str]:
 DEFINED = {module: _defined(module) for module in MODULES}
 
 
-def test_every_module_is_in_a_layer():
-    for module in MODULES:
-        _layer(module)
+def _lint_imports():
+    found = shutil.which("lint-imports", path=os.path.dirname(sys.executable)) or shutil.which("lint-imports")
+    if found is None:
+        pytest.fail("lint-imports is missing: pip install -e '.[dev]' (import-linter)")
+    return found
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
-def test_no_import_runs_up_a_layer(module):
-    rank = _layer(module)
-    up = [f"line {line}: {target} ({LAYERS[_layer(target)][0]})"
-          for line, target, _ in _imports(module) if _layer(target) < rank]
-    assert not up, f"{module} ({LAYERS[rank][0]}) imports from a layer above its own: {up}"
+def test_the_import_contracts_hold():
+    done = subprocess.run([_lint_imports(), "--config", CONTRACTS, "--no-cache"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "0 broken" in done.stdout, done.stdout[-2000:]
+
+
+def test_every_child_of_duotf_is_in_a_layer():
+    config = configparser.ConfigParser()
+    config.read(CONTRACTS)
+    layers = config["importlinter:contract:layers"]["layers"]
+    placed = {name.strip() for line in layers.split("\n") for name in line.replace("|", ":").split(":")
+              if name.strip()}
+    children = {module.split(".")[1] for module in MODULES if module.count(".") >= 1}
+    assert not children - placed, (f"duotf's {sorted(children - placed)} are in no layer of "
+                                   ".importlinter (nor docs/internals/architecture.md): place them")
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

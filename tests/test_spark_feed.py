@@ -316,3 +316,22 @@ def test_inference_keeping_a_column_the_dataframe_lacks_is_refused_by_name(backe
                 cluster.inference(_plain_frame(engine), keep=["y", "nope"])
         finally:
             shutdown_quietly(cluster)
+
+
+def test_a_failed_spark_job_says_its_python_error_and_the_task_it_lost(engine):
+    # The planner reads a failed feed or count job only through SparkFeed.job_error: here a
+    # real Spark job whose task of partition 2 raises in Python
+    from duotf.backends.spark.errors import job_error
+
+    def fail(batches):
+        for batch in batches:
+            if batch.num_rows and batch.column(0)[0].as_py() == 2:
+                raise ValueError("row 2 is bad")
+            yield batch
+
+    df = engine.session.range(0, 4, 1, 4)
+    with pytest.raises(Exception) as info:
+        df.mapInArrow(fail, df.schema).collect()
+    said = job_error(info.value)
+    assert said.cause.startswith("ValueError: row 2 is bad"), said
+    assert said.partition == 2 and said.task is not None and said.task.startswith("Spark task 2."), said

@@ -42,6 +42,24 @@ def test_the_pandas_notice_is_filtered_once_and_shown_when_verbose():
         assert _filters_for(PANDAS_NOTICE) == 1 and not verbosity.is_verbose()
 
 
+def test_importing_duotf_changes_no_warnings_filter():
+    # a library leaves the process's warnings filters to its user: duotf filters pyspark's
+    # pandas notice only once one of its Spark functions or engines is used (not verbose)
+    code = textwrap.dedent("""
+        import numpy, pandas, pyarrow  # their own filters, made as they are imported
+        import warnings
+        before = list(warnings.filters)
+        import duotf, duotf.spark, duotf.dask, duotf.io, duotf.keras, duotf.backends
+        print([entry for entry in warnings.filters if entry not in before])
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(duotf.__file__)))
+    env = {**os.environ, "PYTHONPATH": root}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
+
+
 SCRIPT = textwrap.dedent("""
     import os
     import duotf

@@ -19,6 +19,7 @@ import weakref
 from typing import (IO, TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal, Optional, Sequence,
                     Union, cast)
 
+from duotf._names import public
 from duotf._deadline import Deadline
 from duotf.errors import (ClusterClosedError, ConfigError, DuotfError, FeedError, NodesStoppedError,
                           TensorBoardError)
@@ -72,6 +73,7 @@ def _sweep() -> None:
             logger.exception("duotf: atexit shutdown failed")
 
 
+@public("duotf")
 class Cluster:
     """A TensorFlow cluster running on an engine. Create it with :func:`duotf.run`.
 

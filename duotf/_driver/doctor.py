@@ -21,6 +21,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
+from duotf._names import public
 from duotf._deadline import Deadline
 from duotf.backends.base import CheckStatus
 from duotf.errors import ConfigError, DuotfError, PortRangeError
@@ -48,6 +49,7 @@ class Check:
     fix: str = ""
 
 
+@public("duotf")
 @dataclasses.dataclass
 class DoctorReport:
     """What :func:`doctor` found. ``ok`` is False when any check failed; ``str(report)`` and

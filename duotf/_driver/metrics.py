@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from duotf._names import public
 from duotf._node.reports import BURST, RATE
 
 __all__ = ["Report", "NodeMetrics", "PENDING"]
@@ -34,6 +35,7 @@ PENDING = 100_000
 DROP_NOTE = 1.0
 
 
+@public("duotf")
 @dataclasses.dataclass(frozen=True)
 class Report:
     """One ``ctx.report`` as the driver received it.

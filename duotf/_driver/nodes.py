@@ -13,6 +13,7 @@ import os
 import signal
 from typing import Any, Optional, Tuple
 
+from duotf._names import public
 from duotf._transport.rendezvous import Msg
 from duotf.spec import Job, Role
 
@@ -20,6 +21,7 @@ __all__ = ["ClusterStatus", "NodeState", "NodeInfo", "FeedTarget", "LIVE", "TERM
            "REPORTED", "kill_node_process", "still_running"]
 
 
+@public("duotf")
 class ClusterStatus(str, enum.Enum):
     """A cluster's state: ``starting``, ``running``, then ``finished``, ``failed`` or
     ``stopping`` (shutdown), and at last ``closed``."""
@@ -36,6 +38,7 @@ class ClusterStatus(str, enum.Enum):
 LIVE = (ClusterStatus.STARTING, ClusterStatus.RUNNING)
 
 
+@public("duotf")
 class NodeState(str, enum.Enum):
     """A node's state as the driver sees it: ``pending -> registered -> ready -> running |
     serving -> returned -> done``, or ``failed`` / ``stopped`` from any state."""
@@ -61,6 +64,7 @@ REPORTED = {Msg.READY: NodeState.READY, Msg.RUNNING: NodeState.RUNNING,
              Msg.DONE: NodeState.DONE, Msg.STOPPED: NodeState.STOPPED}
 
 
+@public("duotf")
 @dataclasses.dataclass
 class NodeInfo:
     """One node as the driver sees it (``cluster.nodes``)."""

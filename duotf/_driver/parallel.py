@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, List, Optional, Set
 
+from duotf._names import public
 from duotf._driver.api import check_run_arguments, run
 from duotf.backends import resolve_backend
 from duotf._driver.cluster import Cluster
@@ -38,6 +39,7 @@ _RUN_KEYWORDS = ("reservation_timeout", "heartbeat_interval", "heartbeat_timeout
                  "default_fs", "driver_host", "keep_workdir", "log_to_driver", "log_dir", "ports")
 
 
+@public("duotf")
 @dataclasses.dataclass(frozen=True)
 class RunResult:
     """The outcome of one run of :func:`run_parallel`.

@@ -14,14 +14,13 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import re
 import threading
 import time
 from typing import Any, List, Optional, Sequence, Set, Tuple
 
 from duotf._deadline import Deadline
 from duotf._verbosity import is_verbose
-from duotf.backends.base import Backend, FeedOptions
+from duotf.backends.base import Backend, FeedAdapter, FeedOptions
 from duotf.errors import ConfigError, DuotfError, FeedError, cause_of
 from duotf.reports import StreamReport, TrainReport
 from duotf.spec import seconds
@@ -54,28 +53,6 @@ def _job(sup: Supervisor, targets: List[FeedTarget], mode: FeedMode, timeout: fl
     )
 
 
-def _cause(exc: BaseException) -> str:
-    """An engine error in one line: for Spark's Py4JJavaError, the Python exception (the last
-    "...Error: ..." line of its PythonException text) or Spark's own reason, not "An error
-    occurred while calling o207.collectToPython"."""
-    text = str(exc)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if "An error occurred while calling" in text or "SparkException" in text:
-        python = [line for line in lines if _PY_ERROR.match(line) and not line.startswith("at ")]
-        if python:
-            return python[-1][:500]
-        for line in lines:
-            if "most recent failure:" in line:
-                return line.split("most recent failure:", 1)[1].strip()[:500]
-        for line in lines:
-            if "Exception: " in line:
-                return line.rsplit("Exception: ", 1)[1].strip()[:500]
-    return cause_of(exc)
-
-
-_PY_ERROR = re.compile(r"^(?!org\.|java\.|py4j\.|scala\.)[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
-
-
 def _failure_error(what: str, failure, cause: Optional[str] = None, source: bool = False) -> FeedError:
     """The FeedError for a node's report that a training range broke after delivering rows.
     ``source``: the feeding task said its data source raised (``cause``); otherwise its process
@@ -91,8 +68,8 @@ def _failure_error(what: str, failure, cause: Optional[str] = None, source: bool
 _GRACE = 3.0  # seconds a failed job waits for the node's error or report that says why
 
 
-def _run(sup: Supervisor, job, what: str, stoppable: bool, targets: List[FeedTarget],
-         feed: FeedJob):
+def _run(sup: Supervisor, adapter: FeedAdapter, job, what: str, stoppable: bool,
+         targets: List[FeedTarget], feed: FeedJob):
     """The engine job's result; None when a node terminated its feed (``stoppable``). A node's
     failure is raised as it is; a training range that broke after delivering rows (a node
     reports it at once) fails the job as a FeedError naming the epoch, the partition and the
@@ -131,18 +108,19 @@ def _run(sup: Supervisor, job, what: str, stoppable: bool, targets: List[FeedTar
             raise _failure_error(what, failure, broken.cause if same else None, same) from broken
         # the job's own error, unless it is only our cancellation of it
         cancelled = "cancel" in f"{type(broken).__name__} {broken}".lower()
-        cause = (_cause(broken) if broken is not None and (ended_first[:1] == [True] or not cancelled)
+        cause = (adapter.job_error(broken).cause if broken is not None and (ended_first[:1] == [True] or not cancelled)
                  else None)
         raise _failure_error(what, failure, cause) from broken
     except FeedError as exc:
-        _failed(sup, what, feed, exc, job)
+        _failed(sup, adapter, what, feed, exc, job)
     except DuotfError:
         raise
     except Exception as exc:
-        _failed(sup, what, feed, exc, job)
+        _failed(sup, adapter, what, feed, exc, job)
 
 
-def _failed(sup: Supervisor, what: str, feed: FeedJob, exc: BaseException, job=None):
+def _failed(sup: Supervisor, adapter: FeedAdapter, what: str, feed: FeedJob, exc: BaseException,
+            job=None):
     """Raise the error for a feed job that failed with ``exc``. A node that died is usually
     why (its error wins), or a node reports a range broken after delivering rows: one wait of
     up to ``_GRACE`` seconds for either, none when the task's data source failed before its
@@ -160,7 +138,7 @@ def _failed(sup: Supervisor, what: str, feed: FeedJob, exc: BaseException, job=N
         same = (isinstance(exc, FeedError) and exc.cause is not None
                 and exc.partition == failure[1].get("partition"))
         cause = (exc.cause if same and isinstance(exc, FeedError)
-                 else None if isinstance(exc, FeedError) else _cause(exc))
+                 else None if isinstance(exc, FeedError) else adapter.job_error(exc).cause)
         raise _failure_error(what, failure, cause, same) from exc
     if isinstance(exc, FeedError):
         target = next((t for t in sup.feed_targets() if t.label == exc.node), None)
@@ -171,8 +149,8 @@ def _failed(sup: Supervisor, what: str, feed: FeedJob, exc: BaseException, job=N
                             "every batch (while not feed.should_stop(): ...), or call "
                             "feed.terminate() to end the feed early", **exc.attributes) from exc
         raise exc
-    cause = _cause(exc)
-    partition, where = _lost_task(str(exc))
+    said = adapter.job_error(exc)
+    cause, partition, where = said.cause, said.partition, said.task
     runs = getattr(job, "task_partitions", None)
     if runs is not None and partition is not None and partition < len(runs) and runs[partition]:
         # the lost task fed a run of partitions (cached epochs on one host): name them. A
@@ -193,22 +171,6 @@ def _failed(sup: Supervisor, what: str, feed: FeedJob, exc: BaseException, job=N
     task = f"the {where} failed" if where else "the engine's job failed"
     raise FeedError(f"{what} failed{place}: {task}: {cause}", epoch=feed.epoch,
                     partition=partition, node=node, cause=cause) from exc
-
-
-_LOST_TASK = re.compile(r"Lost task (\d+)\.(\d+) in stage (\d+)\.(\d+) \(TID (\d+)\) \(([^)]*)\)")
-
-
-def _lost_task(text: str) -> Tuple[Optional[int], Optional[str]]:
-    """``(partition, description)`` of the Spark task a job's error names ("Lost task 0.3 in
-    stage 7.0 (TID 21) (10.0.0.5 executor 1)"), or ``(None, None)``. The partition is the task's
-    index, which is the feed's partition: duotf's feeding and counting stages map the data's
-    partitions one to one."""
-    found = _LOST_TASK.search(text)
-    if not found:
-        return None, None
-    index, attempt, stage, stage_attempt, tid, where = found.groups()
-    return int(index), (f"Spark task {index}.{attempt} of stage {stage}.{stage_attempt} (TID {tid}) "
-                        f"on {where}")
 
 
 def _node_of(feed: FeedJob, partition: Optional[int]) -> Optional[str]:
@@ -243,10 +205,10 @@ def _count(sup: Supervisor, adapter, targets: List[FeedTarget]) -> List[int]:
             error = FeedError(f"feeding epoch 1 failed: {str(exc).splitlines()[0]}",
                               **{**exc.attributes, "epoch": 1})
         else:
-            partition, where = _lost_task(str(exc))
+            said = adapter.job_error(exc)
+            cause, partition, where = said.cause, said.partition, said.task
             counting = f"counting the rows of partition {partition}" if partition is not None \
                 else "counting the rows"
-            cause = _cause(exc)
             error = FeedError(f"feeding epoch 1 failed: {counting} failed"
                               f"{f' ({where})' if where else ''}: {cause}",
                               epoch=1, partition=partition, cause=cause)
@@ -342,7 +304,7 @@ def train(sup: Supervisor, backend, data, epochs: int, feed_timeout: float, bala
             adapter.close()
             raise
         # A node failed: its error first, what the feed kept freed behind it (deleting Spark's
-        # kept frames is an engine job, seconds on a loaded cluster; issue 32, item 10); the
+        # kept frames is an engine job, which can take seconds on a loaded cluster); the
         # cluster's shutdown or restart waits for that.
         sup.behind(adapter.close, "duotf-feed-close")
         raise
@@ -388,7 +350,7 @@ def _train(sup: Supervisor, adapter, epochs: int, feed_timeout: float, balanced:
                 order = local_order(counts, adapter.partition_hosts(), _names(sup, targets))
                 job = dataclasses.replace(job, plan=balance(counts, len(targets), balanced, order)[0])
             feed = dataclasses.replace(job, epoch=epoch, epochs=epochs)  # names its tasks too
-            sent = _run(sup, adapter.train(feed), feed.what, True, targets, feed)
+            sent = _run(sup, adapter, adapter.train(feed), feed.what, True, targets, feed)
             if sent is None:
                 progress.finish()  # a node terminated the feed: the partitions counted so far
                 break
@@ -426,7 +388,8 @@ def inference(sup: Supervisor, backend, data, keep, result_columns, feed_timeout
     job = _job(sup, targets, FeedMode.INFER, feed_timeout, ragged=ragged)
     with _feeding(sup, targets, progress):
         progress.start("inference", None)  # rows answered, where the engine says
-        output = _run(sup, adapter.infer(job, keep, result_columns), job.what, False, targets, job)
+        output = _run(sup, adapter, adapter.infer(job, keep, result_columns), job.what, False, targets,
+                      job)
         progress.finish()
         _markers(sup, targets, wire.Marker.END, feed_timeout)
     return output
@@ -518,7 +481,7 @@ class Stream:
         plan = {pid: [(t, a, b, self._seqs[t] + seq) for t, a, b, seq in ranges]
                 for pid, ranges in plan.items()}
         feed = dataclasses.replace(self._job, plan=plan, epoch=self.chunks)
-        sent = _run(sup, adapter.train(feed), feed.what, True, targets, feed)
+        sent = _run(sup, adapter, adapter.train(feed), feed.what, True, targets, feed)
         if sent is None:  # a node terminated the feed meanwhile
             self.rows_dropped += total
             return 0

@@ -53,6 +53,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 from duotf._ml import resume, tracking
+from duotf._ml.fitdir import EXPORT_DIR, MODEL_FILE, saved_model_path
 from duotf._ml.keras_node import keras_main
 from duotf._node.job import check_sendable
 from duotf.errors import ConfigError, InsufficientSlotsError
@@ -76,10 +77,6 @@ TrainFn = Callable[[Dict[str, Any], "NodeContext"], Any]
 #: ``callbacks``: Keras callbacks, or a function of no arguments returning them
 Callbacks = Union[Sequence[Any], Callable[[], Sequence[Any]]]
 
-#: the file the chief saves a ``modelFn`` model to, in the fit's folder
-MODEL_FILE = "model.keras"
-#: where a ``trainFn`` may export a SavedModel instead, in the fit's folder
-EXPORT_DIR = "export"
 
 #: the most validation rows (``validationIndicatorCol`` / ``validationFraction``) a fit takes:
 #: they are collected to the driver and shipped with the job to every worker
@@ -587,18 +584,6 @@ def new_fit_dir(model_dir: Optional[str]) -> str:
     folder = path.rstrip("/") + "/" + name
     fs.makedirs(folder, exist_ok=True)
     return root.rstrip("/") + "/" + name
-
-
-def saved_model_path(fit_dir: str) -> Optional[str]:
-    """The model a fit left in ``fit_dir``: ``model.keras``, else ``export/`` (a SavedModel)."""
-    from duotf.io.files import filesystem
-
-    fs, path = filesystem(fit_dir)
-    if fs.exists(path.rstrip("/") + "/" + MODEL_FILE):
-        return fit_dir.rstrip("/") + "/" + MODEL_FILE
-    if fs.exists(path.rstrip("/") + "/" + EXPORT_DIR + "/saved_model.pb"):
-        return fit_dir.rstrip("/") + "/" + EXPORT_DIR
-    return None
 
 
 def fit(config: FitConfig, backend, key: int, data, feed_slots: int,

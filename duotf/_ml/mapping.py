@@ -6,7 +6,7 @@ columns mapped onto the signature's inputs and its outputs onto columns (TensorF
 :func:`model_outputs` is the one place both TFModels resolve their parameters into the input
 columns (in the model's input order) and the output columns of a scoring plan
 (:mod:`duotf._ml.scoring`); a classifier's columns are derived from its scores in the scoring
-task (:func:`derived`). Parameters are named in Spark ML's camelCase here; the Dask twin
+task (:func:`~duotf._ml.scoring.derived`). Parameters are named in Spark ML's camelCase here; the Dask twin
 respells its errors.
 """
 
@@ -15,9 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, Mapping, Optional, Tuple
 
-import numpy as np
-
 from duotf._ml import scoring
+from duotf._ml.scoring import derived, probabilities  # their home: the scoring task
 from duotf.errors import ConfigError
 
 __all__ = ["Scoring", "model_outputs", "mapped_columns", "mapped_outputs", "classifier_columns",
@@ -134,24 +133,3 @@ def model_outputs(path: str, *, features, prediction: Optional[str],
         outputs += classifier_columns(model, outputs[-1].output, argmax, None, None)
     scoring.check_outputs(model, outputs)
     return Scoring(source, model, tuple(columns), tuple(outputs), classifier)
-
-
-def probabilities(scores: np.ndarray) -> np.ndarray:
-    """Class probabilities from a classifier's scores (one row of scores a row): a row whose
-    values lie in [0, 1] and sum to 1 (within 1e-4) is taken as they are (a softmax or sigmoid
-    output), any other row (logits) gets its softmax."""
-    scores = scores.astype(np.float64, copy=False)
-    shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
-    soft = shifted / shifted.sum(axis=1, keepdims=True)
-    already = ((scores >= 0).all(axis=1) & (scores <= 1).all(axis=1)
-               & (np.abs(scores.sum(axis=1) - 1) <= 1e-4))
-    return np.where(already[:, None], scores, soft)
-
-
-def derived(scores: np.ndarray, derive: str) -> np.ndarray:
-    """A classifier's column ``derive`` (:attr:`OutputColumn.derive`) of its ``scores``."""
-    if derive == "raw":
-        return scores.astype(np.float64, copy=False)
-    if derive == "probability":
-        return probabilities(scores)
-    return np.argmax(scores, axis=1).astype(np.float64)

@@ -47,6 +47,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from duotf.errors import ConfigError
+from duotf._ml.fitdir import MODEL_FILE
 
 if TYPE_CHECKING:
     from duotf._ml.estimator import FitConfig
@@ -157,7 +158,7 @@ def write_state(folder: str, state: Dict[str, Any]) -> None:
 
 def open_run(config: "FitConfig", saved_model) -> RunState:
     """The run's folder ``modelDir/<runId>`` (made if new) and what it holds; ``saved_model``
-    finds a finished run's model (:func:`duotf._ml.estimator.saved_model_path`). A run started
+    finds a finished run's model (:func:`duotf._ml.fitdir.saved_model_path`). A run started
     with other :data:`RUN_PARAMS` is a ConfigError naming them."""
     from duotf.io.files import filesystem
 
@@ -183,8 +184,6 @@ def open_run(config: "FitConfig", saved_model) -> RunState:
     checkpoint = folder + "/" + state["model"] if state.get("model") else None
     if checkpoint is not None and state["done"] >= config.epochs:
         # every epoch done, the driver gone before the model was saved: the last checkpoint is it
-        from duotf._ml.estimator import MODEL_FILE
-
         fs.copy(filesystem(checkpoint)[1], path.rstrip("/") + "/" + MODEL_FILE)
         finish_run(config, folder, history)
         return RunState(folder, state["done"], history, finished=True)

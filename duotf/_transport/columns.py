@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Collection, Dict, Iterable, Iterator, Lis
 
 import numpy as np
 
+from duotf._names import public
 from duotf.errors import ConfigError, FeedProblem, FeedSchemaError, feed_schema_error
 
 if TYPE_CHECKING:  # TensorFlow is imported where a tensor is made
@@ -43,6 +44,7 @@ def concat_cols(parts: List[Columns]) -> Columns:
     return out
 
 
+@public("duotf")
 class RaggedColumn:
     """A column whose rows hold different numbers of values: how a node receives a column
     declared with ``cluster.train(..., ragged=[name])``.

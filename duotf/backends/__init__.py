@@ -18,13 +18,13 @@ import logging
 from typing import Dict, Optional, Tuple, Type, Union
 
 from duotf.errors import ConfigError
-from duotf.backends.base import (Backend, CheckStatus, EngineJob, FeedAdapter, FeedOptions, ThreadJob,
-                                 count_error)
+from duotf.backends.base import (Backend, CheckStatus, EngineJob, FeedAdapter, FeedOptions, JobError,
+                                 ThreadJob, count_error)
 from duotf.backends.local import LocalBackend
 
 __all__ = [
-    "Backend", "FeedAdapter", "FeedOptions", "CheckStatus", "EngineJob", "ThreadJob", "LocalBackend",
-    "count_error",
+    "Backend", "FeedAdapter", "FeedOptions", "JobError", "CheckStatus", "EngineJob", "ThreadJob",
+    "LocalBackend", "count_error",
     "known_backends", "register_backend", "backend_class", "resolve_backend", "ENTRY_POINT_GROUP",
 ]
 

@@ -34,7 +34,7 @@ from duotf.reports import FeedAdapterReport
 
 logger = logging.getLogger("duotf.feed")
 
-__all__ = ["Backend", "FeedAdapter", "EngineJob", "ThreadJob", "NodeFunction", "Route",
+__all__ = ["Backend", "FeedAdapter", "JobError", "EngineJob", "ThreadJob", "NodeFunction", "Route",
            "routable_ip", "work_name", "count_error"]
 
 
@@ -207,6 +207,18 @@ class FeedOptions:
     on_partition: Optional[Callable[[int, int], None]] = None
 
 
+@dataclasses.dataclass(frozen=True)
+class JobError:
+    """What an engine's failed feed job says about itself (:meth:`FeedAdapter.job_error`):
+    ``cause``, why in one line (the user's exception where a task raised one); the
+    ``partition`` whose task the engine lost, and ``task``, that task as the engine names it
+    (its attempt, host or executor), where the error says."""
+
+    cause: str
+    partition: Optional[int] = None
+    task: Optional[str] = None
+
+
 class FeedAdapter(abc.ABC):
     """A collection of the engine, as the feed planner on the driver sees it.
 
@@ -250,6 +262,13 @@ class FeedAdapter(abc.ABC):
         not held: read from its source wherever the engine runs the task); asked before every
         epoch of ``train(locality=True)``. The default knows none."""
         return []
+
+    def job_error(self, exc: BaseException) -> JobError:
+        """What ``exc``, the error of a feed or count job of this engine, says: why in one line
+        and, where the engine names it, the task it lost and that task's partition. The
+        planner builds the user's :class:`~duotf.errors.FeedError` from it, so that an engine's
+        text is read only in its backend. The default knows no engine's text."""
+        return JobError(cause_of(exc))
 
     @abc.abstractmethod
     def counts(self) -> List[int]:

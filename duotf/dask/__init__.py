@@ -29,7 +29,7 @@ The names of :mod:`duotf.spark` that have no Dask meaning, and the Dask way inst
 
 from __future__ import annotations
 
-import importlib
+from duotf._names import lazy
 
 #: each public name -> the module that defines it (imported on first use)
 _WHERE = {
@@ -46,14 +46,4 @@ __all__ = ["predict", "predict_udf", "PredictUDF", "TFEstimator", "TFModel", "fe
            "DaskStreamReport"]
 
 
-def __getattr__(name):
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'duotf.dask' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # found once: later lookups skip __getattr__
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy(__name__, _WHERE)

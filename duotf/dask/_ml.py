@@ -20,6 +20,7 @@ import re
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, TypeVar
 
 import duotf._ml.estimator as core
+from duotf._names import public
 from duotf._ml import mapping, scoring
 from duotf.dask._scoring import check_column, predict_outputs
 from duotf.errors import ConfigError
@@ -110,6 +111,7 @@ class _Params:
         return self
 
 
+@public("duotf.dask")
 class TFEstimator(_Params):
     """Trains a TensorFlow model on a duotf cluster over a Dask DataFrame: the twin of
     :class:`duotf.spark.TFEstimator`, with its parameters in snake_case (``model_fn``,
@@ -381,6 +383,7 @@ def _column_stats(frame):
          "trues": np.int64})
 
 
+@public("duotf.dask")
 class TFModel(_Params):
     """The fitted model of :class:`TFEstimator`, the twin of :class:`duotf.spark.TFModel`.
 

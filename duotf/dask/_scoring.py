@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, Union
 
+from duotf._names import public
 from duotf._ml import scoring
 from duotf.errors import ConfigError
 
@@ -67,6 +68,7 @@ def _types_of(meta) -> dict:
     return types
 
 
+@public("duotf.dask")
 class PredictUDF:
     """What :func:`predict_udf` returns: a picklable function of one pandas partition, giving
     the partition with the prediction columns added, for ``ddf.map_partitions(udf,

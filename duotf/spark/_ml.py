@@ -26,6 +26,7 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
 import duotf._ml.estimator as core
+from duotf._names import public
 from duotf._ml import mapping, scoring
 from duotf.errors import ConfigError
 from duotf.spark._data import (check_rows, column_checks, enough_rows, is_vector, prepare_columns,
@@ -84,6 +85,7 @@ class _SharedParams(Params):
         return self._set(featuresCol=value)
 
 
+@public("duotf.spark")
 class TFEstimator(Estimator, _SharedParams, MLReadable, MLWritable):
     """A Spark ML ``Estimator`` training a TensorFlow model on a duotf cluster.
 
@@ -330,6 +332,7 @@ class _DataChecks:
         enough_rows(self._rows[key], config)
 
 
+@public("duotf.spark")
 class TFModel(Model, _SharedParams, MLReadable, MLWritable):
     """The fitted model of :class:`TFEstimator`. Each parameter ``x`` below has Spark ML's
     accessors ``setX``/``getX`` (``setBatchSize(256)``, ``getBatchSize()``).

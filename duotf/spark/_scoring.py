@@ -12,7 +12,9 @@ from __future__ import annotations
 import gc
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Union
 
+from duotf._names import public
 from duotf.errors import ConfigError
+from duotf._verbosity import quiet_known_notices
 from duotf._ml import scoring
 
 if TYPE_CHECKING:  # pyspark is imported where it is used
@@ -53,6 +55,7 @@ def _arrow_type(type_name: str):
     return pa.list_(arrow) if type_name in scoring.VECTOR_TYPES else arrow
 
 
+@public("duotf.spark")
 class PredictUDF:
     """What :func:`predict_udf` returns: call it with the input columns, as a Spark UDF
     (``udf("features")``, ``udf(*cols)``) to get the prediction column. The number of columns is
@@ -135,6 +138,7 @@ def predict_udf(model: scoring.ModelRef, return_type: Union[str, DataType] = "do
     know: a column expression for ``withColumn``/``select``. Its output is one column (a struct
     for several outputs); :func:`predict` adds one top-level column per output.
     """
+    quiet_known_notices()  # pyspark's pandas notice (duotf._verbosity)
     from pyspark.sql import functions
 
     if not hasattr(functions, "arrow_udf"):  # PySpark < 4.1
@@ -175,8 +179,8 @@ def _settle_heap() -> None:
 
     A reused Spark Python worker runs a full ``gc.collect()`` after every task (pyspark's
     ``daemon.py``). With TensorFlow, Keras and a model in the heap (~400,000 objects) that
-    collection takes ~0.2 s, which on a DataFrame of short tasks was the largest single cost of
-    scoring (py-spy: 80% of the workers' samples). After each new model load this collects once
+    collection takes a good fraction of a second, which on a DataFrame of short tasks is the
+    largest single cost of scoring. After each new model load this collects once
     and then moves every object into the permanent generation (``gc.freeze()``), which later
     collections skip: they then take microseconds. Objects frozen are still freed by reference
     counting; a model dropped from the cache since the last freeze is collected by the
@@ -255,6 +259,7 @@ def predict(df: DataFrame, model: scoring.ModelRef, *, columns: Optional[Sequenc
     model path that does not exist, output columns or types that do not fit the model's
     outputs, an output column that exists already.
     """
+    quiet_known_notices()  # pyspark's pandas notice (duotf._verbosity)
     source = scoring.model_source(model)
     loaded = scoring.get_model(source)
     cols = scoring.input_columns(loaded, columns)

@@ -15,6 +15,8 @@ import posixpath
 import threading
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from duotf._names import public
+from duotf._verbosity import quiet_known_notices
 from duotf.errors import ConfigError, FeedError
 from duotf.reports import SparkStreamReport
 
@@ -101,6 +103,7 @@ def _copy_error(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
+@public("duotf.spark")
 class SparkStream:
     """A streaming query feeding a cluster (:func:`feed_stream`): :attr:`query` is the
     ``StreamingQuery``; :meth:`stop` stops it and ends the nodes' feed, :meth:`wait` waits for
@@ -211,6 +214,7 @@ def feed_stream(cluster: Cluster, streaming_df: DataFrame, *, checkpoint_locatio
     :meth:`SparkStream.stop` (or wait for one that ends by itself with :meth:`SparkStream.wait`):
     either ends the nodes' feed after the rows fed.
     """
+    quiet_known_notices()  # pyspark's pandas notice (duotf._verbosity)
     from duotf.backends.spark.client import is_connect
 
     if is_connect(streaming_df):

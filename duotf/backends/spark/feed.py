@@ -12,13 +12,14 @@ from typing import Dict, List, Optional
 
 from duotf.errors import ConfigError, InsufficientSlotsError
 from duotf.reports import FeedAdapterReport
-from duotf.backends.base import EngineJob, FeedAdapter, ThreadJob, work_name
+from duotf.backends.base import EngineJob, FeedAdapter, JobError, ThreadJob, work_name
+from duotf.backends.spark.errors import job_error, one_line
 from duotf.backends.spark.frames import (INDEX_SCHEMA, MIN_FREE_BYTES, MIN_FREE_FRACTION,
                                         CachedPartition, DataFrameKept, FeedCache, JvmKept,
-                                        arrow_source,
+                                        arrow_cached_files, arrow_source,
                                         cached_partition, rdd_spiller, spiller, sweep_here, sweeper,
                                         teed_partition)
-from duotf.backends.spark.tasks import (ERROR_COLUMN, arrow_batches, arrow_cached_files,
+from duotf.backends.spark.tasks import (ERROR_COLUMN, arrow_batches,
                                        arrow_counts, arrow_infer, arrow_some, arrow_train,
                                        cached_files, infer_rdd, is_error,
                                        raise_first, rdd_counts, train_rdd)
@@ -96,6 +97,9 @@ class SparkFeed(FeedAdapter):
                 "N > number of nodes.",
                 needed=nodes + 1, available=slots, backend="spark",
             )
+
+    def job_error(self, exc: BaseException) -> JobError:
+        return job_error(exc)
 
     def counts(self) -> List[int]:
         if self.cache is not None:
@@ -436,7 +440,7 @@ class SparkFeed(FeedAdapter):
         if index_error is not None:
             logger.warning("duotf: could not delete every frame kept for the feed (duotf-feedcache-%s "
                            "in the executors' local dirs; Spark deletes them when the application "
-                           "ends): %s", cache_id, _one_line(index_error))
+                           "ends): %s", cache_id, one_line(index_error))
 
     def infer(self, job, keep, result_columns) -> EngineJob:
         if self.cache is not None:
@@ -505,14 +509,5 @@ class SparkFeed(FeedAdapter):
         return run
 
 
-#: what :func:`~duotf.backends.spark.tasks.arrow_cached_files` yields
+#: what :func:`~duotf.backends.spark.frames.arrow_cached_files` yields
 _CACHED_SCHEMA = f"pid long, rows long, {ERROR_COLUMN} string"
-
-
-def _one_line(exc: BaseException) -> str:
-    """An engine error in one line (a Py4JJavaError's text holds a whole Java stack trace)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    for line in lines:
-        if "most recent failure:" in line:
-            return line.split("most recent failure:", 1)[1].strip()[:300]
-    return (lines[0] if lines else type(exc).__name__)[:300]

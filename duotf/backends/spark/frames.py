@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, BinaryIO, Dict, List, Optional, Sequence, Tuple, Union
 
+from duotf._verbosity import quiet_known_notices
 from duotf.errors import ConfigError
-from duotf.backends.spark.tasks import ERROR_COLUMN, arrow_batches, error_json, guarded, raise_first
+from duotf.backends.spark.tasks import (ERROR_COLUMN, arrow_batches, cached_files, error_json, guarded,
+                                        raise_first)
 
 if TYPE_CHECKING:  # pyspark is imported where it is used
     from pyspark import RDD
@@ -66,6 +68,7 @@ def pack_tensors(df: DataFrame, columns: Union[str, Sequence[str]], dtype: str =
     memory speed: pack once, ``cache()`` the result, and feed it for every epoch. Every row of a
     column must hold the same number of values (the first row's); nulls are refused.
     """
+    quiet_known_notices()  # pyspark's pandas notice (duotf._verbosity)
     import numpy as np
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
@@ -392,6 +395,32 @@ def teed_partition(row):
     return part, get("rows")
 
 
+def arrow_cached_files(job, runs=None):
+    """:func:`~duotf.backends.spark.tasks.cached_files` as a ``mapInArrow`` task over a DataFrame index (a Spark Connect
+    session's, which has no RDD): each row of the partition a
+    :class:`CachedPartition`; with ``runs``, the task of partition
+    ``i`` of a ``range`` feeds ``runs[i]`` instead. Yields ``pid, rows, error`` rows."""
+    feed = cached_files(job)
+
+    def run(batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        if runs is None:
+            parts = [teed_partition(row)[0] for batch in batches for row in batch.to_pylist()]
+        else:  # the rows are the range's ids: this task's run is its partition's
+            parts = runs[TaskContext.get().partitionId()]
+            for _ in batches:
+                pass
+        out = list(feed(parts))
+        yield pa.RecordBatch.from_pydict(
+            {"pid": [p for p, _, _ in out], "rows": [r for _, r, _ in out],
+             ERROR_COLUMN: [e for _, _, e in out]},
+            schema=pa.schema([("pid", pa.int64()), ("rows", pa.int64()), (ERROR_COLUMN, pa.string())]))
+
+    return run
+
+
 def _remove_local(index, parts):
     yield sum(part.remove() for part in parts if isinstance(part, CachedPartition))
 
@@ -514,6 +543,7 @@ def feed_cache(df: DataFrame, *, block_bytes: int = 4 << 20, ragged: Sequence[st
     in length and is not in ``ragged``, raises a :class:`~duotf.errors.FeedSchemaError` here
     (and no file is kept); columns in ``ragged`` are cached as ragged columns.
     """
+    quiet_known_notices()  # pyspark's pandas notice (duotf._verbosity)
     import uuid
 
     from pyspark import StorageLevel

@@ -258,34 +258,6 @@ def cached_files(job):
     return run
 
 
-def arrow_cached_files(job, runs=None):
-    """:func:`cached_files` as a ``mapInArrow`` task over a DataFrame index (a Spark Connect
-    session's, which has no RDD): each row of the partition a
-    :class:`~duotf.backends.spark.frames.CachedPartition`; with ``runs``, the task of partition
-    ``i`` of a ``range`` feeds ``runs[i]`` instead. Yields ``pid, rows, error`` rows."""
-    feed = cached_files(job)
-
-    def run(batches):
-        import pyarrow as pa
-        from pyspark import TaskContext
-
-        from duotf.backends.spark.frames import teed_partition
-
-        if runs is None:
-            parts = [teed_partition(row)[0] for batch in batches for row in batch.to_pylist()]
-        else:  # the rows are the range's ids: this task's run is its partition's
-            parts = runs[TaskContext.get().partitionId()]
-            for _ in batches:
-                pass
-        out = list(feed(parts))
-        yield pa.RecordBatch.from_pydict(
-            {"pid": [p for p, _, _ in out], "rows": [r for _, r, _ in out],
-             ERROR_COLUMN: [e for _, _, e in out]},
-            schema=pa.schema([("pid", pa.int64()), ("rows", pa.int64()), (ERROR_COLUMN, pa.string())]))
-
-    return run
-
-
 def arrow_some(task, pids):
     """A ``mapInArrow`` task that runs ``task`` in the partitions ``pids`` only (the others
     yield nothing): Spark Connect's stand-in for ``SparkContext.runJob`` on some partitions."""

@@ -24,11 +24,10 @@ On Spark Connect the jar could reach the server (``spark.addArtifacts`` adds it 
 class loader there and on the executors), but nothing in it would be worth calling: a Connect
 client calls server-side Java only as a UDF of columns (``spark.udf.registerJavaFunction``), and
 Spark hands a Java UDF each array as a Scala sequence of boxed numbers, so a packing UDF reads
-every element as Spark's Arrow writer does (measured: 0.8-1.1x the Arrow path's rows/s); what
-:func:`pack` and :func:`spill` do, a Dataset in and one built on its RDD out, has no Connect
-call. What that costs, measured (``python -m benchmarks.feed --jar``): ``train(df, epochs=10)``
-on Connect feeds as classic Spark with ``DUOTF_SPARK_PACK_ARRAYS=0`` does, at 0.5-0.7x classic
-Spark with the jar (docs/benchmarks.md, "duotf's jar on Spark Connect").
+every element as Spark's Arrow writer does and gains nothing; what :func:`pack` and
+:func:`spill` do, a Dataset in and one built on its RDD out, has no Connect call. So a Connect
+session feeds as classic Spark does with ``DUOTF_SPARK_PACK_ARRAYS=0`` (what that costs against
+the jar: the benchmarks page, "duotf's jar on Spark Connect").
 
 Rebuild the jars after changing a Java source: ``python -m duotf.backends.spark.jvm`` (a JDK, and
 the jars of a pyspark of each line: see :func:`build`).
