@@ -19,6 +19,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
+# one worker builds the site once for every case (the fixture is the module's: each worker that
+# ran a case built it again, 25-50 s of CPU each)
+pytestmark = pytest.mark.xdist_group("reference")
+
 #: the modules users import names from (docs/reference/)
 PUBLIC = ["duotf", "duotf.errors", "duotf.spec", "duotf.reports", "duotf.context", "duotf.keras",
           "duotf.averaging", "duotf.spark", "duotf.dask", "duotf.io", "duotf.io.tfrecord",
