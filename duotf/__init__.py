@@ -10,7 +10,7 @@ from duotf.errors import (BackendError, ClusterClosedError, ConfigError, DuotfEr
 from duotf.reports import StreamReport, TrainReport
 from duotf.spec import ClusterSpec, Job, Role
 from duotf._verbosity import set_verbose
-from duotf._names import lazy
+from duotf._names import lazy as _lazy
 
 from duotf._version import __version__ as _package_version
 
@@ -71,4 +71,4 @@ _LAZY = {
 }
 
 
-__getattr__, __dir__ = lazy(__name__, _LAZY, submodules=True)
+__getattr__, __dir__ = _lazy(__name__, _LAZY, submodules=True)

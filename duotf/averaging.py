@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
 
-from duotf._names import lazy
+from duotf._names import lazy as _lazy
 from duotf.errors import ConfigError
 
 if TYPE_CHECKING:  # TensorFlow is imported where it is used
@@ -245,4 +245,4 @@ def _callback_class():
     return _CALLBACK
 
 
-__getattr__, __dir__ = lazy(__name__, {"AveragingCallback": _callback_class})
+__getattr__, __dir__ = _lazy(__name__, {"AveragingCallback": _callback_class})

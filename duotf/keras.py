@@ -49,7 +49,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Dict, Literal, Optional, Union
 
-from duotf._names import lazy
+from duotf._names import lazy as _lazy
 from duotf.errors import ConfigError
 
 if TYPE_CHECKING:  # Keras is imported where a callback class is made
@@ -483,5 +483,5 @@ def _checkpoint_callback_class():
     return CheckpointCallback
 
 
-__getattr__, __dir__ = lazy(__name__, {"ReportCallback": _report_callback_class,
+__getattr__, __dir__ = _lazy(__name__, {"ReportCallback": _report_callback_class,
                                        "CheckpointCallback": _checkpoint_callback_class})

@@ -16,7 +16,7 @@ from duotf.errors import FeedError
 from duotf._transport import wire
 from duotf._transport.server import FeedServer
 from duotf._transport.feeder import FeedJob, feed_train
-from duotf._driver.planner import _cause, _lost_task
+from duotf.backends.spark.errors import job_error
 from tests.conftest import poll_for
 
 SECRET = b"k" * 32
@@ -149,16 +149,18 @@ Driver stacktrace:
 
 
 def test_spark_errors_are_named_by_their_cause_and_task():
-    assert _cause(Py4JJavaError(_PYTHON_FAILED)) == "ValueError: bad record at offset 4096"
-    assert _lost_task(_PYTHON_FAILED) == (0, "Spark task 0.0 of stage 3.0 (TID 7) on 127.0.0.1 "
-                                             "executor driver")
-    assert _cause(Py4JJavaError(_EXECUTOR_LOST)) == (
+    said = job_error(Py4JJavaError(_PYTHON_FAILED))
+    assert said.cause == "ValueError: bad record at offset 4096"
+    assert (said.partition, said.task) == (0, "Spark task 0.0 of stage 3.0 (TID 7) on 127.0.0.1 "
+                                              "executor driver")
+    said = job_error(Py4JJavaError(_EXECUTOR_LOST))
+    assert said.cause == (
         "Lost task 1.3 in stage 5.0 (TID 23) (10.0.0.7 executor 2): ExecutorLostFailure "
         "(executor 2 exited caused by one of the running tasks) Reason: Remote RPC client "
         "disassociated. Likely due to containers exceeding thresholds, or network issues. Check "
         "driver logs for WARN messages.")
-    assert _lost_task(_EXECUTOR_LOST) == (1, "Spark task 1.3 of stage 5.0 (TID 23) on 10.0.0.7 "
-                                             "executor 2")
-    assert _cause(Py4JJavaError("py4j.protocol.Py4JNetworkError: Answer from Java side is empty")) \
-        == "Py4JJavaError: py4j.protocol.Py4JNetworkError: Answer from Java side is empty"
-    assert _lost_task("no task here") == (None, None)
+    assert (said.partition, said.task) == (1, "Spark task 1.3 of stage 5.0 (TID 23) on 10.0.0.7 "
+                                              "executor 2")
+    said = job_error(Py4JJavaError("py4j.protocol.Py4JNetworkError: Answer from Java side is empty"))
+    assert said.cause == "Py4JJavaError: py4j.protocol.Py4JNetworkError: Answer from Java side is empty"
+    assert (said.partition, said.task) == (None, None)

@@ -6,7 +6,7 @@ A block runs as a user copies it: with the python blocks of its page before it
 given (``run_block(..., as_written=True)``); a test replaces only data locations as text
 (``s3://bucket``, a shared folder, a scheduler or master address). Blocks that still get names
 from their test: the Dask twin of the ML pipelines guide (``client``, ``ddf``, ``make_model``),
-the Dask scoring block (``ddf``), and Getting started's Dask block (the program above it). ``RUN_BY`` names, for every block, the test
+and Getting started's Dask block (the program above it). ``RUN_BY`` names, for every block, the test
 that runs it (by a line the block contains); a block that no test runs and ``NOT_RUN`` does not
 list fails the first test. Blocks are found by that line in whichever page holds them, so a block
 moved between pages is still run.
@@ -63,6 +63,7 @@ RUN_BY = {
     "spec=duotf.ClusterSpec(workers=2), tls=True": "test_the_tls_block_feeds_every_row",
     "score = duotf.predict_udf(": "test_the_spark_scoring_block_scores_every_row",
     "scored = duotf.dask.predict(": "test_the_dask_scoring_block_scores_every_row",
+    "# the rows the Dask example scores": "test_the_dask_scoring_block_scores_every_row",
     "from duotf.spark import TFEstimator, TFModel": "test_the_ml_block_fits_transforms_and_saves",
     "# the rows the stages fit and score: 400, in 4 partitions": "test_the_ml_block_fits_transforms_and_saves",
     "est = duotf.dask.TFEstimator(": "test_the_dask_ml_block_fits_and_predicts",
@@ -502,18 +503,20 @@ def test_the_spark_scoring_block_scores_every_row(backend, engine, tmp_path):
 
 @pytest.mark.engines("dask")
 def test_the_dask_scoring_block_scores_every_row(backend, engine, tmp_path):
-    import dask
-    import dask.dataframe as dd
-    import pandas as pd
-
+    # the page's Dask blocks as a Dask user copies them: its client (a LocalCluster of its own)
+    # and DataFrame, then the scoring block; only the model's location is replaced
     path, model = _scoring_model(tmp_path)
-    x = np.random.default_rng(1).normal(size=(90, 6)).astype("float32")
-    with dask.config.set({"dataframe.convert-string": False}):
-        ddf = dd.from_pandas(pd.DataFrame({"id": np.arange(90), "features": list(x)}), npartitions=3)
-    ns = run_block(block("scored = duotf.dask.predict(", {"s3://bucket/models/model.keras": path}),
-                   ddf=ddf)
-    out = engine.to_pandas(ns["scored"])
-    assert out["id"].tolist() == list(range(90))
+    code = (block("# the rows the Dask example scores") + "\n"
+            + block("scored = duotf.dask.predict(", {"s3://bucket/models/model.keras": path}))
+    ns = {}
+    try:
+        ns = run_block(code, as_written=True)
+        out = ns["scored"].compute()
+    finally:
+        if "client" in ns:
+            ns["client"].close()
+    x = np.stack([np.arange(6, dtype="float32") + i % 7 for i in range(400)])
+    assert out["id"].tolist() == list(range(400))
     np.testing.assert_allclose(out["prediction"], model.predict(x, verbose=0)[:, 0], rtol=1e-5, atol=1e-6)
 
 

@@ -319,9 +319,20 @@ def test_inference_keeping_a_column_the_dataframe_lacks_is_refused_by_name(backe
 
 
 def test_a_failed_spark_job_says_its_python_error_and_the_task_it_lost(engine):
-    # The planner reads a failed feed or count job only through SparkFeed.job_error: here a
-    # real Spark job whose task of partition 2 raises in Python
+    # The planner reads a failed feed or count job only through SparkFeed.job_error: here real
+    # Spark jobs whose task of partition 2 fails. A Python error in a task is named (pyspark
+    # relays it without the task: a PythonException); a task whose Python worker dies is lost,
+    # and Spark's error names the task, so its partition is known.
     from duotf.backends.spark.errors import job_error
+
+    def fail_row(x):
+        if x == 2:
+            raise ValueError("row 2 is bad")
+        return x
+
+    with pytest.raises(Exception) as info:
+        engine.session.sparkContext.parallelize(range(4), 4).map(fail_row).collect()
+    assert job_error(info.value).cause.startswith("ValueError: row 2 is bad"), job_error(info.value)
 
     def fail(batches):
         for batch in batches:
@@ -332,6 +343,15 @@ def test_a_failed_spark_job_says_its_python_error_and_the_task_it_lost(engine):
     df = engine.session.range(0, 4, 1, 4)
     with pytest.raises(Exception) as info:
         df.mapInArrow(fail, df.schema).collect()
+    assert job_error(info.value).cause.startswith("ValueError: row 2 is bad"), job_error(info.value)
+
+    def die(x):
+        if x == 2:
+            os._exit(3)
+        return x
+
+    with pytest.raises(Exception) as info:
+        engine.session.sparkContext.parallelize(range(4), 4).map(die).collect()
     said = job_error(info.value)
-    assert said.cause.startswith("ValueError: row 2 is bad"), said
     assert said.partition == 2 and said.task is not None and said.task.startswith("Spark task 2."), said
+    assert "An error occurred while calling" not in said.cause, said

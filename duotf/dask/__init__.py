@@ -29,7 +29,7 @@ The names of :mod:`duotf.spark` that have no Dask meaning, and the Dask way inst
 
 from __future__ import annotations
 
-from duotf._names import lazy
+from duotf._names import lazy as _lazy
 
 #: each public name -> the module that defines it (imported on first use)
 _WHERE = {
@@ -46,4 +46,4 @@ __all__ = ["predict", "predict_udf", "PredictUDF", "TFEstimator", "TFModel", "fe
            "DaskStreamReport"]
 
 
-__getattr__, __dir__ = lazy(__name__, _WHERE)
+__getattr__, __dir__ = _lazy(__name__, _WHERE)

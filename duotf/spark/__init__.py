@@ -10,11 +10,11 @@ from duotf.backends.spark.frames import CachedPartition, FeedCache, feed_cache, 
 from duotf.spark._scoring import PredictUDF, predict, predict_udf
 from duotf.spark._stream import SparkStream, feed_stream
 from duotf.reports import SparkStreamReport
-from duotf._names import lazy
+from duotf._names import lazy as _lazy
 
 
 # The ML stages subclass pyspark's classes: importing them imports pyspark.
-__getattr__, __dir__ = lazy(__name__, {"TFEstimator": "duotf.spark._ml", "TFModel": "duotf.spark._ml"})
+__getattr__, __dir__ = _lazy(__name__, {"TFEstimator": "duotf.spark._ml", "TFModel": "duotf.spark._ml"})
 
 
 # TFEstimator and TFModel are left out: ``import *`` would import pyspark with them.

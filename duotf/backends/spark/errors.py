@@ -32,9 +32,12 @@ def _lines(exc: BaseException) -> List[str]:
 
 def _cause(exc: BaseException) -> str:
     """The Python exception that failed the task (the last "...Error: ..." line of its
-    PythonException text) or Spark's own reason, not "An error occurred while calling ..."."""
+    PythonException text, in a Py4JJavaError or a PythonException) or Spark's own reason, not
+    "An error occurred while calling ..." nor "An exception was thrown from the Python
+    worker"."""
     text = str(exc)
-    if "An error occurred while calling" in text or "SparkException" in text:
+    if ("An error occurred while calling" in text or "SparkException" in text
+            or "Traceback (most recent call last)" in text):  # a task's Python error, relayed
         lines = _lines(exc)
         python = [line for line in lines if _PY_ERROR.match(line) and not line.startswith("at ")]
         if python:
