@@ -10,9 +10,10 @@ from duotf._node import agent as node
 from duotf._node import job as job_payload
 from duotf._transport import rendezvous
 from duotf._transport.rendezvous import Msg
+from tests.conftest import SECRET
 
 
-def node_job(workdir, address=("127.0.0.1", 1), secret: bytes = b"k" * 32,
+def node_job(workdir, address=("127.0.0.1", 1), secret: bytes = SECRET,
              payload: bytes = None) -> node.NodeJob:
     """A job for node 0, whose ``main`` is ``payload`` (default: never run)."""
     return node.NodeJob(

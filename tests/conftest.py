@@ -25,6 +25,10 @@ from duotf.testing import QUIET_TF, poll_for  # noqa: F401 - tests import them f
 from tests import hosts
 from tests.engines import ENGINES, EXECUTOR_C1
 
+#: the job secret of the tests that speak duotf's wire or control channel without a cluster
+#: (a real job draws 32 random bytes): one value, imported from here
+SECRET = b"k" * 32
+
 pytest_plugins = ["duotf.testing.plugin", "tests.timings"]
 
 # The suite runs with the interpreter that runs it, activated or not (``.venv/bin/python -m

@@ -14,9 +14,7 @@ from duotf._transport import wire
 from duotf._transport.datafeed import DataFeed
 from duotf._transport.server import FeedServer
 from duotf._transport.feeder import FeedJob, feed_train
-from tests.conftest import poll_for
-
-SECRET = b"k" * 32
+from tests.conftest import SECRET, poll_for
 
 
 def _ids(start, stop):

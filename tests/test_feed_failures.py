@@ -17,9 +17,7 @@ from duotf._transport import wire
 from duotf._transport.server import FeedServer
 from duotf._transport.feeder import FeedJob, feed_train
 from duotf.backends.spark.errors import job_error
-from tests.conftest import poll_for
-
-SECRET = b"k" * 32
+from tests.conftest import SECRET, poll_for
 
 
 def _job(port, plan, epoch=3):

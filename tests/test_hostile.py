@@ -23,12 +23,12 @@ from duotf._transport import rendezvous
 from duotf._transport import wire
 from duotf._transport.server import FeedServer
 from tests.engines import poll_for
+from tests.conftest import SECRET
 
 EACH = 200  # hostile connections of each kind
 DEADLINE = 0.5  # the servers' handshake timeout in these tests (the default is gate's 5 s)
 PENDING = 32  # connections authenticating at once (the default is gate's 128)
 PUSH = 512 * 1024  # bytes an "oversized" connection tries to push after its length prefix
-SECRET = b"k" * 32
 # What the flood may add to this process's RSS (both ends' sockets are here). Before the gate:
 # +160 MiB for the rendezvous server (oversized frames buffered), +11 MiB for the feed server (a
 # thread per connection); with it, under 1 MiB for either.

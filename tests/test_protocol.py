@@ -14,8 +14,7 @@ from duotf._transport.server import FeedServer
 from duotf._node.agent import OutcomeStatus
 from duotf._transport.rendezvous import Msg
 from tests.agents import AgentRun, FakeDriver
-
-SECRET = b"k" * 32
+from tests.conftest import SECRET
 
 
 def _warned(caplog, logger: str, *words: str) -> bool:

@@ -10,6 +10,7 @@ import struct
 import pytest
 
 from duotf._transport import rendezvous
+from tests.conftest import SECRET
 @pytest.fixture
 def server():
     inbox: "queue.Queue" = queue.Queue()
@@ -49,10 +50,10 @@ def test_wrong_secret_is_refused(server, caplog):
 def test_a_server_of_another_kind_is_not_retried():
     from duotf._transport.server import FeedServer
 
-    feed = FeedServer(b"k" * 32)  # speaks the feed's handshake, not the rendezvous'
+    feed = FeedServer(SECRET)  # speaks the feed's handshake, not the rendezvous'
     try:
         with pytest.raises(rendezvous.AuthenticationError, match="does not speak this protocol"):
-            rendezvous.connect(("127.0.0.1", feed.port), b"k" * 32, timeout=5)
+            rendezvous.connect(("127.0.0.1", feed.port), SECRET, timeout=5)
     finally:
         feed.close()
 
@@ -104,7 +105,7 @@ def test_connect_gives_up_with_a_clear_error():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, never listening: connections are refused
         with pytest.raises(ConnectionError, match="could not reach the duotf driver"):
-            rendezvous.connect(("127.0.0.1", port), b"k" * 32, timeout=0.5)
+            rendezvous.connect(("127.0.0.1", port), SECRET, timeout=0.5)
 
 
 def test_close_releases_port_and_threads(server):

@@ -62,7 +62,7 @@ CASES = {
 
 # the array<string> case as a DataFrame only (CI time): the Arrow path on Spark, where the pointers
 # went out; rows (and pandas) of lists of str are refused by the same code, tested in
-# tests/test_datafeed.py
+# tests/test_feed_refusals.py
 # Three engines of five (CI time): the in-process feed, a Dask task and a Spark mapInArrow task, the
 # three feeding paths; procpool and Spark standalone feed through the same task code.
 @pytest.mark.engines("local", "dask", "spark-local")
