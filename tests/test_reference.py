@@ -59,13 +59,28 @@ def public_names():
             yield module, name, getattr(mod, name)
 
 
+def defined_at(obj) -> set:
+    """The paths of ``obj`` where it is defined: its ``__module__`` (a public class's says where
+    users import it: duotf._names.public) and the module of the file that defines it, which is
+    where the reference's renderer finds it."""
+    qualname = getattr(obj, "__qualname__", None)
+    if not (getattr(obj, "__module__", None) and qualname):
+        return set()
+    paths = {f"{obj.__module__}.{qualname}"}
+    try:
+        source = pathlib.Path(inspect.getsourcefile(obj) or "").resolve()
+    except TypeError:  # a built-in
+        return paths
+    if ROOT in source.parents:
+        parts = list(source.relative_to(ROOT).with_suffix("").parts)
+        paths.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts) + f".{qualname}")
+    return paths
+
+
 def documented(inventory: set, module: str, name: str, obj) -> bool:
     """Whether ``obj``, reached as ``module.name``, has an entry: under that path or where it is
     defined."""
-    paths = {f"{module}.{name}"}
-    if getattr(obj, "__module__", None) and getattr(obj, "__qualname__", None):
-        paths.add(f"{obj.__module__}.{obj.__qualname__}")
-    return bool(paths & inventory)
+    return bool(({f"{module}.{name}"} | defined_at(obj)) & inventory)
 
 
 def test_every_public_name_is_in_the_reference(inventory):
@@ -79,7 +94,7 @@ def test_every_public_method_of_a_duotf_class_is_in_the_reference(inventory):
     for module, name, obj in public_names():
         if not inspect.isclass(obj) or not obj.__module__.startswith("duotf"):
             continue
-        heads = {p for p in (f"{module}.{name}", f"{obj.__module__}.{obj.__qualname__}") if p in inventory}
+        heads = {p for p in {f"{module}.{name}"} | defined_at(obj) if p in inventory}
         for attr, value in vars(obj).items():
             if attr.startswith("_") or not (inspect.isfunction(value) or isinstance(value, property)):
                 continue
