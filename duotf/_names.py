@@ -6,7 +6,9 @@ apart for the user:
 
 * :func:`public` sets a class's ``__module__`` to where users import it, so that its ``repr``,
   ``help()``, tracebacks and pickles name ``duotf.Cluster``, not the private module (which may
-  move between versions: a pickle that names the public path still loads).
+  move between versions: a pickle that names the public path still loads). As with numpy's
+  classes, ``inspect.getsource`` of such a class finds no source (it searches the module its
+  ``__module__`` names); its methods' source is found (their code names their file).
 * :func:`lazy` gives a module its ``__getattr__`` and ``__dir__`` for names imported when first
   asked for: ``import duotf`` must stay light (every node process imports it first), and most
   public names come from modules that import numpy, pandas, TensorFlow or an engine. A name is

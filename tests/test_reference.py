@@ -59,28 +59,35 @@ def public_names():
             yield module, name, getattr(mod, name)
 
 
-def defined_at(obj) -> set:
-    """The paths of ``obj`` where it is defined: its ``__module__`` (a public class's says where
-    users import it: duotf._names.public) and the module of the file that defines it, which is
-    where the reference's renderer finds it."""
+def _resolve(module: str, qualname: str):
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def defined_at(obj, inventory: set) -> set:
+    """The entries of the inventory that are ``obj``, under any path: its ``__module__`` (a
+    public class's says where users import it: duotf._names.public) or the module that defines
+    it, where the reference's renderer lists it."""
     qualname = getattr(obj, "__qualname__", None)
     if not (getattr(obj, "__module__", None) and qualname):
         return set()
     paths = {f"{obj.__module__}.{qualname}"}
-    try:
-        source = pathlib.Path(inspect.getsourcefile(obj) or "").resolve()
-    except TypeError:  # a built-in
-        return paths
-    if ROOT in source.parents:
-        parts = list(source.relative_to(ROOT).with_suffix("").parts)
-        paths.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts) + f".{qualname}")
+    for entry in inventory:
+        if entry.startswith("duotf") and entry.endswith(f".{qualname}") and entry not in paths:
+            try:
+                if _resolve(entry[:-len(qualname) - 1], qualname) is obj:
+                    paths.add(entry)
+            except (ImportError, AttributeError):
+                continue
     return paths
 
 
 def documented(inventory: set, module: str, name: str, obj) -> bool:
     """Whether ``obj``, reached as ``module.name``, has an entry: under that path or where it is
     defined."""
-    return bool(({f"{module}.{name}"} | defined_at(obj)) & inventory)
+    return bool(({f"{module}.{name}"} | defined_at(obj, inventory)) & inventory)
 
 
 def test_every_public_name_is_in_the_reference(inventory):
@@ -94,7 +101,7 @@ def test_every_public_method_of_a_duotf_class_is_in_the_reference(inventory):
     for module, name, obj in public_names():
         if not inspect.isclass(obj) or not obj.__module__.startswith("duotf"):
             continue
-        heads = {p for p in {f"{module}.{name}"} | defined_at(obj) if p in inventory}
+        heads = {p for p in {f"{module}.{name}"} | defined_at(obj, inventory) if p in inventory}
         for attr, value in vars(obj).items():
             if attr.startswith("_") or not (inspect.isfunction(value) or isinstance(value, property)):
                 continue
