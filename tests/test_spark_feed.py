@@ -320,9 +320,11 @@ def test_inference_keeping_a_column_the_dataframe_lacks_is_refused_by_name(backe
 
 def test_a_failed_spark_job_says_its_python_error_and_the_task_it_lost(engine):
     # The planner reads a failed feed or count job only through SparkFeed.job_error: here real
-    # Spark jobs whose task of partition 2 fails. A Python error in a task is named (pyspark
-    # relays it without the task: a PythonException); a task whose Python worker dies is lost,
-    # and Spark's error names the task, so its partition is known.
+    # Spark jobs whose task of partition 2 raises: the Python error is named (pyspark relays it
+    # without the task, as a PythonException). A lost task's text (which names the task and so
+    # its partition) is read in tests/test_feed_failures.py. A task that killed its Python worker
+    # here was left out: in the 3.5 leg, a later task of the same session then failed with a
+    # closed socket in PythonRunner.
     from duotf.backends.spark.errors import job_error
 
     def fail_row(x):
@@ -344,14 +346,3 @@ def test_a_failed_spark_job_says_its_python_error_and_the_task_it_lost(engine):
     with pytest.raises(Exception) as info:
         df.mapInArrow(fail, df.schema).collect()
     assert job_error(info.value).cause.startswith("ValueError: row 2 is bad"), job_error(info.value)
-
-    def die(x):
-        if x == 2:
-            os._exit(3)
-        return x
-
-    with pytest.raises(Exception) as info:
-        engine.session.sparkContext.parallelize(range(4), 4).map(die).collect()
-    said = job_error(info.value)
-    assert said.partition == 2 and said.task is not None and said.task.startswith("Spark task 2."), said
-    assert "An error occurred while calling" not in said.cause, said
